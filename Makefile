@@ -1,0 +1,28 @@
+# The two commands the README opens with:
+#   make demo   -- run the main job on the embedded default
+#   make test   -- lint, type-check, check import boundaries, run every test
+# Both set up everything they need first (scripts/bootstrap.sh).
+
+PY := .venv/bin/python
+export PYSPARK_PYTHON := $(abspath .venv/bin/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath .venv/bin/python)
+
+.PHONY: demo test bootstrap lint bench
+
+bootstrap:
+	bash scripts/bootstrap.sh
+
+demo: bootstrap
+	$(PY) bench/log_bench.py --quick
+
+lint: bootstrap
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	$(PY) scripts/check_imports.py
+
+test: lint
+	$(PY) -m pytest
+
+bench: bootstrap
+	$(PY) bench/log_bench.py

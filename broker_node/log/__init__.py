@@ -1,0 +1,33 @@
+"""The commit log: segmented, checksummed Arrow IPC storage for one partition.
+
+Imports nothing but pyarrow and the shared protocol schema: no NATS, no
+ZooKeeper, no Flight.
+"""
+
+from .config import FsyncPolicy, LogConfig
+from .epochs import UNDEFINED, EpochEndOffset
+from .errors import (
+    CorruptSegmentError,
+    InvalidRecordsError,
+    LogClosedError,
+    LogError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from .log import Log
+from .records import Record
+
+__all__ = [
+    "UNDEFINED",
+    "CorruptSegmentError",
+    "EpochEndOffset",
+    "FsyncPolicy",
+    "InvalidRecordsError",
+    "Log",
+    "LogClosedError",
+    "LogConfig",
+    "LogError",
+    "OffsetOutOfRangeError",
+    "Record",
+    "RecordTooLargeError",
+]

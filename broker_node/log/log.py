@@ -1,0 +1,564 @@
+"""One partition's commit log: the interface every other part of the broker uses.
+
+A log lives in one directory and is a sequence of segments (see
+:mod:`.segment` for the on-disk layout).  Terms, as in Kafka:
+
+* **log start offset** -- the first offset still stored; retention moves it up.
+* **log end offset** (LEO) -- the offset the next appended message gets.
+* **high watermark** (HW) -- set by the replication layer: offsets below it are
+  committed.  The log only stores it (checkpointed) and keeps it within
+  ``[0, LEO]``; readers pass it as ``upper_bound``.
+
+Offsets are contiguous from 0 as appended; compaction later removes messages
+but never renumbers, so a read may skip over gaps.  All methods are
+thread-safe: one lock serialises appends, reads and maintenance.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+import threading
+import time
+from array import array
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
+
+from .checkpoint import read_checkpoint, write_checkpoint
+from .compaction import compact_batches, latest_offsets
+from .config import FsyncPolicy, LogConfig
+from .epochs import EpochEndOffset, LeaderEpochCache
+from .errors import LogClosedError, OffsetOutOfRangeError, RecordTooLargeError
+from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
+from .records import Records, to_input_columns
+from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
+
+logger = logging.getLogger(__name__)
+
+HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class Log:
+    """An append-only, segmented, checksummed log of Arrow record batches."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Callable[[], float],
+        segments: list[Segment],
+        epochs: LeaderEpochCache,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._clock = clock
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._epochs = epochs
+        self._lock = threading.RLock()
+        self._closed = False
+        self._iota = pa.array([], pa.int64())
+        self._last_timestamp = self._newest_timestamp()
+        self._last_fsync = clock()
+        self._last_hw_checkpoint = clock()
+        self._reconcile_epochs()
+        saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
+        try:
+            hw = int(saved[0]) if saved else 0
+        except ValueError:
+            hw = 0
+        self._high_watermark = min(max(hw, 0), self.log_end_offset)
+
+    # ---- opening and closing ---------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> Log:
+        """Open the log in ``directory``, creating it if needed and recovering from a crash.
+
+        Recovery cuts a torn or corrupt tail of the last segment back to the
+        last batch that passes its checksum, rebuilds damaged indexes and
+        removes temporary files of interrupted rewrites.  ``clock`` returns
+        the current time in seconds since the epoch.
+        """
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        for leftover in path.glob("*" + TEMP_SUFFIX):
+            logger.info("removing %s left by an interrupted write", leftover)
+            leftover.unlink()
+        bases = sorted(
+            int(p.stem) for p in path.glob("*" + SEGMENT_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
+        )
+        segments = [Segment.open(path, b, active=(i == len(bases) - 1)) for i, b in enumerate(bases)]
+        if not segments:
+            segments = [Segment.create(path, 0)]
+        return cls(
+            path, config or LogConfig(), clock, segments, LeaderEpochCache(path / LEADER_EPOCH_CHECKPOINT)
+        )
+
+    def close(self) -> None:
+        """Flush and checkpoint everything, then release files.  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._active.fsync()
+            self._checkpoint_high_watermark()
+            for segment in self._segments:
+                segment.close()
+            self._closed = True
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        """Force appended data to disk and checkpoint the high watermark."""
+        with self._lock:
+            self._check_open()
+            self._active.fsync()
+            self._last_fsync = self._clock()
+            self._checkpoint_high_watermark()
+
+    # ---- offsets ---------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset still stored (messages below it were deleted by retention)."""
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended message will get."""
+        return self._active.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """The committed offset bound set by replication; within ``[0, log_end_offset]``."""
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            _check_offset_arg("high_watermark", offset)
+            if offset > self.log_end_offset:
+                raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
+            self._high_watermark = offset
+            interval = self.config.high_watermark_checkpoint_interval
+            if self._clock() - self._last_hw_checkpoint >= interval:
+                self._checkpoint_high_watermark()
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of all segment files (indexes not counted)."""
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        """Base offsets of the segments, oldest first; the last one is active."""
+        return list(self._bases)
+
+    # ---- leader epochs ---------------------------------------------------------
+
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch new appends are stamped with (0 until one is assigned)."""
+        latest = self._epochs.latest_epoch
+        return 0 if latest is None else latest
+
+    @property
+    def leader_epochs(self) -> tuple[tuple[int, int], ...]:
+        """``(epoch, start offset)`` pairs, oldest first."""
+        return self._epochs.entries
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Stamp appends from now on with ``epoch``, which starts at the log end offset.
+
+        Epochs only grow; assigning the current one again does nothing.
+        """
+        with self._lock:
+            self._check_open()
+            _check_offset_arg("epoch", epoch)
+            self._epochs.assign(epoch, self.log_end_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
+        with self._lock:
+            return self._epochs.end_offset_for(epoch, self.log_end_offset)
+
+    # ---- appending -------------------------------------------------------------
+
+    def append(self, records: Records) -> range:
+        """Append messages and return the offsets they were given.
+
+        ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
+        column and any of the other input columns of the log schema, or an
+        iterable of :class:`~broker_node.log.records.Record`.  The messages
+        are written as one batch, stamped with the current leader epoch and
+        one timestamp: the current time, or the previous batch's if the clock
+        went back, so timestamps never decrease along the log.
+
+        Raises ``InvalidRecordsError`` for empty or malformed input and
+        ``RecordTooLargeError`` for a message over ``max_message_bytes`` or a
+        batch over ``max_batch_bytes``; the log is unchanged then.
+        """
+        inputs = to_input_columns(records, self.config.max_message_bytes)
+        with self._lock:
+            self._check_open()
+            base = self.log_end_offset
+            count = len(inputs[0])
+            now = max(int(self._clock() * 1_000_000), self._last_timestamp)
+            epoch = self.leader_epoch
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    self._offsets(base, count),
+                    _repeat(TIMESTAMP_TYPE, "q", now, count),
+                    _repeat(pa.int32(), "i", epoch, count),
+                    *inputs,
+                ],
+                schema=LOG_SCHEMA,
+            )
+            frame = batch.serialize()
+            if frame.size > self.config.max_batch_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {count} messages is {frame.size} bytes stored, over "
+                    f"max_batch_bytes={self.config.max_batch_bytes}",
+                    size=frame.size,
+                    limit=self.config.max_batch_bytes,
+                )
+            last = base + count - 1
+            self._maybe_roll(frame.size, last, now)
+            active = self._active
+            entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
+            active.append(frame, entry)
+            if self._epochs.latest_epoch is None:
+                self._epochs.assign(epoch, base)
+            self._last_timestamp = now
+            self._fsync_per_policy()
+            return range(base, last + 1)
+
+    def roll(self) -> None:
+        """Close the active segment and start a new one at the log end offset (if it holds data)."""
+        with self._lock:
+            self._check_open()
+            if len(self._active.index):
+                self._roll()
+
+    def _maybe_roll(self, frame_size: int, last_offset: int, now_us: int) -> None:
+        active = self._active
+        if not len(active.index):
+            return
+        too_big = active.size + frame_size > self.config.segment_bytes
+        too_old = now_us - active.index.max_timestamps[0] >= self.config.segment_max_age * 1_000_000
+        too_many = last_offset - active.base_offset > MAX_RELATIVE_OFFSET
+        if too_big or too_old or too_many:
+            self._roll()
+
+    def _roll(self, base_offset: int | None = None) -> None:
+        """Seal the active segment and start one at ``base_offset`` (default: its next offset)."""
+        active = self._active
+        if self.config.fsync is not FsyncPolicy.NEVER:
+            active.fsync()
+        active.seal()
+        segment = Segment.create(self.directory, active.next_offset if base_offset is None else base_offset)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def _offsets(self, base: int, count: int) -> pa.Array:
+        if count <= 64:  # cheaper than a compute call for the one-message path
+            return pa.Array.from_buffers(
+                pa.int64(), count, [None, pa.py_buffer(array("q", range(base, base + count)))]
+            )
+        if len(self._iota) < count:
+            self._iota = pa.array(array("q", range(max(count, 2 * len(self._iota)))), pa.int64())
+        return pc.add(self._iota.slice(0, count), pa.scalar(base, pa.int64()))
+
+    def _fsync_per_policy(self) -> None:
+        policy = self.config.fsync
+        if policy is FsyncPolicy.ALWAYS:
+            self._active.fsync()
+        elif policy is FsyncPolicy.INTERVAL:
+            now = self._clock()
+            if now - self._last_fsync >= self.config.fsync_interval:
+                self._active.fsync()
+                self._last_fsync = now
+
+    # ---- reading ---------------------------------------------------------------
+
+    def read(
+        self,
+        start_offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+    ) -> list[pa.RecordBatch]:
+        """Return stored batches from ``start_offset`` on, in offset order.
+
+        The first row of the first batch is ``start_offset`` (or the next
+        stored offset after a compaction gap); batches are zero-copy slices of
+        the memory-mapped segments.  Reading stops before ``upper_bound``
+        (default: the log end offset; pass the high watermark to read only
+        committed data), after ``max_records`` rows, or before the batch that
+        would take the stored bytes read past ``max_bytes`` -- but at least
+        one batch is returned when any data is in range, however large.
+
+        ``start_offset`` equal to the log end offset (or at/after
+        ``upper_bound``) gives an empty list.  Outside
+        ``[log_start_offset, log_end_offset]`` it raises
+        ``OffsetOutOfRangeError`` with the valid range.  A batch that fails its
+        checksum raises ``CorruptSegmentError``.
+        """
+        _check_offset_arg("start_offset", start_offset, allow_negative=True)
+        for name, value in (("max_records", max_records), ("max_bytes", max_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if upper_bound is not None:
+            _check_offset_arg("upper_bound", upper_bound)
+        with self._lock:
+            self._check_open()
+            end = self.log_end_offset
+            if not self.log_start_offset <= start_offset <= end:
+                raise OffsetOutOfRangeError(
+                    start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
+                )
+            if upper_bound is not None:
+                end = min(end, upper_bound)
+            return self._read(start_offset, end, max_records, max_bytes)
+
+    def _read(
+        self, offset: int, end: int, max_records: int | None, max_bytes: int | None
+    ) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        rows = 0
+        stored_bytes = 0
+        for segment in self._segments[bisect.bisect_right(self._bases, offset) - 1 :]:
+            index = segment.index
+            for i in range(segment.find(offset), len(index)):
+                if index.bases[i] >= end:
+                    return out
+                if out and max_bytes is not None and stored_bytes + index.sizes[i] > max_bytes:
+                    return out
+                batch = segment.batch(i)
+                gapless = index.counts[i] == index.lasts[i] - index.bases[i] + 1
+                lo = _row_of(batch, offset, index.bases[i], gapless)
+                hi = _row_of(batch, end, index.bases[i], gapless) if index.lasts[i] >= end else batch.num_rows
+                if max_records is not None:
+                    hi = min(hi, lo + max_records - rows)
+                if hi > lo:
+                    out.append(batch.slice(lo, hi - lo))
+                    rows += hi - lo
+                stored_bytes += index.sizes[i]
+                if max_records is not None and rows >= max_records:
+                    return out
+                offset = index.lasts[i] + 1
+        return out
+
+    def offset_for_timestamp(self, timestamp: datetime | float) -> int:
+        """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none.
+
+        ``timestamp`` is a timezone-aware ``datetime`` or seconds since the
+        Unix epoch.  Only messages still stored are considered.
+        """
+        target = _to_micros(timestamp)
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                newest = segment.max_timestamp
+                if newest is None or newest < target:
+                    continue
+                i = bisect.bisect_left(segment.index.max_timestamps, target)
+                batch = segment.batch(i)
+                earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
+                return batch.column(0)[earlier].as_py()
+            return self.log_end_offset
+
+    # ---- truncation, retention, compaction -------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every message at and after ``offset``; the log end offset becomes ``offset``.
+
+        Used by replication to drop a diverged tail.  An offset at or past the
+        log end offset changes nothing; one below the log start offset raises
+        ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
+        are cut back with it.
+        """
+        _check_offset_arg("offset", offset)
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(
+                    offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
+                )
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                self._segments.pop().delete()
+                self._bases.pop()
+            last = self._segments[-1]
+            k = last.find(offset)
+            kept = [last.batch(j) for j in range(k)]
+            if k < len(last.index) and last.index.bases[k] < offset:
+                partial = last.batch(k)
+                kept.append(partial.filter(pc.less(partial.column(0), offset)))
+            last.rewrite(kept)
+            last.open_for_append()
+            if last.next_offset < offset:  # the cut fell in a compaction gap
+                self._roll(offset)
+            self._last_timestamp = self._newest_timestamp()
+            self._epochs.truncate_from_end(offset)
+            self._high_watermark = min(self._high_watermark, offset)
+            self._checkpoint_high_watermark()
+
+    def enforce_retention(self) -> int:
+        """Delete closed segments that retention allows to go; return how many.
+
+        Only closed segments wholly below the high watermark are candidates,
+        oldest first, and deletion stops at the first one that must stay.  A
+        segment goes when its newest message is older than ``retention_age``,
+        or when the log without it still holds at least ``retention_bytes``
+        bytes or ``retention_messages`` messages (so the log keeps at least
+        the configured amount and exceeds it by less than one segment).
+        """
+        cfg = self.config
+        with self._lock:
+            self._check_open()
+            now_us = int(self._clock() * 1_000_000)
+            total_bytes = self.size_bytes
+            total_messages = sum(s.record_count for s in self._segments)
+            deleted = 0
+            for oldest in self._closed_below_high_watermark():
+                newest = oldest.max_timestamp
+                expired = cfg.retention_age is not None and (
+                    newest is None or newest < now_us - cfg.retention_age * 1_000_000
+                )
+                over_bytes = (
+                    cfg.retention_bytes is not None and total_bytes - oldest.size >= cfg.retention_bytes
+                )
+                over_count = (
+                    cfg.retention_messages is not None
+                    and total_messages - oldest.record_count >= cfg.retention_messages
+                )
+                if not (expired or over_bytes or over_count):
+                    break
+                total_bytes -= oldest.size
+                total_messages -= oldest.record_count
+                oldest.delete()
+                deleted += 1
+            if deleted:
+                del self._segments[:deleted]
+                del self._bases[:deleted]
+                logger.info("retention deleted %d segment(s) of %s", deleted, self.directory)
+                self._epochs.truncate_from_start(self.log_start_offset)
+                self._last_timestamp = self._newest_timestamp()
+            return deleted
+
+    def compact(self) -> int:
+        """Compact closed segments below the high watermark by key; return messages removed.
+
+        Keeps the newest message of each key (looking at the whole log, so a
+        newer value in the active segment supersedes older ones), every
+        message without a key, and tombstones younger than
+        ``tombstone_retention``.  Offsets are preserved.  Each changed segment
+        is rewritten crash-safely.
+        """
+        with self._lock:
+            self._check_open()
+            closed = self._closed_below_high_watermark()
+            if not closed:
+                return 0
+            latest = latest_offsets(s.batch(i) for s in self._segments for i in range(len(s.index)))
+            horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
+            removed = 0
+            for segment in closed:
+                kept, gone = compact_batches(
+                    (segment.batch(i) for i in range(len(segment.index))), latest, horizon
+                )
+                if gone:
+                    segment.rewrite(kept)
+                    removed += gone
+            self._last_timestamp = self._newest_timestamp()
+            return removed
+
+    # ---- internals -------------------------------------------------------------
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    def _closed_below_high_watermark(self) -> list[Segment]:
+        """Closed segments, oldest first, whose every offset is below the high watermark."""
+        segments = self._segments
+        return [
+            s
+            for s, following in itertools.pairwise(segments)
+            if following.base_offset <= self._high_watermark
+        ]
+
+    def _newest_timestamp(self) -> int:
+        """Newest stored timestamp (µs), the floor for the next append's timestamp."""
+        return max((s.max_timestamp for s in self._segments if s.max_timestamp is not None), default=0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"the log in {self.directory} is closed")
+
+    def _checkpoint_high_watermark(self) -> None:
+        write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(self._high_watermark)])
+        self._last_hw_checkpoint = self._clock()
+
+    def _reconcile_epochs(self) -> None:
+        """Align the epoch cache with the recovered data (its checkpoint may lag or lead)."""
+        self._epochs.truncate_from_end(self.log_end_offset, inclusive=False)
+        for segment in self._segments:
+            index = segment.index
+            for i in range(len(index)):
+                latest = self._epochs.latest_epoch
+                if latest is None or index.epochs[i] > latest:
+                    self._epochs.assign(index.epochs[i], index.bases[i])
+        self._epochs.truncate_from_start(self.log_start_offset)
+
+
+def _repeat(arrow_type: pa.DataType, code: str, value: int, count: int) -> pa.Array:
+    return pa.Array.from_buffers(arrow_type, count, [None, pa.py_buffer(array(code, [value]) * count)])
+
+
+def _row_of(batch: pa.RecordBatch, offset: int, base: int, gapless: bool) -> int:
+    """Row of the first offset >= ``offset`` in a batch (offsets ascending)."""
+    if gapless:
+        return min(max(offset - base, 0), batch.num_rows)
+    return pc.sum(pc.less(batch.column(0), offset)).as_py() or 0
+
+
+def _check_offset_arg(name: str, value: object, *, allow_negative: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < 0 and not allow_negative:
+        raise ValueError(f"{name} must not be negative, got {value}")
+
+
+def _to_micros(timestamp: datetime | float) -> int:
+    if isinstance(timestamp, datetime):
+        if timestamp.tzinfo is None:
+            raise ValueError(f"timestamp {timestamp.isoformat()} has no time zone; pass an aware datetime")
+        return (timestamp - _EPOCH) // timedelta(microseconds=1)
+    if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
+        return int(timestamp * 1_000_000)
+    raise TypeError(f"timestamp must be a datetime or seconds since the epoch, got {timestamp!r}")

@@ -1,0 +1,449 @@
+"""One segment of a partition's log: an Arrow IPC stream file and its indexes.
+
+On-disk layout (format version 1)
+=================================
+
+``<base>.arrows`` -- ``<base>`` is the segment's base offset (the offset of its
+first message) zero-padded to 20 digits.  The file is an Arrow IPC *stream*
+(the encapsulated message format, without the end-of-stream marker while the
+segment may still grow), so any Arrow reader can open it:
+
+* a schema message: :data:`~pyspark_jetstream.protocol.schema.LOG_SCHEMA` with
+  the schema-level metadata ``jetstream.format_version`` (``"1"``) and
+  ``jetstream.base_offset`` (the base offset in decimal).  Being a pure
+  function of the base offset, it is rewritten if found damaged;
+* one record-batch message ("frame") per appended batch, each::
+
+      u32  0xFFFFFFFF            continuation marker
+      i32  metadata length M     (a multiple of 8)
+      M    flatbuffer Message    (RecordBatch header), padded
+      B    body                  column buffers, 8-byte aligned
+
+  Offsets increase strictly within and across frames; after compaction they
+  may have gaps.  Every row of a frame has the same leader epoch.
+
+``<base>.index`` and ``<base>.timeindex`` describe each frame (see
+:mod:`broker_node.log.index`); the CRC-32 in the offset index covers every
+byte of the frame, continuation marker included.
+
+Integrity
+---------
+Frames are verified against their CRC before they are first served.  On open,
+the active (last) segment is verified completely: a torn or corrupt tail is cut
+back to the last good frame.  A closed segment whose index disagrees with it is
+re-indexed by parsing its frames; a frame that fails there, or a checksum that
+fails on a read, raises :class:`~broker_node.log.errors.CorruptSegmentError`
+naming the file and offset.  An index rebuilt from the segment takes its
+checksums from the data as found after a structural check (every frame decodes
+and validates, offsets increase), because the checksum lives in the index.
+
+Segments are rewritten (truncation, compaction) by writing a new file and
+renaming it over the old one, data file first: readers holding batches of the
+old file keep a valid memory map of it, and a crash between the renames
+leaves an index that disagrees with its segment and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_jetstream.protocol.schema import FORMAT_VERSION, LOG_SCHEMA
+
+from .checkpoint import fsync_dir
+from .errors import CorruptSegmentError
+from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".arrows"
+OFFSET_INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TEMP_SUFFIX = ".tmp"
+_CONTINUATION = 0xFFFFFFFF
+
+
+def segment_name(base_offset: int) -> str:
+    """File stem of the segment starting at ``base_offset``."""
+    return f"{base_offset:020d}"
+
+
+def header_bytes(base_offset: int) -> bytes:
+    """The schema message every segment starting at ``base_offset`` begins with."""
+    schema = LOG_SCHEMA.with_metadata(
+        {
+            "jetstream.format_version": str(FORMAT_VERSION),
+            "jetstream.base_offset": str(base_offset),
+        }
+    )
+    return schema.serialize().to_pybytes()
+
+
+def batch_bounds(batch: pa.RecordBatch) -> tuple[int, int, int, int]:
+    """``(base offset, last offset, leader epoch, max timestamp in µs)`` of a stored batch."""
+    offsets = batch.column(0)
+    timestamps = batch.column(1).cast(pa.int64())
+    return (
+        offsets[0].as_py(),
+        offsets[-1].as_py(),
+        batch.column(2)[0].as_py(),
+        pc.max(timestamps).as_py(),
+    )
+
+
+def _write_all(f: BinaryIO, data: bytes | pa.Buffer) -> None:
+    written = f.write(data)
+    if written != len(data):  # a short write: rare, but allowed by write(2)
+        view = memoryview(data)[written:]
+        while view:
+            view = view[f.write(view) :]
+
+
+class Segment:
+    """A segment file with its in-memory index; the last one of a log is writable."""
+
+    def __init__(self, directory: Path, base_offset: int, index: SegmentIndex, size: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index = index
+        self.size = size
+        """Bytes in the data file, header included."""
+        self.corrupt_from: int | None = None
+        """First offset that could not be recovered from a damaged closed segment."""
+        stem = directory / segment_name(base_offset)
+        self.path = stem.with_suffix(SEGMENT_SUFFIX)
+        self.offset_index_path = stem.with_suffix(OFFSET_INDEX_SUFFIX)
+        self.time_index_path = stem.with_suffix(TIME_INDEX_SUFFIX)
+        self._verified = bytearray(len(index))
+        self._map: pa.MemoryMappedFile | None = None
+        self._view: pa.Buffer | None = None
+        self._files: tuple[BinaryIO, BinaryIO, BinaryIO] | None = None
+
+    # ---- creation and recovery -------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int) -> Segment:
+        """Create an empty, writable segment starting at ``base_offset``."""
+        header = header_bytes(base_offset)
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
+        with open(segment.path, "wb") as f:
+            f.write(header)
+        for path in (segment.offset_index_path, segment.time_index_path):
+            path.write_bytes(b"")
+        fsync_dir(directory)
+        segment.open_for_append()
+        return segment
+
+    @classmethod
+    def open(cls, directory: Path, base_offset: int, *, active: bool) -> Segment:
+        """Open an existing segment, repairing what a crash may have left behind.
+
+        ``active`` marks the last segment of the log: it is verified frame by
+        frame and cut back to its longest valid prefix, and left writable.
+        """
+        header = header_bytes(base_offset)
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
+        segment._repair_header(header)
+        file_size = segment.path.stat().st_size
+        if segment.offset_index_path.exists() and segment.time_index_path.exists():
+            index, consistent = decode_index(
+                base_offset,
+                segment.offset_index_path.read_bytes(),
+                segment.time_index_path.read_bytes(),
+                len(header),
+            )
+        else:
+            index, consistent = SegmentIndex(base_offset), False  # lost: rebuild from the data
+        index_end = index.positions[-1] + index.sizes[-1] if len(index) else len(header)
+        if active:
+            segment._recover_active(index, consistent, file_size)
+            segment.open_for_append()
+        elif consistent and index_end == file_size:
+            segment._set_index(index, file_size)
+        else:
+            logger.warning("index of closed segment %s disagrees with it; rebuilding", segment.path)
+            segment._rebuild_closed(file_size)
+        return segment
+
+    def _repair_header(self, header: bytes) -> None:
+        with open(self.path, "r+b") as f:
+            found = f.read(len(header))
+            if found == header:
+                return
+            logger.warning("segment %s has a damaged header; rewriting it", self.path)
+            if len(found) < len(header):
+                f.truncate(0)
+            f.seek(0)
+            f.write(header)
+
+    def _recover_active(self, index: SegmentIndex, consistent: bool, file_size: int) -> None:
+        if not consistent:
+            logger.warning("index of active segment %s is damaged; rebuilding", self.path)
+            index, _ = self._scan(file_size)
+        else:
+            # Keep the prefix of batches that lie wholly in the file and pass their checksum.
+            view = self._buffer(file_size)
+            good = 0
+            for i in range(len(index)):
+                end = index.positions[i] + index.sizes[i]
+                if end > file_size:
+                    break
+                if crc32(view.slice(index.positions[i], index.sizes[i])) != index.crcs[i]:
+                    break
+                good += 1
+            index.truncate(good)
+        end = index.positions[-1] + index.sizes[-1] if len(index) else self.size
+        if end != file_size or not consistent:
+            logger.warning(
+                "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
+                self.path,
+                file_size,
+                end,
+                file_size - end,
+            )
+        self._drop_map()
+        with open(self.path, "r+b") as f:
+            f.truncate(end)
+        self._set_index(index, end, verified=True)
+        self._write_index_files()
+
+    def _rebuild_closed(self, file_size: int) -> None:
+        index, complete = self._scan(file_size)
+        self._set_index(index, file_size, verified=True)
+        if not complete:
+            self.corrupt_from = index.lasts[-1] + 1 if len(index) else self.base_offset
+            logger.error(
+                "closed segment %s is corrupt from offset %d; offsets after it in this "
+                "segment cannot be read",
+                self.path,
+                self.corrupt_from,
+            )
+        self._write_index_files()
+
+    def _scan(self, file_size: int) -> tuple[SegmentIndex, bool]:
+        """Index the frames of the data file by parsing them; stop at the first bad one."""
+        index = SegmentIndex(self.base_offset)
+        view = self._buffer(file_size)
+        position = self.size
+        previous_last = self.base_offset - 1
+        while position < file_size:
+            entry = _parse_frame(view, position, previous_last)
+            if entry is None:
+                return index, False
+            index.add(entry)
+            position += entry.size
+            previous_last = entry.last_offset
+        return index, True
+
+    def _set_index(self, index: SegmentIndex, size: int, *, verified: bool = False) -> None:
+        self.index = index
+        self.size = size
+        self._verified = bytearray([1 if verified else 0]) * len(index)
+
+    def _write_index_files(self) -> None:
+        offset_bytes, time_bytes = self.index.encode()
+        for path, data in ((self.offset_index_path, offset_bytes), (self.time_index_path, time_bytes)):
+            tmp = path.with_name(path.name + TEMP_SUFFIX)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        fsync_dir(self.directory)
+
+    # ---- properties ------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """One past the last offset stored here (the base offset when empty)."""
+        return self.index.lasts[-1] + 1 if len(self.index) else self.base_offset
+
+    @property
+    def record_count(self) -> int:
+        """Messages stored in this segment."""
+        return sum(self.index.counts)
+
+    @property
+    def max_timestamp(self) -> int | None:
+        """Newest timestamp in the segment, in microseconds, or ``None`` when empty."""
+        return self.index.max_timestamps[-1] if len(self.index) else None
+
+    @property
+    def writable(self) -> bool:
+        """Whether this is the log's active segment, open for appends."""
+        return self._files is not None
+
+    # ---- writing ---------------------------------------------------------------
+
+    def open_for_append(self) -> None:
+        """Open the data and index files for appending."""
+        if self._files is None:
+            # Held open for the segment's life and closed by seal().
+            data, offsets, times = (
+                open(p, "ab", buffering=0)  # noqa: SIM115
+                for p in (self.path, self.offset_index_path, self.time_index_path)
+            )
+            self._files = (data, offsets, times)
+
+    def append(self, frame: pa.Buffer, entry: BatchEntry) -> None:
+        """Write one frame and its index entries; ``entry.position`` must equal ``size``.
+
+        On failure (disk full, ...) the files are cut back, so a failed append
+        leaves no trace.
+        """
+        assert self._files is not None, "append to a closed segment"
+        assert entry.position == self.size
+        data, offset_index, time_index = self._files
+        n = len(self.index)
+        try:
+            _write_all(data, frame)
+            _write_all(offset_index, self.index.encode_offset_entry(entry))
+            _write_all(time_index, self.index.encode_time_entry(entry))
+        except BaseException:
+            for f, length in (
+                (data, self.size),
+                (offset_index, n * OFFSET_ENTRY.size),
+                (time_index, n * TIME_ENTRY.size),
+            ):
+                f.truncate(length)
+            raise
+        self.index.add(entry)
+        self._verified.append(1)
+        self.size += entry.size
+
+    def fsync(self) -> None:
+        """Force the data and index files to disk."""
+        if self._files is not None:
+            for f in self._files:
+                os.fsync(f.fileno())
+
+    def seal(self) -> None:
+        """Stop appending: this segment is now closed."""
+        if self._files is not None:
+            for f in self._files:
+                f.close()
+            self._files = None
+
+    def close(self) -> None:
+        """Release files and memory maps (batches already handed out stay valid)."""
+        self.seal()
+        self._drop_map()
+
+    def delete(self) -> None:
+        """Close and remove the segment's files."""
+        self.close()
+        for path in (self.path, self.offset_index_path, self.time_index_path):
+            path.unlink(missing_ok=True)
+
+    def rewrite(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """Replace the segment's contents with ``batches`` (log schema, offsets in order).
+
+        Writes new files beside the old ones, fsyncs them and renames them
+        over the old ones, data file first.  Empty batches are skipped.
+        """
+        writable = self.writable
+        self.seal()
+        header = header_bytes(self.base_offset)
+        index = SegmentIndex(self.base_offset)
+        tmp = self.path.with_name(self.path.name + TEMP_SUFFIX)
+        with open(tmp, "wb") as f:
+            f.write(header)
+            position = len(header)
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                frame = batch.serialize()
+                base, last, epoch, max_ts = batch_bounds(batch)
+                f.write(frame)
+                index.add(
+                    BatchEntry(base, last, position, frame.size, crc32(frame), epoch, batch.num_rows, max_ts)
+                )
+                position += frame.size
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._drop_map()
+        self._set_index(index, position, verified=True)
+        self.corrupt_from = None
+        self._write_index_files()
+        if writable:
+            self.open_for_append()
+
+    # ---- reading ---------------------------------------------------------------
+
+    def find(self, offset: int) -> int:
+        """Index of the first batch whose last offset is >= ``offset`` (may be ``len``)."""
+        return bisect.bisect_left(self.index.lasts, offset)
+
+    def batch(self, i: int) -> pa.RecordBatch:
+        """Batch ``i``, memory-mapped (no copy) and checked against its checksum once."""
+        index = self.index
+        if self.corrupt_from is not None and index.lasts[i] >= self.corrupt_from:
+            raise CorruptSegmentError(str(self.path), self.corrupt_from, "unrecoverable frame")
+        position, size = index.positions[i], index.sizes[i]
+        frame = self._buffer(position + size).slice(position, size)
+        if not self._verified[i]:
+            crc = crc32(frame)
+            if crc != index.crcs[i]:
+                raise CorruptSegmentError(
+                    str(self.path),
+                    index.bases[i],
+                    f"checksum {crc:#010x} does not match the index ({index.crcs[i]:#010x})",
+                )
+            self._verified[i] = 1
+        try:
+            return pa.ipc.read_record_batch(pa.ipc.read_message(frame), LOG_SCHEMA)
+        except (pa.ArrowException, ValueError) as exc:
+            raise CorruptSegmentError(str(self.path), index.bases[i], str(exc)) from exc
+
+    def _buffer(self, end: int) -> pa.Buffer:
+        """A zero-copy view of the data file covering at least ``end`` bytes."""
+        if self._view is None or self._view.size < end:
+            self._drop_map()
+            self._map = pa.memory_map(str(self.path))
+            self._view = self._map.read_buffer(self._map.size())
+        return self._view
+
+    def _drop_map(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        self._map = None
+        self._view = None
+
+
+def _parse_frame(view: pa.Buffer, position: int, previous_last: int) -> BatchEntry | None:
+    """Decode and validate the frame at ``position``; ``None`` if it is not a sound frame."""
+    if position + 8 > view.size:
+        return None
+    continuation, metadata_size = struct.unpack_from("<Ii", view, position)
+    if continuation != _CONTINUATION or metadata_size <= 0 or metadata_size % 8:
+        return None
+    # Anything may be in a damaged file, and Arrow reports bad bytes in several ways.
+    try:
+        message = pa.ipc.read_message(view.slice(position))
+        size = 8 + metadata_size + message.body.size
+        if message.type != "record batch" or position + size > view.size:
+            return None
+        batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
+        batch.validate(full=True)
+        if batch.num_rows == 0 or batch.column(0).null_count:
+            return None
+        offsets = batch.column(0)
+        increasing = pc.all(pc.greater(offsets.slice(1), offsets.slice(0, len(offsets) - 1)))
+        base, last, epoch, max_ts = batch_bounds(batch)
+        epochs_equal = pc.all(pc.equal(batch.column(2), epoch)).as_py()
+    except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
+        logger.debug("no valid frame at byte %d: %s", position, exc)
+        return None
+    if increasing.as_py() is False or not epochs_equal or base <= previous_last:
+        return None
+    crc = crc32(view.slice(position, size))
+    return BatchEntry(base, last, position, size, crc, epoch, batch.num_rows, max_ts)

@@ -1,0 +1,1 @@
+"""Wire and storage formats shared by broker and client: pure functions, no I/O."""
