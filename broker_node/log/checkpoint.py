@@ -24,9 +24,13 @@ CHECKPOINT_VERSION = 1
 
 def write_checkpoint(path: Path, lines: list[str]) -> None:
     """Atomically replace ``path`` with the version line followed by ``lines``."""
+    atomic_write(path, ("\n".join([str(CHECKPOINT_VERSION), *lines]) + "\n").encode("ascii"))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file whole."""
     tmp = path.with_name(path.name + ".tmp")
-    data = "\n".join([str(CHECKPOINT_VERSION), *lines]) + "\n"
-    with open(tmp, "w", encoding="ascii") as f:
+    with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -102,7 +102,7 @@ def _from_rows(rows: list[Record], max_message_bytes: int) -> list[pa.Array]:
             raise InvalidRecordsError(
                 f"record {i} is a {type(row).__name__}; append takes Record objects or an Arrow table/batch"
             )
-        size = _row_size(row)
+        size = record_size(row)
         if size > max_message_bytes:
             raise RecordTooLargeError(
                 f"message {i} of the batch is {size} bytes, over max_message_bytes={max_message_bytes}",
@@ -124,7 +124,8 @@ def _from_rows(rows: list[Record], max_message_bytes: int) -> list[pa.Array]:
     return columns
 
 
-def _row_size(row: Record) -> int:
+def record_size(row: Record) -> int:
+    """Bytes of ``row`` counted against ``max_message_bytes``: key, value, header names and values."""
     size = len(row.value or b"") + len(row.key or b"")
     for key, value in row.headers:
         size += len(key.encode()) + len(value or b"")

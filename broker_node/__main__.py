@@ -1,0 +1,51 @@
+"""``python -m broker_node [--config FILE] [--data-dir DIR]``: run a broker until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from broker_node.broker import Broker
+from broker_node.config import ConfigError, load_broker_config
+from pyspark_jetstream.protocol.errors import JetStreamError
+
+
+async def run(broker: Broker) -> None:
+    """Start ``broker``, serve until a stop signal, then shut down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    try:
+        await stop.wait()
+    finally:
+        await broker.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run a broker; return the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m broker_node", description="Run a pyspark-jetstream broker."
+    )
+    parser.add_argument("--config", help="broker TOML file (default: built-in defaults)")
+    parser.add_argument("--data-dir", help="override [broker] data_dir")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_broker_config(args.config, data_dir=args.data_dir)
+        asyncio.run(run(Broker(config)))
+    except (ConfigError, JetStreamError, OSError) as exc:
+        print(f"jetstream broker: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

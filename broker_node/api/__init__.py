@@ -1,0 +1,1 @@
+"""The broker's Arrow Flight server: reads with long-polling, metadata, admin actions, cursors."""

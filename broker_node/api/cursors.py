@@ -1,0 +1,79 @@
+"""Consumer cursors, stored in the log.
+
+Cursors live in the internal, key-compacted stream ``__cursors``: each is a
+message keyed ``<consumer>/<stream>/<partition>`` whose value is the offset in
+decimal ASCII (so ``jetstream tail __cursors`` is readable).  The newest
+message per key wins; an in-memory table, rebuilt from the stream when the
+broker starts, answers reads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+
+from broker_node.log import Log
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+CURSOR_STREAM = "__cursors"
+CURSOR_STREAM_CONFIG = StreamConfig(
+    name=CURSOR_STREAM,
+    subject="_PJS.cursors",
+    compaction=True,
+    segment_bytes=1024 * 1024,
+    ack_reply=False,
+)
+
+
+def cursor_key(consumer: str, stream: str, partition: int) -> bytes:
+    """The log key of a cursor."""
+    if not isinstance(consumer, str) or not consumer or "/" in consumer:
+        raise InvalidArgumentError(f"consumer id must be a non-empty string without '/', got {consumer!r}")
+    return f"{consumer}/{stream}/{partition}".encode()
+
+
+class CursorTable:
+    """Latest cursor per key, as the cursor stream holds them."""
+
+    def __init__(self) -> None:
+        self._cursors: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> int | None:
+        """The stored offset for ``key``, or ``None``."""
+        with self._lock:
+            return self._cursors.get(key)
+
+    def put(self, key: bytes, offset: int) -> None:
+        """Record a cursor just appended to the stream."""
+        with self._lock:
+            self._cursors[key] = offset
+
+    def items(self) -> list[tuple[bytes, int]]:
+        """Every cursor, sorted by key."""
+        with self._lock:
+            return sorted(self._cursors.items())
+
+    @classmethod
+    def rebuild(cls, log: Log) -> CursorTable:
+        """Replay the cursor stream: the newest value per key wins."""
+        table = cls()
+        offset = log.log_start_offset
+        while offset < log.log_end_offset:
+            batches = log.read(offset, max_bytes=16 * 1024 * 1024)
+            if not batches:
+                break
+            rows = pa.Table.from_batches(batches)
+            for key, value in zip(
+                rows.column("key").to_pylist(), rows.column("value").to_pylist(), strict=True
+            ):
+                if key is None:
+                    continue
+                if value is None:
+                    table._cursors.pop(key, None)
+                else:
+                    table._cursors[key] = int(value)
+            offset = batches[-1].column(0)[-1].as_py() + 1
+        return table

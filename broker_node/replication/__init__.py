@@ -1,0 +1,1 @@
+"""Partitions on this broker: high watermark, ISR and (next) follower replication."""

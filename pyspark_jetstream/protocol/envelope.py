@@ -1,0 +1,228 @@
+"""The envelope: how a producer wraps a NATS payload to ask for keys, headers and acks.
+
+Any NATS payload that does not decode as an envelope is stored as a plain
+message, so a payload is only an envelope if *all* of it parses.
+
+Layout, version 1 (integers little-endian)::
+
+    offset  size  field
+    0       4     magic: 0x8E 'J' 'S' 'E'
+    4       1     version: 1
+    5       1     flags: bit 0 key present, bit 1 value present,
+                  bit 2 payload is an Arrow batch, bit 3 producer present;
+                  other bits zero.  Bits 1 and 2 are exclusive.
+    6       1     ack policy: 0 NONE, 1 LEADER, 2 ALL
+    7       1     reserved: 0
+    8       ...   str16  ack inbox        (length 0: no ack requested)
+                  str16  correlation id
+                  if producer: str16 producer id, i64 sequence
+                  if key:      bytes32 key
+                  u16 header count, then per header: str16 name, bytes32 value
+                  if value:    bytes32 value
+                  if batch:    bytes32 Arrow IPC stream of one or more batches with
+                               a ``value`` column and optionally ``key`` and ``headers``
+
+    str16   = u16 length, then that many bytes of UTF-8
+    bytes32 = u32 length, then that many bytes
+
+The message must end exactly after the last field.  Neither value nor batch
+means a null value (a tombstone).  There is no checksum: NATS delivers payloads
+intact, and the log checksums what it stores.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+MAGIC = b"\x8eJSE"
+VERSION = 1
+_HEADER = struct.Struct("<4sBBBB")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_KEY, _VALUE, _BATCH, _PRODUCER = 1, 2, 4, 8
+_BATCH_COLUMNS = frozenset({"key", "value", "headers"})
+
+
+class AckPolicy(enum.IntEnum):
+    """When the broker acks a message."""
+
+    NONE = 0
+    """No ack."""
+    LEADER = 1
+    """Once the partition leader has stored it."""
+    ALL = 2
+    """Once every in-sync replica has stored it (committed)."""
+
+
+class EnvelopeError(ValueError):
+    """The payload starts like an envelope but is not a valid one (it is stored as plain)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded envelope: one message (``value``) or many (``batch``)."""
+
+    value: bytes | None = None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    ack_inbox: str | None = None
+    correlation_id: str = ""
+    ack_policy: AckPolicy = AckPolicy.LEADER
+    producer_id: str | None = None
+    sequence: int | None = None
+    batch: pa.RecordBatch | None = None
+    """Many messages: columns ``value`` and optionally ``key`` and ``headers``."""
+
+    @property
+    def count(self) -> int:
+        """How many messages the envelope carries."""
+        return self.batch.num_rows if self.batch is not None else 1
+
+
+def encode(envelope: Envelope) -> bytes:
+    """Serialize ``envelope``; raises ``EnvelopeError`` for a field that cannot be encoded."""
+    if envelope.batch is not None and envelope.value is not None:
+        raise EnvelopeError("an envelope carries either one value or a batch, not both")
+    if (envelope.producer_id is None) != (envelope.sequence is None):
+        raise EnvelopeError("producer_id and sequence go together")
+    flags = (
+        (_KEY if envelope.key is not None else 0)
+        | (_VALUE if envelope.value is not None else 0)
+        | (_BATCH if envelope.batch is not None else 0)
+        | (_PRODUCER if envelope.producer_id is not None else 0)
+    )
+    parts = [
+        _HEADER.pack(MAGIC, VERSION, flags, int(envelope.ack_policy), 0),
+        _str16(envelope.ack_inbox or "", "ack inbox"),
+        _str16(envelope.correlation_id, "correlation id"),
+    ]
+    if envelope.producer_id is not None:
+        parts += [_str16(envelope.producer_id, "producer id"), _I64.pack(envelope.sequence)]
+    if envelope.key is not None:
+        parts.append(_bytes32(envelope.key))
+    if len(envelope.headers) > 0xFFFF:
+        raise EnvelopeError(f"too many headers: {len(envelope.headers)} (at most 65535)")
+    parts.append(_U16.pack(len(envelope.headers)))
+    for name, value in envelope.headers:
+        parts += [_str16(name, "header name"), _bytes32(value)]
+    if envelope.value is not None:
+        parts.append(_bytes32(envelope.value))
+    if envelope.batch is not None:
+        parts.append(_bytes32(_ipc_bytes(envelope.batch)))
+    return b"".join(parts)
+
+
+def looks_like_envelope(payload: bytes) -> bool:
+    """Whether ``payload`` starts with the envelope magic bytes."""
+    return payload[:4] == MAGIC
+
+
+def decode(payload: bytes) -> Envelope:
+    """Parse an envelope; raises ``EnvelopeError`` for anything that is not exactly one."""
+    if len(payload) < _HEADER.size:
+        raise EnvelopeError(f"{len(payload)} bytes is too short for an envelope")
+    magic, version, flags, policy, reserved = _HEADER.unpack_from(payload, 0)
+    if magic != MAGIC:
+        raise EnvelopeError("no envelope magic bytes")
+    if version != VERSION:
+        raise EnvelopeError(f"unsupported envelope version {version}")
+    if flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER) or reserved or (flags & _VALUE and flags & _BATCH):
+        raise EnvelopeError(f"invalid envelope flags {flags:#04x}")
+    try:
+        ack_policy = AckPolicy(policy)
+    except ValueError:
+        raise EnvelopeError(f"invalid ack policy {policy}") from None
+    reader = _Reader(payload, _HEADER.size)
+    ack_inbox = reader.str16() or None
+    correlation_id = reader.str16()
+    producer_id = sequence = None
+    if flags & _PRODUCER:
+        producer_id = reader.str16()
+        sequence = reader.fixed(_I64)
+    key = reader.bytes32() if flags & _KEY else None
+    headers = tuple((reader.str16(), reader.bytes32()) for _ in range(reader.fixed(_U16)))
+    value = reader.bytes32() if flags & _VALUE else None
+    batch = _parse_batch(reader.bytes32()) if flags & _BATCH else None
+    if reader.position != len(payload):
+        raise EnvelopeError(f"{len(payload) - reader.position} unexpected bytes after the envelope")
+    return Envelope(
+        value=value,
+        key=key,
+        headers=headers,
+        ack_inbox=ack_inbox,
+        correlation_id=correlation_id,
+        ack_policy=ack_policy,
+        producer_id=producer_id,
+        sequence=sequence,
+        batch=batch,
+    )
+
+
+class _Reader:
+    def __init__(self, data: bytes, position: int) -> None:
+        self.data = data
+        self.position = position
+
+    def take(self, size: int) -> bytes:
+        end = self.position + size
+        if end > len(self.data):
+            raise EnvelopeError(f"envelope ends early: needs {end} bytes, has {len(self.data)}")
+        chunk = self.data[self.position : end]
+        self.position = end
+        return chunk
+
+    def fixed(self, layout: struct.Struct) -> int:
+        value: int = layout.unpack(self.take(layout.size))[0]
+        return value
+
+    def str16(self) -> str:
+        raw = self.take(self.fixed(_U16))
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise EnvelopeError("a text field is not valid UTF-8") from None
+
+    def bytes32(self) -> bytes:
+        return self.take(self.fixed(_U32))
+
+
+def _str16(text: str, what: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > 0xFFFF:
+        raise EnvelopeError(f"{what} is {len(raw)} bytes; at most 65535")
+    return _U16.pack(len(raw)) + raw
+
+
+def _bytes32(data: bytes) -> bytes:
+    if len(data) > 0xFFFFFFFF:
+        raise EnvelopeError(f"a field of {len(data)} bytes is over 4 GiB")
+    return _U32.pack(len(data)) + data
+
+
+def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _parse_batch(data: bytes) -> pa.RecordBatch:
+    # Arrow reports malformed input in several ways; all of them mean "not an envelope".
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+        table.validate(full=True)
+    except Exception as exc:  # noqa: BLE001
+        raise EnvelopeError(f"the batch is not a valid Arrow IPC stream: {exc}") from None
+    unknown = sorted(set(table.schema.names) - _BATCH_COLUMNS)
+    if unknown or "value" not in table.schema.names:
+        raise EnvelopeError(
+            f"a batch needs a 'value' column and only key/value/headers, got {table.schema.names}"
+        )
+    if table.num_rows == 0:
+        raise EnvelopeError("the batch has no rows")
+    return table.combine_chunks().to_batches()[0]

@@ -1,0 +1,128 @@
+"""Error codes shared by broker and client, and the exceptions they map to.
+
+One root, :class:`JetStreamError`, with a ``retriable`` flag.  Every error the
+broker reports (in an ack or a Flight error) carries a stable code; the
+client turns the code back into the same class through :data:`ERRORS_BY_CODE`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    """Stable codes on the wire (acks and Flight error messages)."""
+
+    OK = "ok"
+    DUPLICATE = "duplicate"
+    TOO_LARGE = "too_large"
+    NOT_LEADER = "not_leader"
+    NOT_ENOUGH_REPLICAS = "not_enough_replicas"
+    UNKNOWN_STREAM = "unknown_stream"
+    STREAM_EXISTS = "stream_exists"
+    OFFSET_OUT_OF_RANGE = "offset_out_of_range"
+    INVALID_ARGUMENT = "invalid_argument"
+    STORAGE = "storage"
+    UNAVAILABLE = "unavailable"
+    TIMEOUT = "timeout"
+
+
+class JetStreamError(Exception):
+    """Root of every pyspark-jetstream error a user sees."""
+
+    code = ErrorCode.STORAGE
+    retriable = False
+
+
+class InvalidArgumentError(JetStreamError, ValueError):
+    """A name, subject, option or request is malformed; the message says which."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class UnknownStreamError(JetStreamError, KeyError):
+    """No stream (or partition) of that name exists."""
+
+    code = ErrorCode.UNKNOWN_STREAM
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StreamExistsError(JetStreamError):
+    """A stream of that name exists with a different configuration."""
+
+    code = ErrorCode.STREAM_EXISTS
+
+
+class MessageTooLargeError(JetStreamError):
+    """A message or batch is over the stream's size limit."""
+
+    code = ErrorCode.TOO_LARGE
+
+
+class NotLeaderError(JetStreamError):
+    """This broker does not lead the partition; ask the leader."""
+
+    code = ErrorCode.NOT_LEADER
+    retriable = True
+
+
+class NotEnoughReplicasError(JetStreamError):
+    """Fewer brokers or in-sync replicas than the request needs."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+    retriable = True
+
+
+class OffsetOutOfRangeError(JetStreamError):
+    """An offset outside the partition's stored range."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+    retriable = True
+
+
+class StorageError(JetStreamError):
+    """The broker failed to store or read data."""
+
+    code = ErrorCode.STORAGE
+
+
+class UnavailableError(JetStreamError):
+    """A server (NATS or broker) cannot be reached."""
+
+    code = ErrorCode.UNAVAILABLE
+    retriable = True
+
+
+class RequestTimeoutError(JetStreamError, TimeoutError):
+    """No answer within the timeout."""
+
+    code = ErrorCode.TIMEOUT
+    retriable = True
+
+
+ERRORS_BY_CODE: dict[ErrorCode, type[JetStreamError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        UnknownStreamError,
+        StreamExistsError,
+        MessageTooLargeError,
+        NotLeaderError,
+        NotEnoughReplicasError,
+        OffsetOutOfRangeError,
+        StorageError,
+        UnavailableError,
+        RequestTimeoutError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> JetStreamError:
+    """The exception for a wire error ``code`` (an unknown code becomes a StorageError)."""
+    try:
+        cls = ERRORS_BY_CODE[ErrorCode(code)]
+    except (ValueError, KeyError):
+        cls = StorageError
+    return cls(message)

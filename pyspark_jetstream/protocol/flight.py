@@ -1,0 +1,252 @@
+"""The Arrow Flight API of a broker: tickets, actions and their JSON bodies.
+
+Reads
+    ``do_get`` with a ticket whose bytes are a JSON :class:`ReadRequest`::
+
+        {"stream": "orders", "partition": 0, "start": "earliest",
+         "max_records": 10000, "max_bytes": 8388608, "max_wait": 5.0}
+
+    ``start`` is ``"earliest"``, ``"latest"``, ``{"offset": N}`` or
+    ``{"timestamp": seconds since the epoch}``; the other fields are optional.
+    The response is a stream of record batches in the log schema; its schema
+    metadata carries the partition's offsets at the time of the read under the
+    keys of :data:`RESPONSE_KEYS` (``next_offset`` is where to read next).
+    If nothing is there yet the broker waits up to ``max_wait`` seconds for
+    new committed data before answering.
+
+Actions
+    ``do_action`` with one of :class:`ActionType`; bodies and results are JSON.
+
+Errors
+    Flight errors whose message starts with ``[<error code>] `` (see
+    :mod:`.errors`), e.g. ``[unknown_stream] no stream named 'x'``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidArgumentError, JetStreamError, error_from_code
+
+RESPONSE_KEYS = ("next_offset", "high_watermark", "log_start_offset", "log_end_offset")
+RESPONSE_PREFIX = "jetstream."
+MAX_WAIT_LIMIT = 300.0
+
+
+class ActionType(enum.Enum):
+    """Admin actions a broker serves."""
+
+    CREATE_STREAM = "create_stream"
+    DELETE_STREAM = "delete_stream"
+    DESCRIBE_STREAM = "describe_stream"
+    LIST_STREAMS = "list_streams"
+    SET_CURSOR = "set_cursor"
+    FETCH_CURSOR = "fetch_cursor"
+    STATUS = "status"
+
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """Where a read starts: ``earliest``, ``latest``, an ``offset`` or a ``timestamp``."""
+
+    kind: str
+    value: float | None = None
+
+    def to_json(self) -> object:
+        """Wire form: a keyword or a one-key object."""
+        if self.kind in ("earliest", "latest"):
+            return self.kind
+        return {self.kind: self.value}
+
+    @classmethod
+    def from_json(cls, data: object) -> StartPosition:
+        """Parse the wire form strictly."""
+        if data in ("earliest", "latest"):
+            return cls(str(data))
+        if isinstance(data, dict) and len(data) == 1:
+            ((kind, value),) = data.items()
+            if kind == "offset" and _is_int(value) and value >= 0:
+                return cls("offset", value)
+            if kind == "timestamp" and _is_number(value):
+                return cls("timestamp", float(value))
+        raise InvalidArgumentError(
+            f"invalid start {data!r}: use 'earliest', 'latest', {{'offset': N >= 0}} "
+            "or {'timestamp': seconds}"
+        )
+
+
+EARLIEST = StartPosition("earliest")
+LATEST = StartPosition("latest")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """A ``do_get`` ticket."""
+
+    stream: str
+    partition: int = 0
+    start: StartPosition = EARLIEST
+    max_records: int | None = None
+    max_bytes: int | None = None
+    max_wait: float = 0.0
+
+    def to_ticket(self) -> bytes:
+        """The ticket bytes."""
+        return json.dumps(
+            {
+                "stream": self.stream,
+                "partition": self.partition,
+                "start": self.start.to_json(),
+                "max_records": self.max_records,
+                "max_bytes": self.max_bytes,
+                "max_wait": self.max_wait,
+            }
+        ).encode()
+
+    @classmethod
+    def from_ticket(cls, ticket: bytes) -> ReadRequest:
+        """Parse ticket bytes strictly; raises ``InvalidArgumentError`` naming the bad field."""
+        data = _json_object(ticket, "ticket")
+        allowed = {"stream", "partition", "start", "max_records", "max_bytes", "max_wait"}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise InvalidArgumentError(f"unknown ticket field(s): {', '.join(unknown)}")
+        if not isinstance(data.get("stream"), str):
+            raise InvalidArgumentError("ticket needs a 'stream' string")
+        partition = data.get("partition", 0)
+        if not _is_int(partition) or partition < 0:
+            raise InvalidArgumentError(f"partition must be a non-negative integer, got {partition!r}")
+        for name in ("max_records", "max_bytes"):
+            value = data.get(name)
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        max_wait = data.get("max_wait", 0.0)
+        if not _is_number(max_wait) or not 0 <= max_wait <= MAX_WAIT_LIMIT:
+            raise InvalidArgumentError(f"max_wait must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {max_wait!r}")
+        return cls(
+            stream=data["stream"],
+            partition=partition,
+            start=StartPosition.from_json(data.get("start", "earliest")),
+            max_records=data.get("max_records"),
+            max_bytes=data.get("max_bytes"),
+            max_wait=float(max_wait),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition as ``describe_stream`` reports it."""
+
+    partition: int
+    leader: str
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    leader_epoch: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A stream's configuration (as JSON) and the state of its partitions."""
+
+    config: dict[str, Any]
+    partitions: tuple[PartitionInfo, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        """Wire form."""
+        return {
+            "config": self.config,
+            "partitions": [_partition_json(p) for p in self.partitions],
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> StreamInfo:
+        """Parse the wire form."""
+        if not isinstance(data, dict) or set(data) != {"config", "partitions"}:
+            raise InvalidArgumentError(f"not a stream description: {data!r}")
+        try:
+            partitions = tuple(
+                PartitionInfo(**{**p, "replicas": tuple(p["replicas"]), "isr": tuple(p["isr"])})
+                for p in data["partitions"]
+            )
+        except (TypeError, KeyError) as exc:
+            raise InvalidArgumentError(f"not a stream description: {exc}") from None
+        return cls(config=data["config"], partitions=partitions)
+
+
+def _partition_json(p: PartitionInfo) -> dict[str, Any]:
+    return {
+        "partition": p.partition,
+        "leader": p.leader,
+        "replicas": list(p.replicas),
+        "isr": list(p.isr),
+        "leader_epoch": p.leader_epoch,
+        "log_start_offset": p.log_start_offset,
+        "log_end_offset": p.log_end_offset,
+        "high_watermark": p.high_watermark,
+    }
+
+
+def response_metadata(**offsets: int) -> dict[str, str]:
+    """Schema metadata of a read response."""
+    return {RESPONSE_PREFIX + k: str(v) for k, v in offsets.items() if k in RESPONSE_KEYS}
+
+
+def parse_response_metadata(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
+    """Offsets from a read response's schema metadata (missing keys are absent)."""
+    out = {}
+    for key in RESPONSE_KEYS:
+        raw = (metadata or {}).get((RESPONSE_PREFIX + key).encode())
+        if raw is not None:
+            out[key] = int(raw)
+    return out
+
+
+def encode_json(body: object) -> bytes:
+    """Action body or result bytes."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_json_object(body: bytes, what: str) -> dict[str, Any]:
+    """Parse an action body that must be a JSON object."""
+    return _json_object(body, what)
+
+
+def error_message(error: JetStreamError) -> str:
+    """The Flight error text for ``error``: ``[code] message``."""
+    return f"[{error.code.value}] {error}"
+
+
+_ERROR_TEXT = re.compile(r"\[([a-z_]+)\] (.*?)(?:\. Detail: .*)?$", re.DOTALL)
+
+
+def error_from_message(text: str) -> JetStreamError | None:
+    """The error a broker's Flight error text stands for, or ``None`` if it is not one of ours."""
+    match = _ERROR_TEXT.search(text)
+    if match is None:
+        return None
+    return error_from_code(match.group(1), match.group(2))
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(f"{what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
