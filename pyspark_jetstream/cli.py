@@ -1,0 +1,275 @@
+"""``jetstream``: run a broker, manage streams, publish, tail, cursors, status.
+
+Client commands find the deployment through ``--nats`` (default
+``$JETSTREAM_NATS`` or ``nats://127.0.0.1:4222``) and ask a broker there for
+its Flight address, unless ``--broker`` (or ``$JETSTREAM_BROKER``) gives it.
+Errors print one line and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pyspark_jetstream.client import AckPolicy, SyncClient
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.flight import StreamInfo
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "broker":
+        # The broker is its own program (it takes --config, --data-dir, ...); become it.
+        os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        with SyncClient(nats_urls=args.nats, broker=args.broker, timeout=args.timeout) as client:
+            args.run(client, args)
+    except JetStreamError as exc:
+        print(f"jetstream: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jetstream", description="pyspark-jetstream command line")
+    parser.add_argument(
+        "--nats", default=os.environ.get("JETSTREAM_NATS", "nats://127.0.0.1:4222"), help="NATS URL"
+    )
+    parser.add_argument("--broker", default=os.environ.get("JETSTREAM_BROKER"), help="broker Flight address")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    broker = commands.add_parser("broker", help="run a broker")
+    broker_commands = broker.add_subparsers(dest="broker_command", required=True)
+    broker_commands.add_parser(
+        "start", help="start a broker: --config FILE, --data-dir DIR (see --help there)"
+    )
+
+    stream = commands.add_parser("stream", help="create, list, describe or delete streams")
+    stream_commands = stream.add_subparsers(dest="stream_command", required=True)
+    create = stream_commands.add_parser("create", help="create a stream (idempotent)")
+    create.add_argument("name")
+    create.add_argument("--subject", required=True, help="NATS subject; wildcards * and > allowed")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--group", help="load-balance group (shared NATS queue group)")
+    create.add_argument("--retention-age", type=float, help="seconds")
+    create.add_argument("--retention-bytes", type=int)
+    create.add_argument("--retention-messages", type=int)
+    create.add_argument("--compaction", action="store_true", help="keep the newest message per key")
+    create.add_argument("--segment-bytes", type=int)
+    create.add_argument("--max-message-bytes", type=int)
+    create.add_argument(
+        "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
+    )
+    create.set_defaults(run=_stream_create)
+    stream_commands.add_parser("list", help="list streams").set_defaults(run=_stream_list)
+    describe = stream_commands.add_parser("describe", help="show a stream and its partitions")
+    describe.add_argument("name")
+    describe.set_defaults(run=_stream_describe)
+    delete = stream_commands.add_parser("delete", help="delete a stream and its data")
+    delete.add_argument("name")
+    delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
+
+    publish = commands.add_parser("publish", help="publish one message and print its ack")
+    publish.add_argument("stream")
+    publish.add_argument("value")
+    publish.add_argument("--key")
+    publish.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    publish.add_argument("--partition", type=int)
+    publish.add_argument("--subject", help="publish on this subject (streams on wildcard subjects)")
+    publish.add_argument("--ack-policy", choices=[p.name.lower() for p in AckPolicy], default="leader")
+    publish.set_defaults(run=_publish)
+
+    tail = commands.add_parser("tail", help="print a stream's messages, following new ones")
+    tail.add_argument("stream")
+    tail.add_argument("--partition", type=int, default=0)
+    tail.add_argument(
+        "--from", dest="start", default="earliest", help="earliest, latest, an offset or an ISO time"
+    )
+    tail.add_argument("--count", type=int, help="stop after this many messages")
+    tail.add_argument("--no-follow", action="store_true", help="stop at the end instead of waiting for more")
+    tail.set_defaults(run=_tail)
+
+    cursor = commands.add_parser("cursor", help="read or store a consumer position")
+    cursor_commands = cursor.add_subparsers(dest="cursor_command", required=True)
+    get = cursor_commands.add_parser("get")
+    get.add_argument("consumer")
+    get.add_argument("stream")
+    get.add_argument("--partition", type=int, default=0)
+    get.set_defaults(run=_cursor_get)
+    put = cursor_commands.add_parser("set")
+    put.add_argument("consumer")
+    put.add_argument("stream")
+    put.add_argument("offset", type=int)
+    put.add_argument("--partition", type=int, default=0)
+    put.set_defaults(run=_cursor_set)
+
+    commands.add_parser("status", help="streams, partitions, cursors and lag").set_defaults(run=_status)
+    return parser
+
+
+def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
+    options: dict[str, Any] = {
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "group": args.group,
+        "retention_age": args.retention_age,
+        "retention_bytes": args.retention_bytes,
+        "retention_messages": args.retention_messages,
+        "compaction": args.compaction,
+        "ack_reply": not args.no_ack_reply,
+    }
+    if args.segment_bytes is not None:
+        options["segment_bytes"] = args.segment_bytes
+    if args.max_message_bytes is not None:
+        options["max_message_bytes"] = args.max_message_bytes
+    info = client.create_stream(args.name, args.subject, **options)
+    print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
+
+
+def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
+    rows = [
+        [
+            s.config["name"],
+            s.config["subject"],
+            str(len(s.partitions)),
+            str(sum(max(p.high_watermark - p.log_start_offset, 0) for p in s.partitions)),
+        ]
+        for s in client.list_streams()
+    ]
+    _table(["stream", "subject", "partitions", "messages"], rows)
+
+
+def _stream_describe(client: SyncClient, args: argparse.Namespace) -> None:
+    info = client.describe_stream(args.name)
+    for key, value in info.config.items():
+        print(f"{key:<20} {value}")
+    print()
+    _partition_table([info])
+
+
+def _partition_table(streams: list[StreamInfo]) -> None:
+    rows = [
+        [
+            s.config["name"],
+            str(p.partition),
+            p.leader,
+            ",".join(p.isr),
+            str(p.log_start_offset),
+            str(p.log_end_offset),
+            str(p.high_watermark),
+        ]
+        for s in streams
+        for p in s.partitions
+    ]
+    _table(["stream", "partition", "leader", "isr", "log start", "log end", "high watermark"], rows)
+
+
+def _publish(client: SyncClient, args: argparse.Namespace) -> None:
+    headers = []
+    for header in args.header:
+        name, sep, value = header.partition("=")
+        if not sep or not name:
+            raise InvalidArgumentError(f"--header {header!r} must look like NAME=VALUE")
+        headers.append((name, value.encode()))
+    ack = client.publish(
+        args.stream,
+        args.value.encode(),
+        key=args.key.encode() if args.key is not None else None,
+        headers=headers,
+        partition=args.partition,
+        subject=args.subject,
+        ack_policy=AckPolicy[args.ack_policy.upper()],
+    )
+    if ack is None:
+        print("published (no ack requested)")
+    else:
+        note = " (duplicate)" if ack.duplicate else ""
+        print(f"stored in {ack.stream}/{ack.partition} at offset {ack.first_offset}{note}")
+
+
+def _tail(client: SyncClient, args: argparse.Namespace) -> None:
+    start: Any = args.start
+    if start not in ("earliest", "latest"):
+        if start.isdigit():
+            start = int(start)
+        else:
+            try:
+                start = datetime.fromisoformat(start)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"--from {start!r} is not earliest, latest, an offset or an ISO time"
+                ) from None
+    seen = 0
+    if args.no_follow:
+        position = start
+        while True:
+            result = client.fetch(args.stream, args.partition, start=position, max_records=10_000)
+            for row in result.to_table().to_pylist():
+                _print_message(row["offset"], row["timestamp"], row["key"], row["value"])
+                seen += 1
+                if args.count is not None and seen >= args.count:
+                    return
+            if result.next_offset >= result.high_watermark or not result.num_rows:
+                return
+            position = result.next_offset
+    for message in client.subscribe(args.stream, args.partition, start=start):
+        _print_message(message.offset, message.timestamp, message.key, message.value)
+        seen += 1
+        if args.count is not None and seen >= args.count:
+            return
+
+
+def _print_message(offset: int, timestamp: datetime, key: bytes | None, value: bytes | None) -> None:
+    shown_key = "-" if key is None else key.decode(errors="replace")
+    shown_value = "(null)" if value is None else value.decode(errors="replace")
+    print(f"{offset}\t{timestamp.isoformat()}\t{shown_key}\t{shown_value}", flush=True)
+
+
+def _cursor_get(client: SyncClient, args: argparse.Namespace) -> None:
+    offset = client.fetch_cursor(args.consumer, args.stream, args.partition)
+    print("(none)" if offset is None else offset)
+
+
+def _cursor_set(client: SyncClient, args: argparse.Namespace) -> None:
+    client.set_cursor(args.consumer, args.stream, args.partition, args.offset)
+    print(f"cursor {args.consumer} on {args.stream}/{args.partition} set to {args.offset}")
+
+
+def _status(client: SyncClient, args: argparse.Namespace) -> None:
+    status = client.status()
+    print(f"broker {status['broker_id']}  flight {status['flight']}  nats {', '.join(status['nats'])}")
+    print()
+    _partition_table([StreamInfo.from_json(s) for s in status["streams"]])
+    print()
+    _table(
+        ["consumer", "stream", "partition", "offset", "lag"],
+        [
+            [c["consumer"], c["stream"], str(c["partition"]), str(c["offset"]), str(c["lag"])]
+            for c in status["cursors"]
+        ],
+    )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    if not rows:
+        print("(none)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

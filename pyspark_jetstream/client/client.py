@@ -1,0 +1,489 @@
+"""The asynchronous client.
+
+Publishing goes through NATS (a stream is attached to NATS subjects, so any
+NATS client can publish too); acks come back on one inbox per client and are
+matched by correlation id.  Reads and admin go to a broker over Arrow Flight,
+in a worker thread so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+import pyarrow as pa
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from pyarrow import flight
+
+from pyspark_jetstream.protocol.ack import Ack, decode_ack
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, encode
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    RequestTimeoutError,
+    UnavailableError,
+    error_from_code,
+)
+from pyspark_jetstream.protocol.flight import (
+    ActionType,
+    ReadRequest,
+    StartPosition,
+    StreamInfo,
+    encode_json,
+    error_from_message,
+    parse_response_metadata,
+)
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+
+from .partitioners import Partitioner, key_hash
+
+logger = logging.getLogger(__name__)
+
+DISCOVERY_SUBJECT = "_PJS.discover"
+Start = str | int | datetime | StartPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message, as a subscriber sees it."""
+
+    stream: str
+    partition: int
+    offset: int
+    timestamp: datetime
+    value: bytes | None
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    subject: str | None
+    reply: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """Batches read from one partition, and where to read next."""
+
+    batches: list[pa.RecordBatch]
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+    @property
+    def num_rows(self) -> int:
+        """Messages in the result."""
+        return sum(b.num_rows for b in self.batches)
+
+    def to_table(self) -> pa.Table:
+        """The batches as one table (in the log schema)."""
+        return pa.Table.from_batches(self.batches, schema=LOG_SCHEMA)
+
+
+def start_position(start: Start) -> StartPosition:
+    """``'earliest'``, ``'latest'``, an offset, an aware ``datetime`` or a StartPosition."""
+    if isinstance(start, StartPosition):
+        return start
+    if start in ("earliest", "latest"):
+        return StartPosition(str(start))
+    if isinstance(start, datetime):
+        if start.tzinfo is None:
+            raise InvalidArgumentError(f"start time {start.isoformat()} needs a time zone")
+        return StartPosition("timestamp", start.timestamp())
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return StartPosition("offset", start)
+    raise InvalidArgumentError(
+        f"invalid start {start!r}: use 'earliest', 'latest', an offset >= 0 or an aware datetime"
+    )
+
+
+class Client:
+    """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest)."""
+
+    def __init__(self, nc: NatsClient, broker: str, timeout: float) -> None:
+        self.nc = nc
+        self.broker = broker
+        self.timeout = timeout
+        self._flight = flight.connect(broker)
+        self._streams: dict[str, StreamConfig] = {}
+        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._ids = itertools.count()
+        self._inbox = nc.new_inbox()
+        self._ack_sub: Any = None
+
+    @classmethod
+    async def connect(
+        cls,
+        *,
+        nats_urls: str | Sequence[str] = "nats://127.0.0.1:4222",
+        broker: str | None = None,
+        timeout: float = 10.0,
+    ) -> Client:
+        """Connect to NATS, and to ``broker`` (``grpc://host:port``) or one found through NATS.
+
+        Raises ``UnavailableError`` naming the address that cannot be reached.
+        """
+        urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
+        try:
+            nc = await nats.connect(servers=urls, connect_timeout=timeout, max_reconnect_attempts=3)
+        except (NatsError, OSError, TimeoutError) as exc:
+            raise UnavailableError(
+                f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}; "
+                "is a broker or nats-server running there?"
+            ) from None
+        if broker is None:
+            try:
+                reply = await nc.request(DISCOVERY_SUBJECT, b"", timeout=timeout)
+                broker = json.loads(reply.data)["flight"]
+            except (NatsError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                await nc.close()
+                raise UnavailableError(
+                    f"no pyspark-jetstream broker answered on NATS at {', '.join(urls)} ({exc}); "
+                    "start one with 'jetstream broker start' or pass broker='grpc://host:port'"
+                ) from None
+        client = cls(nc, broker, timeout)
+        client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
+        return client
+
+    async def close(self) -> None:
+        """Fail pending acks, close the connections."""
+        for future in self._acks.values():
+            if not future.done():
+                future.set_exception(UnavailableError("client closed before the ack arrived"))
+        self._acks.clear()
+        await self.nc.close()
+        self._flight.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- admin ---------------------------------------------------------------------
+
+    async def create_stream(self, name: str, subject: str, **options: Any) -> StreamInfo:
+        """Create a stream on ``subject`` (idempotent for the same configuration).
+
+        Options are those of :class:`~pyspark_jetstream.protocol.streams.StreamConfig`:
+        ``partitions``, ``replication_factor``, ``group``, ``retention_age``,
+        ``retention_bytes``, ``retention_messages``, ``compaction``,
+        ``segment_bytes``, ``max_message_bytes``, ``ack_reply``.
+        """
+        try:
+            config = StreamConfig(name=name, subject=subject, **options)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"create_stream: {exc}") from None
+        info = StreamInfo.from_json(await self._action(ActionType.CREATE_STREAM, config.to_json()))
+        self._streams[name] = config
+        return info
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete a stream and all its data."""
+        await self._action(ActionType.DELETE_STREAM, {"name": name})
+        self._streams.pop(name, None)
+
+    async def describe_stream(self, name: str) -> StreamInfo:
+        """A stream's configuration and its partitions' offsets."""
+        return StreamInfo.from_json(await self._action(ActionType.DESCRIBE_STREAM, {"name": name}))
+
+    async def list_streams(self) -> list[StreamInfo]:
+        """Every stream."""
+        return [StreamInfo.from_json(s) for s in await self._action(ActionType.LIST_STREAMS, {})]
+
+    async def status(self) -> dict[str, Any]:
+        """The broker's status: streams, partitions, cursors and their lag."""
+        result: dict[str, Any] = await self._action(ActionType.STATUS, {})
+        return result
+
+    async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """Store ``consumer``'s position (the next offset it will read) in the log."""
+        await self._action(
+            ActionType.SET_CURSOR,
+            {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset},
+        )
+
+    async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """The stored position, or ``None`` if ``consumer`` never set one."""
+        result = await self._action(
+            ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
+        )
+        offset: int | None = result["offset"]
+        return offset
+
+    # ---- publishing ------------------------------------------------------------------
+
+    async def publish(
+        self,
+        stream: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] = (),
+        partition: int | None = None,
+        partitioner: Partitioner = key_hash,
+        subject: str | None = None,
+        ack_policy: AckPolicy = AckPolicy.LEADER,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+        timeout: float | None = None,
+    ) -> Ack | None:
+        """Publish one message and wait for its ack (``None`` with ``AckPolicy.NONE``).
+
+        The partition is ``partition``, else ``partitioner(key, partitions)``;
+        ``subject`` overrides the partition's subject (needed for streams on
+        wildcard subjects).  A negative ack raises the matching error; a
+        repeated producer sequence returns an ack with ``duplicate`` set.
+        """
+        future = await self.publish_async(
+            stream,
+            value,
+            key=key,
+            headers=headers,
+            partition=partition,
+            partitioner=partitioner,
+            subject=subject,
+            ack_policy=ack_policy,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
+        return None if future is None else await self._await_ack(future, timeout)
+
+    async def publish_async(
+        self,
+        stream: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] = (),
+        partition: int | None = None,
+        partitioner: Partitioner = key_hash,
+        subject: str | None = None,
+        ack_policy: AckPolicy = AckPolicy.LEADER,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> asyncio.Future[Ack] | None:
+        """Publish without waiting: returns a future for the ack (pipelining), or ``None``."""
+        pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
+        target = await self._subject(stream, key, partition, partitioner, subject)
+        return await self._send(
+            target,
+            Envelope(
+                value=value,
+                key=key,
+                headers=pairs,
+                ack_policy=ack_policy,
+                producer_id=producer_id,
+                sequence=sequence,
+            ),
+        )
+
+    async def publish_batch(
+        self,
+        stream: str,
+        data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
+        *,
+        partition: int = 0,
+        subject: str | None = None,
+        ack_policy: AckPolicy = AckPolicy.LEADER,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+        timeout: float | None = None,
+    ) -> Ack | None:
+        """Publish many messages as one Arrow batch in one envelope, stored as one batch.
+
+        ``data`` has a ``value`` column and optionally ``key`` and ``headers``
+        (or is a list of dicts with those keys).  All go to one partition.
+        """
+        batch = _as_batch(data)
+        target = await self._subject(stream, None, partition, key_hash, subject)
+        future = await self._send(
+            target, Envelope(batch=batch, ack_policy=ack_policy, producer_id=producer_id, sequence=sequence)
+        )
+        return None if future is None else await self._await_ack(future, timeout)
+
+    async def _send(self, subject: str, envelope: Envelope) -> asyncio.Future[Ack] | None:
+        if envelope.ack_policy is AckPolicy.NONE:
+            await self.nc.publish(subject, encode(envelope))
+            return None
+        correlation_id = str(next(self._ids))
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._acks[correlation_id] = future
+        payload = encode(
+            Envelope(
+                value=envelope.value,
+                key=envelope.key,
+                headers=envelope.headers,
+                ack_inbox=self._inbox,
+                correlation_id=correlation_id,
+                ack_policy=envelope.ack_policy,
+                producer_id=envelope.producer_id,
+                sequence=envelope.sequence,
+                batch=envelope.batch,
+            )
+        )
+        try:
+            await self.nc.publish(subject, payload)
+        except NatsError as exc:
+            self._acks.pop(correlation_id, None)
+            raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
+        return future
+
+    async def _await_ack(self, future: asyncio.Future[Ack], timeout: float | None) -> Ack:
+        try:
+            ack = await asyncio.wait_for(future, timeout or self.timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no ack within {timeout or self.timeout:g}s: is a broker leading that partition?"
+            ) from None
+        if not ack.ok:
+            raise error_from_code(ack.error.value, f"{ack.stream}/{ack.partition}: {ack.message}")
+        return ack
+
+    async def _on_ack(self, msg: Msg) -> None:
+        try:
+            ack = decode_ack(msg.data)
+        except JetStreamError:
+            logger.warning("ignoring a malformed ack: %r", msg.data[:200])
+            return
+        future = self._acks.pop(ack.correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result(ack)
+
+    async def _subject(
+        self,
+        stream: str,
+        key: bytes | None,
+        partition: int | None,
+        partitioner: Partitioner,
+        subject: str | None,
+    ) -> str:
+        if subject is not None:
+            return subject
+        config = self._streams.get(stream)
+        if config is None:
+            info = await self.describe_stream(stream)
+            config = StreamConfig.from_json(info.config)
+            self._streams[stream] = config
+        number = partitioner(key, config.partitions) if partition is None else partition
+        if not 0 <= number < config.partitions:
+            raise InvalidArgumentError(
+                f"stream {stream!r} has partitions 0 to {config.partitions - 1}, not {number}"
+            )
+        target = partition_subject(config.subject, number)
+        if "*" in target.split(".") or target.endswith(">"):
+            raise InvalidArgumentError(
+                f"stream {stream!r} listens on the wildcard subject {config.subject!r}: "
+                "pass subject= with a concrete subject it matches"
+            )
+        return target
+
+    # ---- reading -----------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = "earliest",
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        max_wait: float = 0.0,
+    ) -> FetchResult:
+        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet."""
+        request = ReadRequest(stream, partition, start_position(start), max_records, max_bytes, max_wait)
+        return await asyncio.to_thread(self._read, request)
+
+    def _read(self, request: ReadRequest) -> FetchResult:
+        options = flight.FlightCallOptions(timeout=request.max_wait + self.timeout)
+        try:
+            reader = self._flight.do_get(flight.Ticket(request.to_ticket()), options)
+            table = reader.read_all()
+        except flight.FlightError as exc:
+            raise self._flight_error(exc) from None
+        offsets = parse_response_metadata(table.schema.metadata)
+        return FetchResult(
+            batches=table.replace_schema_metadata(None).to_batches(),
+            next_offset=offsets["next_offset"],
+            high_watermark=offsets["high_watermark"],
+            log_start_offset=offsets["log_start_offset"],
+            log_end_offset=offsets["log_end_offset"],
+        )
+
+    async def subscribe(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = "earliest",
+        max_wait: float = 5.0,
+        max_records: int = 10_000,
+    ) -> AsyncIterator[Message]:
+        """Every message from ``start`` on, then new ones as they are committed (long-polling)."""
+        position: Start = start
+        while True:
+            result = await self.fetch(
+                stream, partition, start=position, max_records=max_records, max_wait=max_wait
+            )
+            for batch in result.batches:
+                for row in batch.to_pylist():
+                    yield Message(
+                        stream=stream,
+                        partition=partition,
+                        offset=row["offset"],
+                        timestamp=row["timestamp"].astimezone(UTC),
+                        value=row["value"],
+                        key=row["key"],
+                        headers=tuple((h["key"], h["value"]) for h in row["headers"] or ()),
+                        subject=row["subject"],
+                        reply=row["reply"],
+                    )
+            position = result.next_offset
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    async def _action(self, action: ActionType, body: dict[str, Any]) -> Any:
+        return await asyncio.to_thread(self._action_sync, action, body)
+
+    def _action_sync(self, action: ActionType, body: dict[str, Any]) -> Any:
+        options = flight.FlightCallOptions(timeout=self.timeout * 3)
+        try:
+            results = list(self._flight.do_action(flight.Action(action.value, encode_json(body)), options))
+        except flight.FlightError as exc:
+            raise self._flight_error(exc) from None
+        return json.loads(results[0].body.to_pybytes()) if results else None
+
+    def _flight_error(self, exc: flight.FlightError) -> JetStreamError:
+        known = error_from_message(str(exc))
+        if known is not None:
+            return known
+        if isinstance(exc, flight.FlightUnavailableError):
+            return UnavailableError(f"broker at {self.broker} is unreachable: {exc}")
+        if isinstance(exc, flight.FlightTimedOutError):
+            return RequestTimeoutError(f"broker at {self.broker} did not answer in time")
+        return UnavailableError(f"broker at {self.broker} failed: {exc}")
+
+
+def _as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+    if isinstance(data, pa.Table):
+        batches = data.combine_chunks().to_batches()
+        if not batches:
+            raise InvalidArgumentError("publish_batch needs at least one row")
+        return batches[0]
+    if isinstance(data, pa.RecordBatch):
+        return data
+    rows = list(data)
+    if not rows:
+        raise InvalidArgumentError("publish_batch needs at least one row")
+    try:
+        return pa.RecordBatch.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InvalidArgumentError(f"rows do not form an Arrow batch: {exc}") from None

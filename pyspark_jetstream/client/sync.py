@@ -1,0 +1,120 @@
+"""A blocking facade over :class:`~.client.Client`, for scripts, notebooks and the CLI.
+
+It runs the asynchronous client on an event loop in a background thread; each
+method blocks until its coroutine finishes and raises the same errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.flight import StreamInfo
+
+from .client import Client, FetchResult, Message, Start
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """Blocking client: the same calls as :class:`Client`, without ``await``."""
+
+    def __init__(
+        self,
+        *,
+        nats_urls: str | Sequence[str] = "nats://127.0.0.1:4222",
+        broker: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-client", daemon=True)
+        self._thread.start()
+        try:
+            self._client = self._run(Client.connect(nats_urls=nats_urls, broker=broker, timeout=timeout))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    @property
+    def broker(self) -> str:
+        """The Flight address in use."""
+        return self._client.broker
+
+    def close(self) -> None:
+        """Close the connections and stop the background loop."""
+        if self._loop.is_closed():
+            return
+        self._run(self._client.close())
+        self._stop_loop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_stream(self, name: str, subject: str, **options: Any) -> StreamInfo:
+        """See :meth:`Client.create_stream`."""
+        return self._run(self._client.create_stream(name, subject, **options))
+
+    def delete_stream(self, name: str) -> None:
+        """See :meth:`Client.delete_stream`."""
+        self._run(self._client.delete_stream(name))
+
+    def describe_stream(self, name: str) -> StreamInfo:
+        """See :meth:`Client.describe_stream`."""
+        return self._run(self._client.describe_stream(name))
+
+    def list_streams(self) -> list[StreamInfo]:
+        """See :meth:`Client.list_streams`."""
+        return self._run(self._client.list_streams())
+
+    def status(self) -> dict[str, Any]:
+        """See :meth:`Client.status`."""
+        return self._run(self._client.status())
+
+    def publish(self, stream: str, value: bytes | None, **options: Any) -> Ack | None:
+        """See :meth:`Client.publish`."""
+        return self._run(self._client.publish(stream, value, **options))
+
+    def publish_batch(self, stream: str, data: Any, **options: Any) -> Ack | None:
+        """See :meth:`Client.publish_batch`."""
+        return self._run(self._client.publish_batch(stream, data, **options))
+
+    def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
+        """See :meth:`Client.fetch`."""
+        return self._run(self._client.fetch(stream, partition, **options))
+
+    def subscribe(
+        self, stream: str, partition: int = 0, *, start: Start = "earliest", max_wait: float = 5.0
+    ) -> Iterator[Message]:
+        """See :meth:`Client.subscribe`: a blocking iterator."""
+        iterator = self._client.subscribe(stream, partition, start=start, max_wait=max_wait)
+
+        async def step() -> Message:
+            return await anext(iterator)
+
+        while True:
+            try:
+                yield self._run(step())
+            except StopAsyncIteration:
+                return
+
+    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """See :meth:`Client.set_cursor`."""
+        self._run(self._client.set_cursor(consumer, stream, partition, offset))
+
+    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """See :meth:`Client.fetch_cursor`."""
+        return self._run(self._client.fetch_cursor(consumer, stream, partition))

@@ -1,0 +1,249 @@
+"""Reads over Flight, long-polling, restarts, cursors, admin errors, the embedded default."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+from pyarrow import flight
+
+from broker_node.broker import RUNTIME_FILE
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    StreamExistsError,
+    UnavailableError,
+    UnknownStreamError,
+)
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+
+from .harness import BrokerProcess, wait_until
+
+
+def test_fetch_from_offsets_timestamps_and_limits(client):
+    client.create_stream("r", "r")
+    for i in range(10):
+        client.publish("r", b"%d" % i)
+    middle = datetime.now(UTC)
+    time.sleep(0.01)
+    for i in range(10, 15):
+        client.publish("r", b"%d" % i)
+    assert [r["value"] for r in client.fetch("r", start=12).to_table().to_pylist()] == [b"12", b"13", b"14"]
+    first = client.fetch("r", start=middle).to_table().column("offset")[0].as_py()
+    assert first == 10
+    limited = client.fetch("r", start="earliest", max_records=4)
+    assert (limited.num_rows, limited.next_offset, limited.high_watermark) == (4, 4, 15)
+    assert client.fetch("r", start="latest").num_rows == 0
+    assert client.fetch("r", start="latest").next_offset == 15
+
+
+def test_long_poll_wakes_on_new_data(client):
+    client.create_stream("lp", "lp")
+    result: dict = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        result["fetch"] = client.fetch("lp", start="latest", max_wait=60)
+        result["waited"] = time.monotonic() - started
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)  # let the reader park in the long poll
+    client.publish("lp", b"wake up")
+    waiter.join(60)
+    assert [r["value"] for r in result["fetch"].to_table().to_pylist()] == [b"wake up"]
+    assert result["waited"] < 30  # woken by the commit, not by the 60 s deadline
+
+
+def test_subscribe_follows_new_messages(client):
+    client.create_stream("sub", "sub")
+    client.publish("sub", b"before")
+    seen = []
+
+    def consume() -> None:
+        for message in client.subscribe("sub", start="earliest", max_wait=5):
+            seen.append((message.offset, message.value, message.timestamp.tzinfo is not None))
+            if len(seen) == 3:
+                return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    client.publish("sub", b"during 1")
+    client.publish("sub", b"during 2")
+    consumer.join(30)
+    assert seen == [(0, b"before", True), (1, b"during 1", True), (2, b"during 2", True)]
+
+
+def test_any_flight_client_can_read_and_list(client, broker):
+    client.create_stream("generic", "generic", partitions=2)
+    client.publish("generic", b"x", partition=1)
+    raw = flight.connect(broker.flight)
+    flights = {tuple(p.decode() for p in f.descriptor.path): f for f in raw.list_flights()}
+    assert ("generic", "1") in flights and ("__cursors", "0") in flights
+    info = raw.get_flight_info(flight.FlightDescriptor.for_path("generic", "1"))
+    assert info.schema.equals(LOG_SCHEMA) and info.total_records == 1
+    table = raw.do_get(info.endpoints[0].ticket).read_all()
+    assert table.column("value").to_pylist() == [b"x"]
+    actions = {a.type for a in raw.list_actions()}
+    assert {"create_stream", "describe_stream", "set_cursor", "fetch_cursor", "status"} <= actions
+    raw.close()
+
+
+def test_creation_is_idempotent_and_conflicts_say_what_differs(client):
+    first = client.create_stream("idem-create", "x", partitions=2)
+    again = client.create_stream("idem-create", "x", partitions=2)
+    assert first.config == again.config
+    with pytest.raises(StreamExistsError, match="partitions: 3 != 2"):
+        client.create_stream("idem-create", "x", partitions=3)
+    with pytest.raises(Exception, match="replication factor 3 needs as many brokers, but 1 broker"):
+        client.create_stream("replicated", "y", replication_factor=3)
+
+
+def test_delete_list_describe(client):
+    client.create_stream("doomed", "doomed")
+    client.publish("doomed", b"x")
+    names = [s.config["name"] for s in client.list_streams()]
+    assert "doomed" in names and "__cursors" in names
+    partition = client.describe_stream("doomed").partitions[0]
+    assert (partition.leader, partition.isr, partition.log_end_offset, partition.high_watermark) == (
+        "broker-1",
+        ("broker-1",),
+        1,
+        1,
+    )
+    client.delete_stream("doomed")
+    with pytest.raises(UnknownStreamError, match="no stream named 'doomed'"):
+        client.describe_stream("doomed")
+    client.create_stream("doomed", "doomed")  # a new stream of the same name starts empty
+    assert client.fetch("doomed").num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda c: c.create_stream("bad name", "s"), InvalidArgumentError, "invalid stream name 'bad name'"),
+        (lambda c: c.create_stream("ok", "a..b"), InvalidArgumentError, "invalid subject 'a..b'"),
+        (lambda c: c.create_stream("__mine", "a"), InvalidArgumentError, "invalid stream name '__mine'"),
+        (lambda c: c.create_stream("ok", "a", partitions=0), InvalidArgumentError, "partitions must be"),
+        (lambda c: c.create_stream("ok", "a", colour=1), InvalidArgumentError, "colour"),
+        (lambda c: c.fetch("missing"), UnknownStreamError, "no stream named 'missing'"),
+        (lambda c: c.fetch("known", 5), UnknownStreamError, "partitions 0 to 0, not 5"),
+        (lambda c: c.fetch("known", start=99), OffsetOutOfRangeError, "offset 99 is out of range.*0 to 1"),
+        (lambda c: c.fetch("known", start=-1), InvalidArgumentError, "invalid start -1"),
+        (lambda c: c.delete_stream("__cursors"), InvalidArgumentError, "internal"),
+        (lambda c: c.set_cursor("a/b", "known", 0, 1), InvalidArgumentError, "without '/'"),
+        (lambda c: c.set_cursor("c", "known", 0, -1), InvalidArgumentError, "must not be negative"),
+        (lambda c: c.publish("known", b"x", partition=3), InvalidArgumentError, "partitions 0 to 0, not 3"),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_the_broker_keeps_serving(client, call, error, message):
+    client.create_stream("known", "known")
+    client.publish("known", b"x")
+    with pytest.raises(error, match=message):
+        call(client)
+    assert client.publish("known", b"y").first_offset == 1
+
+
+def test_wildcard_stream_needs_a_concrete_subject_to_publish(client):
+    client.create_stream("wild", "w.*")
+    with pytest.raises(InvalidArgumentError, match="pass subject="):
+        client.publish("wild", b"x")
+    assert client.publish("wild", b"x", subject="w.one").ok
+
+
+def test_cursors(client):
+    client.create_stream("c", "c", partitions=2)
+    assert client.fetch_cursor("app", "c", 1) is None
+    client.set_cursor("app", "c", 1, 5)
+    client.set_cursor("app", "c", 1, 7)
+    client.set_cursor("other", "c", 0, 1)
+    assert client.fetch_cursor("app", "c", 1) == 7
+    assert client.fetch_cursor("other", "c", 0) == 1
+    status = client.status()
+    assert {(c["consumer"], c["partition"], c["offset"]) for c in status["cursors"]} == {
+        ("app", 1, 7),
+        ("other", 0, 1),
+    }
+
+
+@pytest.mark.parametrize("stop", ["graceful", "crash"])
+def test_restart_keeps_streams_data_cursors_and_producer_state(tmp_path, nats_server, stop):
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("durable", "durable", partitions=2, compaction=True)
+        for i in range(20):
+            client.publish("durable", b"%d" % i, key=b"k%d" % (i % 4), partition=i % 2)
+        client.publish_batch(
+            "durable", pa.table({"value": [b"a", b"b"]}), producer_id="spark-q1-p0", sequence=41
+        )
+        client.set_cursor("job", "durable", 1, 6)
+        before = client.fetch("durable", 0).to_table()
+    if stop == "graceful":
+        assert broker.stop(signal.SIGTERM) == 0
+        assert not (broker.data_dir / RUNTIME_FILE).exists()
+    else:
+        broker.kill()
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert client.describe_stream("durable").config["compaction"] is True
+        assert client.fetch("durable", 0).to_table().equals(before)
+        assert client.fetch_cursor("job", "durable", 1) == 6
+        again = client.publish_batch(
+            "durable", pa.table({"value": [b"a", b"b"]}), producer_id="spark-q1-p0", sequence=41
+        )
+        assert again.duplicate and (again.first_offset, again.last_offset) == (10, 11)
+        assert client.publish("durable", b"new", partition=0).first_offset == 12
+    assert broker.stop() == 0
+
+
+def test_sigterm_stores_pending_messages_and_exits_cleanly(tmp_path, nats_server):
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("flush", "flush")
+        acks = [client.publish("flush", b"%d" % i) for i in range(100)]
+        assert [a.first_offset for a in acks] == list(range(100))
+    assert broker.stop(signal.SIGINT) == 0
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert client.fetch("flush").num_rows == 100
+    broker.stop()
+
+
+def test_embedded_nats_by_default_and_discovery(tmp_path):
+    broker = BrokerProcess(tmp_path / "embedded", nats_url=None).start()
+    try:
+        with SyncClient(nats_urls=broker.nats_url) as client:  # broker found through NATS
+            assert client.broker == broker.flight
+            client.create_stream("e", "e")
+            assert client.publish("e", b"x").ok
+    finally:
+        assert broker.stop() == 0
+
+
+def test_retention_runs_in_the_background(client):
+    client.create_stream("short", "short", retention_messages=10, segment_bytes=2000)
+    for i in range(60):
+        client.publish("short", b"m%03d" % i + b"." * 100)
+    wait_until(
+        lambda: client.describe_stream("short").partitions[0].log_start_offset > 0, message="retention"
+    )
+    partition = client.describe_stream("short").partitions[0]
+    assert partition.high_watermark - partition.log_start_offset >= 10
+    with pytest.raises(OffsetOutOfRangeError, match="out of range"):
+        client.fetch("short", start=0)
+
+
+def test_unreachable_servers_are_named():
+    with pytest.raises(UnavailableError, match="nats://127.0.0.1:1"):
+        SyncClient(nats_urls="nats://127.0.0.1:1", timeout=2)
+
+
+def test_runtime_file_names_the_addresses(broker):
+    info = json.loads((broker.data_dir / RUNTIME_FILE).read_text())
+    assert info["flight"] == broker.flight and info["nats"] == [broker.nats_url]

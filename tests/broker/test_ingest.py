@@ -1,0 +1,244 @@
+"""Ingestion from NATS: plain messages, subjects, groups, envelopes, acks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pyspark_jetstream.client import AckPolicy
+from pyspark_jetstream.protocol.envelope import MAGIC, Envelope, EnvelopeError, decode, encode
+
+from .harness import wait_until
+
+
+def _publish_plain(url: str, messages: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+    async def run() -> None:
+        nc = await nats.connect(url)
+        for subject, payload, headers in messages:
+            await nc.publish(subject, payload, headers=headers)
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(run())
+
+
+def _rows(client, stream: str, partition: int = 0, expect: int | None = None) -> list[dict]:
+    if expect is not None:
+        wait_until(
+            lambda: client.fetch(stream, partition).num_rows >= expect,
+            message=f"{expect} messages in {stream}/{partition}",
+        )
+    return client.fetch(stream, partition).to_table().to_pylist()
+
+
+def test_plain_nats_messages_are_stored_as_they_are(client, broker):
+    client.create_stream("audit", "orders.created")
+    _publish_plain(
+        broker.nats_url,
+        [
+            ("orders.created", b"one", None),
+            ("orders.created", b"two", {"trace": "t-1"}),
+            ("other", b"x", None),
+        ],
+    )
+    rows = _rows(client, "audit", expect=2)
+    assert [(r["offset"], r["value"], r["subject"]) for r in rows] == [
+        (0, b"one", "orders.created"),
+        (1, b"two", "orders.created"),
+    ]
+    assert rows[1]["headers"] == [{"key": "trace", "value": b"t-1"}]
+    assert rows[0]["key"] is None and rows[0]["producer_id"] is None
+
+
+def test_wildcard_subjects(client, broker):
+    client.create_stream("all-events", "events.>")
+    client.create_stream("eu-events", "events.eu.*")
+    _publish_plain(
+        broker.nats_url,
+        [("events.eu.click", b"1", None), ("events.us.view", b"2", None), ("events.eu.view.x", b"3", None)],
+    )
+    assert [r["subject"] for r in _rows(client, "all-events", expect=3)] == [
+        "events.eu.click",
+        "events.us.view",
+        "events.eu.view.x",
+    ]
+    assert [r["subject"] for r in _rows(client, "eu-events", expect=1)] == ["events.eu.click"]
+
+
+def test_two_streams_on_one_subject_each_get_everything(client, broker):
+    client.create_stream("a", "shared")
+    client.create_stream("b", "shared")
+    _publish_plain(broker.nats_url, [("shared", b"%d" % i, None) for i in range(50)])
+    expected = [b"%d" % i for i in range(50)]
+    assert [r["value"] for r in _rows(client, "a", expect=50)] == expected
+    assert [r["value"] for r in _rows(client, "b", expect=50)] == expected
+
+
+def test_grouped_streams_split_a_subject(client, broker):
+    client.create_stream("g1", "work", group="workers")
+    client.create_stream("g2", "work", group="workers")
+    _publish_plain(broker.nats_url, [("work", b"%d" % i, None) for i in range(200)])
+    wait_until(lambda: client.fetch("g1").num_rows + client.fetch("g2").num_rows == 200, message="200 split")
+    first = {r["value"] for r in _rows(client, "g1")}
+    second = {r["value"] for r in _rows(client, "g2")}
+    assert first.isdisjoint(second)
+    assert first | second == {b"%d" % i for i in range(200)}
+
+
+def test_partitions_listen_on_numbered_subjects(client, broker):
+    client.create_stream("parts", "p", partitions=3)
+    _publish_plain(broker.nats_url, [("p", b"zero", None), ("p.1", b"one", None), ("p.2", b"two", None)])
+    assert [r["value"] for r in _rows(client, "parts", 0, expect=1)] == [b"zero"]
+    assert [r["value"] for r in _rows(client, "parts", 1, expect=1)] == [b"one"]
+    assert [r["value"] for r in _rows(client, "parts", 2, expect=1)] == [b"two"]
+
+
+@pytest.mark.parametrize("policy", list(AckPolicy))
+def test_each_ack_policy(client, policy):
+    client.create_stream("acks", "acks")
+    ack = client.publish("acks", b"v", key=b"k", ack_policy=policy)
+    if policy is AckPolicy.NONE:
+        assert ack is None
+    else:
+        assert (ack.stream, ack.partition, ack.first_offset, ack.last_offset, ack.ok) == (
+            "acks",
+            0,
+            0,
+            0,
+            True,
+        )
+    rows = _rows(client, "acks", expect=1)
+    assert (rows[0]["key"], rows[0]["value"]) == (b"k", b"v")
+
+
+def test_plain_request_is_acked_on_its_reply_subject_unless_disabled(client, broker):
+    client.create_stream("replied", "req.on")
+    client.create_stream("silent", "req.off", ack_reply=False)
+
+    async def run() -> tuple[dict, bool]:
+        nc = await nats.connect(broker.nats_url)
+        reply = await nc.request("req.on", b"payload", timeout=5)
+        try:
+            await nc.request("req.off", b"payload", timeout=0.5)
+            answered = True
+        except nats.errors.TimeoutError:
+            answered = False
+        await nc.close()
+        return json.loads(reply.data), answered
+
+    ack, answered = asyncio.run(run())
+    assert (ack["stream"], ack["first_offset"], ack["error"]) == ("replied", 0, "ok")
+    assert not answered
+    assert _rows(client, "silent", expect=1)[0]["reply"].startswith("_INBOX.")
+
+
+def test_batch_publish_is_one_stored_batch(client):
+    client.create_stream("batches", "batches")
+    table = pa.table({"key": [b"a", b"b", None], "value": [b"1", b"2", b"3"]})
+    ack = client.publish_batch("batches", table)
+    assert (ack.first_offset, ack.last_offset) == (0, 2)
+    result = client.fetch("batches")
+    assert len(result.batches) == 1
+    assert result.to_table().column("value").to_pylist() == [b"1", b"2", b"3"]
+    assert result.to_table().column("subject").to_pylist() == ["batches"] * 3
+
+
+def test_many_single_messages_are_coalesced(client):
+    client.create_stream("coalesced", "coalesced")
+
+    async def run() -> None:
+        futures = [await client._client.publish_async("coalesced", b"%d" % i) for i in range(2000)]
+        await asyncio.gather(*futures)
+
+    client._run(run())
+    result = client.fetch("coalesced")
+    assert result.num_rows == 2000
+    assert len(result.batches) < 2000 / 4  # stored in far fewer batches than messages
+
+
+def test_undecodable_envelope_is_stored_as_plain(client, broker):
+    client.create_stream("fallback", "fallback")
+    good = encode(Envelope(value=b"inside", key=b"k"))
+    broken = [MAGIC, MAGIC + b"\x01\x00", good[:-1], good + b"trailing", MAGIC + b"\x63" + good[5:]]
+    _publish_plain(broker.nats_url, [("fallback", payload, None) for payload in [*broken, good]])
+    rows = _rows(client, "fallback", expect=len(broken) + 1)
+    assert [r["value"] for r in rows[:-1]] == broken
+    assert all(r["key"] is None for r in rows[:-1])
+    assert (rows[-1]["key"], rows[-1]["value"]) == (b"k", b"inside")
+
+
+VALID = encode(Envelope(value=b"inside", key=b"k", headers=(("h", b"v"),)))
+
+
+@st.composite
+def fuzzed_payloads(draw) -> bytes:
+    """Valid envelopes with bytes flipped, cut or added, and random bytes after the magic."""
+    kind = draw(st.sampled_from(["flip", "cut", "extend", "random"]))
+    data = bytearray(VALID)
+    if kind == "flip":
+        for position in draw(st.lists(st.integers(4, len(data) - 1), min_size=1, max_size=3)):
+            data[position] ^= draw(st.integers(1, 255))
+    elif kind == "cut":
+        data = data[: draw(st.integers(4, len(data) - 1))]
+    elif kind == "extend":
+        data += draw(st.binary(min_size=1, max_size=16))
+    else:
+        data = bytearray(MAGIC + draw(st.binary(max_size=64)))
+    return bytes(data)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payloads=st.lists(fuzzed_payloads(), min_size=1, max_size=10))
+def test_fuzzed_envelopes_never_break_the_broker(client, broker, payloads):
+    """The broker stores each payload exactly as the pure decoder reads it: decoded, or plain."""
+    expected = []
+    for payload in payloads:
+        try:
+            envelope = decode(payload)
+        except EnvelopeError:
+            expected.append((None, payload))
+            continue
+        assume(envelope.batch is None and envelope.producer_id is None)
+        expected.append((envelope.key, envelope.value))
+    client.create_stream("fuzz", "fuzz", ack_reply=False)
+    before = client.describe_stream("fuzz").partitions[0].high_watermark
+    _publish_plain(broker.nats_url, [("fuzz", p, None) for p in payloads])
+    wait_until(lambda: client.describe_stream("fuzz").partitions[0].high_watermark == before + len(payloads))
+    rows = client.fetch("fuzz", start=before).to_table().to_pylist()
+    assert [(r["key"], r["value"]) for r in rows] == expected
+    assert client.publish("fuzz", b"still serving").ok
+
+
+def test_oversized_message_is_refused_and_the_broker_keeps_serving(client, broker):
+    client.create_stream("small", "small", max_message_bytes=1000)
+    with pytest.raises(Exception, match="over max_message_bytes=1000") as info:
+        client.publish("small", b"x" * 1001)
+    assert type(info.value).__name__ == "MessageTooLargeError"
+    with pytest.raises(Exception, match="over max_message_bytes"):
+        client.publish_batch("small", pa.table({"value": [b"ok", b"y" * 2000]}))
+    _publish_plain(broker.nats_url, [("small", b"z" * 5000, None)])  # plain: refused, logged
+    assert client.publish("small", b"fits").first_offset == 0
+    assert [r["value"] for r in _rows(client, "small")] == [b"fits"]
+
+
+def test_duplicate_producer_sequences_are_stored_once(client):
+    client.create_stream("idem", "idem")
+    first = client.publish("idem", b"a", producer_id="p1", sequence=1)
+    again = client.publish("idem", b"a", producer_id="p1", sequence=1)
+    batch = client.publish_batch("idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=2)
+    batch_again = client.publish_batch(
+        "idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=2
+    )
+    other = client.publish("idem", b"a", producer_id="p2", sequence=1)
+    assert not first.duplicate and again.duplicate
+    assert not batch.duplicate and (batch.first_offset, batch.last_offset) == (1, 2)
+    assert (again.first_offset, again.last_offset) == (first.first_offset, first.last_offset)
+    assert batch_again.duplicate and (batch_again.first_offset, batch_again.last_offset) == (1, 2)
+    assert other.first_offset == 3
+    assert [r["value"] for r in _rows(client, "idem")] == [b"a", b"b", b"c", b"a"]

@@ -1,0 +1,185 @@
+"""Pure protocol codecs: no server needed."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pyspark_jetstream.client.partitioners import RoundRobin, key_hash
+from pyspark_jetstream.protocol.ack import Ack, decode_ack, encode_ack
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, EnvelopeError, decode, encode
+from pyspark_jetstream.protocol.errors import (
+    ErrorCode,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    StorageError,
+    error_from_code,
+)
+from pyspark_jetstream.protocol.flight import (
+    ReadRequest,
+    StartPosition,
+    error_from_message,
+    error_message,
+    parse_response_metadata,
+    response_metadata,
+)
+from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name, validate_subject
+
+TEXT = st.text(max_size=20)
+BYTES = st.binary(max_size=50)
+
+
+@st.composite
+def envelopes(draw) -> Envelope:
+    with_producer = draw(st.booleans())
+    batch = None
+    value = draw(st.one_of(st.none(), BYTES))
+    if draw(st.booleans()):
+        values = draw(st.lists(st.one_of(st.none(), BYTES), min_size=1, max_size=5))
+        batch = pa.record_batch({"value": pa.array(values, pa.binary())})
+        value = None
+    return Envelope(
+        value=value,
+        key=draw(st.one_of(st.none(), BYTES)),
+        headers=tuple(draw(st.lists(st.tuples(TEXT, BYTES), max_size=4))),
+        ack_inbox=draw(st.one_of(st.none(), st.text(min_size=1, max_size=20))),
+        correlation_id=draw(TEXT),
+        ack_policy=draw(st.sampled_from(AckPolicy)),
+        producer_id=draw(TEXT) if with_producer else None,
+        sequence=draw(st.integers(-(2**63), 2**63 - 1)) if with_producer else None,
+        batch=batch,
+    )
+
+
+@given(envelopes())
+def test_envelope_round_trip(envelope):
+    decoded = decode(encode(envelope))
+    if envelope.batch is not None:
+        assert decoded.batch.equals(envelope.batch)
+        envelope = Envelope(**{**{f: getattr(envelope, f) for f in Envelope.__slots__}, "batch": None})
+        decoded = Envelope(**{**{f: getattr(decoded, f) for f in Envelope.__slots__}, "batch": None})
+    assert decoded == envelope
+
+
+@given(st.binary(max_size=300))
+def test_decoder_only_ever_raises_envelope_error(payload):
+    with contextlib.suppress(EnvelopeError):
+        decode(payload)
+
+
+@given(envelopes(), st.data())
+def test_any_corruption_of_an_envelope_is_rejected_or_decodes_cleanly(envelope, data):
+    raw = bytearray(encode(envelope))
+    position = data.draw(st.integers(0, len(raw) - 1))
+    raw[position] ^= data.draw(st.integers(1, 255))
+    with contextlib.suppress(EnvelopeError):
+        decode(bytes(raw))
+
+
+def test_envelope_encoding_errors_are_clear():
+    with pytest.raises(EnvelopeError, match="either one value or a batch"):
+        encode(Envelope(value=b"x", batch=pa.record_batch({"value": [b"y"]})))
+    with pytest.raises(EnvelopeError, match="go together"):
+        encode(Envelope(value=b"x", producer_id="p"))
+    with pytest.raises(EnvelopeError, match="batch needs a 'value' column"):
+        decode(encode(Envelope(batch=pa.record_batch({"v": [b"y"]}))))
+
+
+def test_ack_round_trip_and_strictness():
+    ack = Ack("s", 2, 10, 12, "c-1", ErrorCode.DUPLICATE, "")
+    assert decode_ack(encode_ack(ack)) == ack and ack.ok and ack.duplicate
+    assert not Ack("s", 0, -1, -1, "", ErrorCode.TOO_LARGE).ok
+    for bad in [b"nope", b"[]", b'{"stream": "s"}', encode_ack(ack).replace(b'"duplicate"', b'"what"')]:
+        with pytest.raises(InvalidArgumentError, match="not an ack"):
+            decode_ack(bad)
+
+
+def test_read_request_round_trip_and_strict_parsing():
+    request = ReadRequest("s", 3, StartPosition("timestamp", 12.5), 10, 1000, 2.0)
+    assert ReadRequest.from_ticket(request.to_ticket()) == request
+    assert ReadRequest.from_ticket(b'{"stream": "s"}') == ReadRequest("s")
+    for ticket, message in [
+        (b"{", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"stream": "s", "colour": 1}', "unknown ticket field.*colour"),
+        (b'{"partition": 1}', "needs a 'stream'"),
+        (b'{"stream": "s", "partition": -1}', "partition must be a non-negative"),
+        (b'{"stream": "s", "max_records": 0}', "max_records must be a positive"),
+        (b'{"stream": "s", "max_wait": 1000}', "max_wait must be 0 to 300"),
+        (b'{"stream": "s", "start": {"offset": -4}}', "invalid start"),
+        (b'{"stream": "s", "start": "newest"}', "invalid start"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            ReadRequest.from_ticket(ticket)
+
+
+def test_response_metadata_round_trip():
+    metadata = response_metadata(next_offset=5, high_watermark=9, log_start_offset=0, log_end_offset=9)
+    encoded = {k.encode(): v.encode() for k, v in metadata.items()}
+    assert parse_response_metadata(encoded) == {
+        "next_offset": 5,
+        "high_watermark": 9,
+        "log_start_offset": 0,
+        "log_end_offset": 9,
+    }
+
+
+def test_error_codes_survive_the_wire():
+    text = error_message(MessageTooLargeError("message is 5 bytes")) + ". Detail: Failed"
+    error = error_from_message(text)
+    assert isinstance(error, MessageTooLargeError) and str(error) == "message is 5 bytes"
+    assert error_from_message("some other failure") is None
+    assert isinstance(error_from_code("no_such_code", "x"), StorageError)
+
+
+@pytest.mark.parametrize("name", ["orders", "a", "Orders-2024.v1", "x_y"])
+def test_valid_stream_names(name):
+    assert validate_stream_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-x", ".", "..", "a/b", "a b", "x" * 201, "__internal", 7])
+def test_invalid_stream_names_are_named(name):
+    with pytest.raises(InvalidArgumentError, match="stream name"):
+        validate_stream_name(name)
+
+
+@pytest.mark.parametrize("subject", ["a", "a.b.c", "a.*.c", "a.>", "*", ">", "orders-1.eu_west"])
+def test_valid_subjects(subject):
+    assert validate_subject(subject) == subject
+
+
+@pytest.mark.parametrize("subject", ["", "a..b", ".a", "a.", "a b", "a.>.b", "a*", "a.b>", "\t"])
+def test_invalid_subjects_are_named(subject):
+    with pytest.raises(InvalidArgumentError, match="subject"):
+        validate_subject(subject)
+
+
+def test_stream_config_validation_and_differences():
+    config = StreamConfig(name="s", subject="s", partitions=2)
+    assert config.partition_subjects() == ["s", "s.1"]
+    assert StreamConfig.from_json(config.to_json()) == config
+    other = StreamConfig(name="s", subject="s", partitions=3, compaction=True)
+    assert config.differences(other) == ["partitions: 2 != 3", "compaction: False != True"]
+    for options, message in [
+        ({"partitions": 0}, "partitions must be a positive integer"),
+        ({"subject": "s.>", "partitions": 2}, "give it one partition"),
+        ({"retention_bytes": -1}, "retention_bytes must be a non-negative"),
+        ({"compaction": "yes"}, "compaction must be true or false"),
+        ({"group": "bad group"}, "invalid stream name"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            StreamConfig(**{"name": "s", "subject": "s", **options})
+    with pytest.raises(InvalidArgumentError, match="unknown stream option.*colour"):
+        StreamConfig.from_json({"name": "s", "subject": "s", "colour": "red"})
+
+
+def test_partitioners():
+    assert key_hash(None, 4) == 0
+    assert key_hash(b"order-1", 4) == key_hash(b"order-1", 4)
+    assert len({key_hash(b"k%d" % i, 4) for i in range(100)}) == 4
+    robin = RoundRobin()
+    assert [robin(b"same", 3) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
