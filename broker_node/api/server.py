@@ -10,6 +10,7 @@ with a stable error code.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -58,6 +59,9 @@ class ReadablePartition(Protocol):
     @property
     def high_watermark(self) -> int: ...
 
+    @property
+    def closed(self) -> bool: ...
+
     def wait_for_data(self, offset: int, timeout: float) -> bool: ...
 
 
@@ -87,12 +91,22 @@ class FlightApi(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         """Stream committed batches for the ticket's read request."""
-        return _guard(lambda: self._read(ReadRequest.from_ticket(ticket.ticket)))
+        return _guard(lambda: self._read(ReadRequest.from_ticket(ticket.ticket), context))
 
-    def _read(self, request: ReadRequest) -> flight.FlightDataStream:
+    def _read(self, request: ReadRequest, context: flight.ServerCallContext) -> flight.FlightDataStream:
         partition = self.broker.partition(request.stream, request.partition)
         log = partition.log
         start = self._resolve_start(request, partition)
+        if request.follow > 0:
+            metadata = response_metadata(
+                next_offset=start,
+                high_watermark=partition.high_watermark,
+                log_start_offset=log.log_start_offset,
+                log_end_offset=log.log_end_offset,
+            )
+            return flight.GeneratorStream(
+                LOG_SCHEMA.with_metadata(metadata), self._follow(request, partition, start, context)
+            )
         if request.max_wait > 0 and start >= partition.high_watermark:
             partition.wait_for_data(start, request.max_wait)
         high_watermark = partition.high_watermark
@@ -120,6 +134,35 @@ class FlightApi(flight.FlightServerBase):
         )
         schema = LOG_SCHEMA.with_metadata(metadata)
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    @staticmethod
+    def _follow(
+        request: ReadRequest, partition: ReadablePartition, offset: int, context: flight.ServerCallContext
+    ) -> Iterator[pa.RecordBatch]:
+        """Yield committed batches from ``offset`` as they arrive, for ``request.follow`` seconds."""
+        deadline = time.monotonic() + request.follow
+        while not context.is_cancelled():
+            high_watermark = partition.high_watermark
+            if offset < high_watermark:
+                try:
+                    batches = partition.log.read(
+                        offset,
+                        max_records=request.max_records,
+                        max_bytes=request.max_bytes,
+                        upper_bound=high_watermark,
+                    )
+                except LogError as exc:  # retention overtook the reader, or the log closed
+                    logger.info("ending a follow read of %s/%d: %s", request.stream, request.partition, exc)
+                    return
+                yield from batches
+                offset = batches[-1].column(0)[-1].as_py() + 1 if batches else high_watermark
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # Wake at least twice a second to notice a cancelled call.
+            if not partition.wait_for_data(offset, min(remaining, 0.5)) and partition.closed:
+                return
 
     @staticmethod
     def _resolve_start(request: ReadRequest, partition: ReadablePartition) -> int:

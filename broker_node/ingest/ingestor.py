@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import nats
 import pyarrow as pa
@@ -28,7 +28,7 @@ from broker_node.config import IngestConfig, NatsConfig
 from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
 from broker_node.log.records import record_size
 from broker_node.replication.partition import Partition
-from pyspark_jetstream.protocol.ack import Ack, encode_ack
+from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
 from pyspark_jetstream.protocol.envelope import (
     AckPolicy,
     Envelope,
@@ -49,8 +49,7 @@ PENDING_MESSAGES_LIMIT = 4_000_000
 PENDING_BYTES_LIMIT = 2 * 1024 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class _AckTarget:
+class _AckTarget(NamedTuple):
     subject: str
     correlation_id: str
 
@@ -126,10 +125,13 @@ class PartitionIngest:
         self._records.append(record)
         self._targets.append(target)
         self._bytes += size
-        if (
-            len(self._records) >= self.settings.max_batch_messages
-            or self._bytes >= self.settings.max_batch_bytes
-        ):
+        settings = self.settings
+        full = len(self._records) >= settings.max_batch_messages or self._bytes >= settings.max_batch_bytes
+        # Nothing else queued to coalesce with: store now rather than a loop iteration later.
+        idle = (
+            settings.max_delay == 0 and self.subscription is not None and not self.subscription.pending_msgs
+        )
+        if full or idle:
             await self.flush()
         elif self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_soon())
@@ -152,9 +154,17 @@ class PartitionIngest:
             for target in targets:
                 await self._ack_error(target, ErrorCode.STORAGE, str(exc))
             return
+        # One NATS message per ack inbox per flush: a producer pipelining many
+        # messages gets their acks together.
+        by_subject: dict[str, list[Ack]] = {}
+        stream, number = self.config.name, self.partition.number
         for offset, target in zip(offsets, targets, strict=True):
             if target is not None:
-                await self._ack(target, offset, offset)
+                by_subject.setdefault(target.subject, []).append(
+                    Ack(stream, number, offset, offset, target.correlation_id)
+                )
+        for subject, acks in by_subject.items():
+            await self.nc.publish(subject, encode_acks(acks))
 
     async def _store_alone(self, envelope: Envelope, subject: str, target: _AckTarget | None) -> None:
         producer, sequence = envelope.producer_id, envelope.sequence

@@ -32,6 +32,11 @@ class Partition:
             log.high_watermark = log.log_end_offset
 
     @property
+    def closed(self) -> bool:
+        """Whether the partition is shutting down (readers should stop waiting)."""
+        return self._closed
+
+    @property
     def high_watermark(self) -> int:
         """Offsets below this are committed and visible to consumers."""
         return self.log.high_watermark

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from pyarrow import flight
 
-from pyspark_jetstream.protocol.ack import Ack, decode_ack
+from pyspark_jetstream.protocol.ack import Ack, decode_acks
 from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, encode
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -108,10 +109,11 @@ def start_position(start: Start) -> StartPosition:
 class Client:
     """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest)."""
 
-    def __init__(self, nc: NatsClient, broker: str, timeout: float) -> None:
+    def __init__(self, nc: NatsClient, broker: str, timeout: float, max_pending: int = 4000) -> None:
         self.nc = nc
         self.broker = broker
         self.timeout = timeout
+        self._window = asyncio.Semaphore(max_pending)
         self._flight = flight.connect(broker)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
@@ -126,11 +128,16 @@ class Client:
         nats_urls: str | Sequence[str] = "nats://127.0.0.1:4222",
         broker: str | None = None,
         timeout: float = 10.0,
+        max_pending: int = 4000,
     ) -> Client:
         """Connect to NATS, and to ``broker`` (``grpc://host:port``) or one found through NATS.
 
-        Raises ``UnavailableError`` naming the address that cannot be reached.
+        ``max_pending`` bounds the acks ``publish_async`` leaves outstanding:
+        past it, publishing waits for the oldest (a sliding window).  Raises
+        ``UnavailableError`` naming the address that cannot be reached.
         """
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
         try:
             nc = await nats.connect(servers=urls, connect_timeout=timeout, max_reconnect_attempts=3)
@@ -149,7 +156,7 @@ class Client:
                     f"no pyspark-jetstream broker answered on NATS at {', '.join(urls)} ({exc}); "
                     "start one with 'jetstream broker start' or pass broker='grpc://host:port'"
                 ) from None
-        client = cls(nc, broker, timeout)
+        client = cls(nc, broker, timeout, max_pending)
         client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
         return client
 
@@ -276,14 +283,12 @@ class Client:
         target = await self._subject(stream, key, partition, partitioner, subject)
         return await self._send(
             target,
-            Envelope(
-                value=value,
-                key=key,
-                headers=pairs,
-                ack_policy=ack_policy,
-                producer_id=producer_id,
-                sequence=sequence,
-            ),
+            ack_policy,
+            value=value,
+            key=key,
+            headers=pairs,
+            producer_id=producer_id,
+            sequence=sequence,
         )
 
     async def publish_batch(
@@ -305,35 +310,26 @@ class Client:
         """
         batch = _as_batch(data)
         target = await self._subject(stream, None, partition, key_hash, subject)
-        future = await self._send(
-            target, Envelope(batch=batch, ack_policy=ack_policy, producer_id=producer_id, sequence=sequence)
-        )
+        future = await self._send(target, ack_policy, batch=batch, producer_id=producer_id, sequence=sequence)
         return None if future is None else await self._await_ack(future, timeout)
 
-    async def _send(self, subject: str, envelope: Envelope) -> asyncio.Future[Ack] | None:
-        if envelope.ack_policy is AckPolicy.NONE:
-            await self.nc.publish(subject, encode(envelope))
+    async def _send(self, subject: str, ack_policy: AckPolicy, **fields: Any) -> asyncio.Future[Ack] | None:
+        if ack_policy is AckPolicy.NONE:
+            await self.nc.publish(subject, encode(Envelope(ack_policy=ack_policy, **fields)))
             return None
+        await self._window.acquire()
         correlation_id = str(next(self._ids))
         future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: self._window.release())
         self._acks[correlation_id] = future
         payload = encode(
-            Envelope(
-                value=envelope.value,
-                key=envelope.key,
-                headers=envelope.headers,
-                ack_inbox=self._inbox,
-                correlation_id=correlation_id,
-                ack_policy=envelope.ack_policy,
-                producer_id=envelope.producer_id,
-                sequence=envelope.sequence,
-                batch=envelope.batch,
-            )
+            Envelope(ack_inbox=self._inbox, correlation_id=correlation_id, ack_policy=ack_policy, **fields)
         )
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
             self._acks.pop(correlation_id, None)
+            future.cancel()
             raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
         return future
 
@@ -350,13 +346,14 @@ class Client:
 
     async def _on_ack(self, msg: Msg) -> None:
         try:
-            ack = decode_ack(msg.data)
+            acks = decode_acks(msg.data)
         except JetStreamError:
             logger.warning("ignoring a malformed ack: %r", msg.data[:200])
             return
-        future = self._acks.pop(ack.correlation_id, None)
-        if future is not None and not future.done():
-            future.set_result(ack)
+        for ack in acks:
+            future = self._acks.pop(ack.correlation_id, None)
+            if future is not None and not future.done():
+                future.set_result(ack)
 
     async def _subject(
         self,
@@ -418,35 +415,93 @@ class Client:
             log_end_offset=offsets["log_end_offset"],
         )
 
+    async def tail(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = "earliest",
+        follow: float = 30.0,
+        max_records: int | None = 10_000,
+        max_bytes: int | None = None,
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """Committed batches from ``start`` on, each as soon as it is committed; runs until you stop.
+
+        One Flight stream stays open (renewed every ``follow`` seconds) and the
+        broker pushes batches down it, so a new message arrives without a
+        request of its own.  Batches are in the log schema.
+        """
+        position = start_position(start)
+        while True:
+            request = ReadRequest(stream, partition, position, max_records, max_bytes, 0.0, follow)
+            async for item in self._follow(request):
+                if isinstance(item, int):  # where the broker resolved the start to
+                    position = StartPosition("offset", item)
+                    continue
+                position = StartPosition("offset", item.column(0)[-1].as_py() + 1)
+                yield item
+
+    async def _follow(self, request: ReadRequest) -> AsyncIterator[pa.RecordBatch | int]:
+        """One follow stream: its resolved start offset, then its batches."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[pa.RecordBatch | int | JetStreamError | None] = asyncio.Queue()
+        readers: list[flight.FlightStreamReader] = []
+        stopped = threading.Event()
+
+        def pump() -> None:
+            # A thread of its own: it blocks for the whole stream.
+            item: pa.RecordBatch | int | JetStreamError | None = None
+            try:
+                options = flight.FlightCallOptions(timeout=request.follow + self.timeout)
+                reader = self._flight.do_get(flight.Ticket(request.to_ticket()), options)
+                readers.append(reader)
+                start = parse_response_metadata(reader.schema.metadata)["next_offset"]
+                loop.call_soon_threadsafe(queue.put_nowait, start)
+                while True:
+                    chunk = reader.read_chunk()
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk.data)
+            except StopIteration:
+                item = None
+            except flight.FlightError as exc:
+                item = None if stopped.is_set() else self._flight_error(exc)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        thread = threading.Thread(target=pump, name="jetstream-tail", daemon=True)
+        thread.start()
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, JetStreamError):
+                    raise item
+                yield item
+        finally:
+            stopped.set()
+            for reader in readers:
+                reader.cancel()
+
     async def subscribe(
         self,
         stream: str,
         partition: int = 0,
         *,
         start: Start = "earliest",
-        max_wait: float = 5.0,
+        follow: float = 30.0,
         max_records: int = 10_000,
     ) -> AsyncIterator[Message]:
-        """Every message from ``start`` on, then new ones as they are committed (long-polling)."""
-        position: Start = start
-        while True:
-            result = await self.fetch(
-                stream, partition, start=position, max_records=max_records, max_wait=max_wait
-            )
-            for batch in result.batches:
-                for row in batch.to_pylist():
-                    yield Message(
-                        stream=stream,
-                        partition=partition,
-                        offset=row["offset"],
-                        timestamp=row["timestamp"].astimezone(UTC),
-                        value=row["value"],
-                        key=row["key"],
-                        headers=tuple((h["key"], h["value"]) for h in row["headers"] or ()),
-                        subject=row["subject"],
-                        reply=row["reply"],
-                    )
-            position = result.next_offset
+        """Every message from ``start`` on, then new ones as they are committed (see :meth:`tail`)."""
+        async for batch in self.tail(stream, partition, start=start, follow=follow, max_records=max_records):
+            for row in batch.to_pylist():
+                yield Message(
+                    stream=stream,
+                    partition=partition,
+                    offset=row["offset"],
+                    timestamp=row["timestamp"].astimezone(UTC),
+                    value=row["value"],
+                    key=row["key"],
+                    headers=tuple((h["key"], h["value"]) for h in row["headers"] or ()),
+                    subject=row["subject"],
+                    reply=row["reply"],
+                )
 
     # ---- plumbing ------------------------------------------------------------------------
 

@@ -28,12 +28,15 @@ class SyncClient:
         nats_urls: str | Sequence[str] = "nats://127.0.0.1:4222",
         broker: str | None = None,
         timeout: float = 10.0,
+        max_pending: int = 4000,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-client", daemon=True)
         self._thread.start()
         try:
-            self._client = self._run(Client.connect(nats_urls=nats_urls, broker=broker, timeout=timeout))
+            self._client = self._run(
+                Client.connect(nats_urls=nats_urls, broker=broker, timeout=timeout, max_pending=max_pending)
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -97,10 +100,10 @@ class SyncClient:
         return self._run(self._client.fetch(stream, partition, **options))
 
     def subscribe(
-        self, stream: str, partition: int = 0, *, start: Start = "earliest", max_wait: float = 5.0
+        self, stream: str, partition: int = 0, *, start: Start = "earliest", follow: float = 30.0
     ) -> Iterator[Message]:
         """See :meth:`Client.subscribe`: a blocking iterator."""
-        iterator = self._client.subscribe(stream, partition, start=start, max_wait=max_wait)
+        iterator = self._client.subscribe(stream, partition, start=start, follow=follow)
 
         async def step() -> Message:
             return await anext(iterator)

@@ -8,21 +8,26 @@ An ack is a small JSON object (so any NATS client can read it)::
 ``error`` is an :class:`~.errors.ErrorCode` value.  ``duplicate`` means the
 producer sequence was stored before: the offsets are the original ones.  On
 an error other than ``duplicate`` the offsets are -1.
+
+When one flush stores several messages for the same ack inbox, their acks
+travel together as one NATS message holding a JSON array of such objects;
+a single ack is always the bare object.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
+import re
+from typing import NamedTuple
 
 from .errors import ErrorCode, InvalidArgumentError
 
 _FIELDS = ("stream", "partition", "first_offset", "last_offset", "correlation_id", "error", "message")
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """The broker's answer to one published message or batch."""
+class Ack(NamedTuple):
+    """The broker's answer to one published message or batch (a named tuple: one per message)."""
 
     stream: str
     partition: int
@@ -45,26 +50,56 @@ class Ack:
 
 def encode_ack(ack: Ack) -> bytes:
     """The JSON bytes of ``ack``."""
-    return json.dumps(
-        {
-            "stream": ack.stream,
-            "partition": ack.partition,
-            "first_offset": ack.first_offset,
-            "last_offset": ack.last_offset,
-            "correlation_id": ack.correlation_id,
-            "error": ack.error.value,
-            "message": ack.message,
-        },
-        separators=(",", ":"),
-    ).encode()
+    return _ack_json(ack).encode()
 
 
-def decode_ack(payload: bytes) -> Ack:
-    """Parse an ack strictly; raises ``InvalidArgumentError`` if it is not one."""
+def encode_acks(acks: list[Ack]) -> bytes:
+    """One ack as an object, several as an array (one NATS message for a whole flush)."""
+    if len(acks) == 1:
+        return encode_ack(acks[0])
+    return ("[" + ",".join(map(_ack_json, acks)) + "]").encode()
+
+
+def _ack_json(ack: Ack) -> str:
+    # Formatted by hand: an ack is built per message on the hot path.
+    return (
+        f'{_prefix(ack.stream, int(ack.partition))}"first_offset":{int(ack.first_offset)},'
+        f'"last_offset":{int(ack.last_offset)},"correlation_id":{_json_string(ack.correlation_id)},'
+        f'"error":"{ack.error.value}","message":{_json_string(ack.message)}}}'
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix(stream: str, partition: int) -> str:
+    return f'{{"stream":{json.dumps(stream)},"partition":{partition},'
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.:-]*")
+
+
+def _json_string(text: str) -> str:
+    return f'"{text}"' if _PLAIN.fullmatch(text) else json.dumps(text)
+
+
+def decode_acks(payload: bytes) -> list[Ack]:
+    """Parse one ack or an array of them, strictly."""
     try:
         data = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"not an ack: {exc}") from None
+    return [_ack_from(item) for item in (data if isinstance(data, list) else [data])]
+
+
+def decode_ack(payload: bytes) -> Ack:
+    """Parse a single ack strictly; raises ``InvalidArgumentError`` if it is not one."""
+    try:
+        data = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"not an ack: {exc}") from None
+    return _ack_from(data)
+
+
+def _ack_from(data: object) -> Ack:
     if not isinstance(data, dict) or set(data) != set(_FIELDS):
         raise InvalidArgumentError(f"not an ack: expected fields {', '.join(_FIELDS)}")
     try:

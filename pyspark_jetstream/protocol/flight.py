@@ -14,6 +14,12 @@ Reads
     If nothing is there yet the broker waits up to ``max_wait`` seconds for
     new committed data before answering.
 
+    With ``follow`` > 0 the response is a tail instead: the broker keeps the
+    stream open for up to ``follow`` seconds and sends each batch as soon as
+    it is committed (no per-batch call, so the lowest latency).  The schema
+    metadata then describes the start; the client tracks offsets from the
+    rows.  ``max_records``/``max_bytes`` apply to each batch sent.
+
 Actions
     ``do_action`` with one of :class:`ActionType`; bodies and results are JSON.
 
@@ -93,6 +99,7 @@ class ReadRequest:
     max_records: int | None = None
     max_bytes: int | None = None
     max_wait: float = 0.0
+    follow: float = 0.0
 
     def to_ticket(self) -> bytes:
         """The ticket bytes."""
@@ -104,6 +111,7 @@ class ReadRequest:
                 "max_records": self.max_records,
                 "max_bytes": self.max_bytes,
                 "max_wait": self.max_wait,
+                "follow": self.follow,
             }
         ).encode()
 
@@ -111,7 +119,7 @@ class ReadRequest:
     def from_ticket(cls, ticket: bytes) -> ReadRequest:
         """Parse ticket bytes strictly; raises ``InvalidArgumentError`` naming the bad field."""
         data = _json_object(ticket, "ticket")
-        allowed = {"stream", "partition", "start", "max_records", "max_bytes", "max_wait"}
+        allowed = {"stream", "partition", "start", "max_records", "max_bytes", "max_wait", "follow"}
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise InvalidArgumentError(f"unknown ticket field(s): {', '.join(unknown)}")
@@ -125,8 +133,10 @@ class ReadRequest:
             if value is not None and (not _is_int(value) or value <= 0):
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
         max_wait = data.get("max_wait", 0.0)
-        if not _is_number(max_wait) or not 0 <= max_wait <= MAX_WAIT_LIMIT:
-            raise InvalidArgumentError(f"max_wait must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {max_wait!r}")
+        follow = data.get("follow", 0.0)
+        for name, value in (("max_wait", max_wait), ("follow", follow)):
+            if not _is_number(value) or not 0 <= value <= MAX_WAIT_LIMIT:
+                raise InvalidArgumentError(f"{name} must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {value!r}")
         return cls(
             stream=data["stream"],
             partition=partition,
@@ -134,6 +144,7 @@ class ReadRequest:
             max_records=data.get("max_records"),
             max_bytes=data.get("max_bytes"),
             max_wait=float(max_wait),
+            follow=float(follow),
         )
 
 

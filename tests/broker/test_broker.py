@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import threading
@@ -21,6 +22,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
     UnknownStreamError,
 )
+from pyspark_jetstream.protocol.flight import ReadRequest
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .harness import BrokerProcess, wait_until
@@ -67,7 +69,7 @@ def test_subscribe_follows_new_messages(client):
     seen = []
 
     def consume() -> None:
-        for message in client.subscribe("sub", start="earliest", max_wait=5):
+        for message in client.subscribe("sub", start="earliest", follow=5):
             seen.append((message.offset, message.value, message.timestamp.tzinfo is not None))
             if len(seen) == 3:
                 return
@@ -78,6 +80,39 @@ def test_subscribe_follows_new_messages(client):
     client.publish("sub", b"during 2")
     consumer.join(30)
     assert seen == [(0, b"before", True), (1, b"during 1", True), (2, b"during 2", True)]
+
+
+def test_tail_survives_stream_renewals_without_gaps(client):
+    """A short follow window forces reconnects: nothing published between them is lost."""
+    client.create_stream("tail", "tail")
+    client.publish("tail", b"existing")
+    got: list[bytes] = []
+
+    async def consume() -> None:
+        async for batch in client._client.tail("tail", start="latest", follow=0.3):
+            got.extend(batch.column("value").to_pylist())
+            if len(got) == 5:
+                return
+
+    future = asyncio.run_coroutine_threadsafe(consume(), client._loop)
+    for i in range(5):
+        time.sleep(0.2)  # spans several follow windows
+        client.publish("tail", b"%d" % i)
+    future.result(30)
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_follow_ticket_from_a_generic_flight_client(client, broker):
+    client.create_stream("pushed", "pushed")
+    raw = flight.connect(broker.flight)
+    ticket = flight.Ticket(ReadRequest("pushed", follow=30).to_ticket())
+    reader = raw.do_get(ticket)
+    client.publish("pushed", b"a")
+    assert reader.read_chunk().data.column("value").to_pylist() == [b"a"]
+    client.publish("pushed", b"b")
+    assert reader.read_chunk().data.column("value").to_pylist() == [b"b"]  # same call, pushed
+    reader.cancel()
+    raw.close()
 
 
 def test_any_flight_client_can_read_and_list(client, broker):
