@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from array import array
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -312,8 +313,17 @@ def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
         batch = envelope.batch
     n = batch.num_rows
     columns = {name: batch.column(name) for name in batch.schema.names}
-    columns["subject"] = pa.array([subject] * n, pa.string())
-    if envelope.producer_id is not None:
-        columns["producer_id"] = pa.array([envelope.producer_id] * n, pa.string())
-        columns["sequence"] = pa.array([envelope.sequence] * n, pa.int64())
+    columns["subject"] = _constant_strings(subject, n)
+    if envelope.producer_id is not None and envelope.sequence is not None:
+        columns["producer_id"] = _constant_strings(envelope.producer_id, n)
+        columns["sequence"] = pa.Array.from_buffers(
+            pa.int64(), n, [None, pa.py_buffer(array("q", [envelope.sequence]) * n)]
+        )
     return pa.table(columns)
+
+
+def _constant_strings(value: str, n: int) -> pa.Array:
+    """``n`` copies of ``value`` as a string array, built from buffers (no Python list)."""
+    raw = value.encode()
+    offsets = array("i", range(0, (n + 1) * len(raw), len(raw))) if raw else array("i", [0]) * (n + 1)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])

@@ -30,6 +30,7 @@ from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, encode
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
+    MessageTooLargeError,
     RequestTimeoutError,
     UnavailableError,
     error_from_code,
@@ -314,17 +315,31 @@ class Client:
         return None if future is None else await self._await_ack(future, timeout)
 
     async def _send(self, subject: str, ack_policy: AckPolicy, **fields: Any) -> asyncio.Future[Ack] | None:
-        if ack_policy is AckPolicy.NONE:
-            await self.nc.publish(subject, encode(Envelope(ack_policy=ack_policy, **fields)))
+        wants_ack = ack_policy is not AckPolicy.NONE
+        correlation_id = ""
+        if wants_ack:
+            await self._window.acquire()
+            correlation_id = str(next(self._ids))
+        envelope = Envelope(
+            ack_inbox=self._inbox if wants_ack else None,
+            correlation_id=correlation_id,
+            ack_policy=ack_policy,
+            **fields,
+        )
+        payload = encode(envelope)
+        if len(payload) > self.nc.max_payload:
+            if wants_ack:
+                self._window.release()
+            raise MessageTooLargeError(
+                f"the message is {len(payload)} bytes, over the NATS server's max_payload of "
+                f"{self.nc.max_payload}: publish smaller batches or raise max_payload in nats-server"
+            )
+        if not wants_ack:
+            await self.nc.publish(subject, payload)
             return None
-        await self._window.acquire()
-        correlation_id = str(next(self._ids))
         future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda _: self._window.release())
         self._acks[correlation_id] = future
-        payload = encode(
-            Envelope(ack_inbox=self._inbox, correlation_id=correlation_id, ack_policy=ack_policy, **fields)
-        )
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:

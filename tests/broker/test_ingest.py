@@ -227,6 +227,14 @@ def test_oversized_message_is_refused_and_the_broker_keeps_serving(client, broke
     assert [r["value"] for r in _rows(client, "small")] == [b"fits"]
 
 
+def test_batch_over_the_nats_max_payload_is_refused_by_the_client(client):
+    client.create_stream("huge", "huge")
+    with pytest.raises(Exception, match="over the NATS server's max_payload of 1048576") as info:
+        client.publish_batch("huge", pa.table({"value": [b"x" * 1000] * 2000}))
+    assert type(info.value).__name__ == "MessageTooLargeError"
+    assert client.publish("huge", b"small").first_offset == 0  # the window slot was given back
+
+
 def test_duplicate_producer_sequences_are_stored_once(client):
     client.create_stream("idem", "idem")
     first = client.publish("idem", b"a", producer_id="p1", sequence=1)
