@@ -8,13 +8,15 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import JetStreamError
 
-from .client import Client, FetchResult, Message
+from .client import Client, Message
+from .connection import BrokerConnection, FetchResult
 from .partitioners import RoundRobin, key_hash
 from .sync import SyncClient
 
 __all__ = [
     "Ack",
     "AckPolicy",
+    "BrokerConnection",
     "Client",
     "FetchResult",
     "JetStreamError",

@@ -40,13 +40,11 @@ from pyspark_jetstream.protocol.flight import (
     ReadRequest,
     StartPosition,
     StreamInfo,
-    encode_json,
-    error_from_message,
     parse_response_metadata,
 )
-from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
+from .connection import BrokerConnection, FetchResult
 from .partitioners import Partitioner, key_hash
 
 logger = logging.getLogger(__name__)
@@ -68,26 +66,6 @@ class Message:
     headers: tuple[tuple[str, bytes], ...]
     subject: str | None
     reply: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    """Batches read from one partition, and where to read next."""
-
-    batches: list[pa.RecordBatch]
-    next_offset: int
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
-
-    @property
-    def num_rows(self) -> int:
-        """Messages in the result."""
-        return sum(b.num_rows for b in self.batches)
-
-    def to_table(self) -> pa.Table:
-        """The batches as one table (in the log schema)."""
-        return pa.Table.from_batches(self.batches, schema=LOG_SCHEMA)
 
 
 def start_position(start: Start) -> StartPosition:
@@ -115,7 +93,7 @@ class Client:
         self.broker = broker
         self.timeout = timeout
         self._window = asyncio.Semaphore(max_pending)
-        self._flight = flight.connect(broker)
+        self._broker = BrokerConnection(broker, timeout=timeout)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._ids = itertools.count()
@@ -168,7 +146,7 @@ class Client:
                 future.set_exception(UnavailableError("client closed before the ack arrived"))
         self._acks.clear()
         await self.nc.close()
-        self._flight.close()
+        self._broker.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -412,23 +390,7 @@ class Client:
     ) -> FetchResult:
         """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet."""
         request = ReadRequest(stream, partition, start_position(start), max_records, max_bytes, max_wait)
-        return await asyncio.to_thread(self._read, request)
-
-    def _read(self, request: ReadRequest) -> FetchResult:
-        options = flight.FlightCallOptions(timeout=request.max_wait + self.timeout)
-        try:
-            reader = self._flight.do_get(flight.Ticket(request.to_ticket()), options)
-            table = reader.read_all()
-        except flight.FlightError as exc:
-            raise self._flight_error(exc) from None
-        offsets = parse_response_metadata(table.schema.metadata)
-        return FetchResult(
-            batches=table.replace_schema_metadata(None).to_batches(),
-            next_offset=offsets["next_offset"],
-            high_watermark=offsets["high_watermark"],
-            log_start_offset=offsets["log_start_offset"],
-            log_end_offset=offsets["log_end_offset"],
-        )
+        return await asyncio.to_thread(self._broker.read, request)
 
     async def tail(
         self,
@@ -467,8 +429,7 @@ class Client:
             # A thread of its own: it blocks for the whole stream.
             item: pa.RecordBatch | int | JetStreamError | None = None
             try:
-                options = flight.FlightCallOptions(timeout=request.follow + self.timeout)
-                reader = self._flight.do_get(flight.Ticket(request.to_ticket()), options)
+                reader = self._broker.follow(request)
                 readers.append(reader)
                 start = parse_response_metadata(reader.schema.metadata)["next_offset"]
                 loop.call_soon_threadsafe(queue.put_nowait, start)
@@ -477,8 +438,10 @@ class Client:
                     loop.call_soon_threadsafe(queue.put_nowait, chunk.data)
             except StopIteration:
                 item = None
+            except JetStreamError as exc:
+                item = None if stopped.is_set() else exc
             except flight.FlightError as exc:
-                item = None if stopped.is_set() else self._flight_error(exc)
+                item = None if stopped.is_set() else self._broker.error(exc)
             if not loop.is_closed():
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
@@ -521,25 +484,7 @@ class Client:
     # ---- plumbing ------------------------------------------------------------------------
 
     async def _action(self, action: ActionType, body: dict[str, Any]) -> Any:
-        return await asyncio.to_thread(self._action_sync, action, body)
-
-    def _action_sync(self, action: ActionType, body: dict[str, Any]) -> Any:
-        options = flight.FlightCallOptions(timeout=self.timeout * 3)
-        try:
-            results = list(self._flight.do_action(flight.Action(action.value, encode_json(body)), options))
-        except flight.FlightError as exc:
-            raise self._flight_error(exc) from None
-        return json.loads(results[0].body.to_pybytes()) if results else None
-
-    def _flight_error(self, exc: flight.FlightError) -> JetStreamError:
-        known = error_from_message(str(exc))
-        if known is not None:
-            return known
-        if isinstance(exc, flight.FlightUnavailableError):
-            return UnavailableError(f"broker at {self.broker} is unreachable: {exc}")
-        if isinstance(exc, flight.FlightTimedOutError):
-            return RequestTimeoutError(f"broker at {self.broker} did not answer in time")
-        return UnavailableError(f"broker at {self.broker} failed: {exc}")
+        return await asyncio.to_thread(self._broker.action, action, body)
 
 
 def _as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
