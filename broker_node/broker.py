@@ -62,6 +62,7 @@ class Broker:
         self._sync_lock: asyncio.Lock | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._partitions_lock = threading.RLock()
+        self._cursor_lock = threading.Lock()
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -88,13 +89,16 @@ class Broker:
         self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self)
         host = flight_config.advertised_host or flight_config.host
         self.flight_address = f"grpc://{host}:{self._flight.port}"
-        self._flight_thread = threading.Thread(target=self._flight.serve, name="flight", daemon=True)
-        self._flight_thread.start()
         self.coordinator.start(BrokerInfo(self.config.broker_id, self.flight_address))
+        self._remove_orphans()
         self.coordinator.add_listener(self._on_metadata_change)
         self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
         await self._sync()
-        self._cursors = CursorTable.rebuild(self._partitions[(CURSOR_STREAM, 0)].log)
+        self._cursors = CursorTable.rebuild(self.partition(CURSOR_STREAM, 0).log)
+        # Serve (and let clients find us) only once every partition and cursor is loaded.
+        self._flight_thread = threading.Thread(target=self._flight.serve, name="flight", daemon=True)
+        self._flight_thread.start()
+        await self._ingestor.answer_discovery()
         self._maintenance = asyncio.ensure_future(self._maintain())
         atomic_write(
             self.data_dir / RUNTIME_FILE,
@@ -153,7 +157,25 @@ class Broker:
 
     def _request_sync(self) -> concurrent.futures.Future[None]:
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(self._sync(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._sync(), self._loop)
+        future.add_done_callback(_log_failure)
+        return future
+
+    def _remove_orphans(self) -> None:
+        """Delete partition directories the metadata no longer has (a delete that crashed midway)."""
+        wanted = {
+            (m.config.name, str(p))
+            for m in self.coordinator.list_streams()
+            for p in range(m.config.partitions)
+        }
+        root = self.data_dir / "streams"
+        for stream_dir in sorted(root.iterdir()) if root.exists() else []:
+            for partition_dir in sorted(stream_dir.iterdir()):
+                if (stream_dir.name, partition_dir.name) not in wanted:
+                    logger.warning("removing %s: its stream or partition was deleted", partition_dir)
+                    shutil.rmtree(partition_dir)
+            if not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
 
     def _wait_for_sync(self) -> None:
         """From a Flight thread: apply metadata changes before answering."""
@@ -172,14 +194,21 @@ class Broker:
             }
             for key, (config, state) in wanted.items():
                 if key not in self._partitions:
-                    opened = await asyncio.to_thread(self._open_partition, config, key[1], state)
+                    try:
+                        opened = await asyncio.to_thread(self._open_partition, config, key[1], state)
+                    except Exception:
+                        # One damaged partition must not keep the others from serving.
+                        logger.exception("cannot open partition %s/%d; it stays offline", *key)
+                        continue
                     with self._partitions_lock:
                         self._partitions[key] = opened
             await self._ingestor.sync(
                 {
                     key: (self._partitions[key], config, self._producers[key])
                     for key, (config, state) in wanted.items()
-                    if state.leader == me and not config.name.startswith(INTERNAL_PREFIX)
+                    if key in self._partitions
+                    and state.leader == me
+                    and not config.name.startswith(INTERNAL_PREFIX)
                 }
             )
             with self._partitions_lock:
@@ -194,8 +223,12 @@ class Broker:
 
     def _open_partition(self, config: StreamConfig, number: int, state: PartitionState) -> Partition:
         log = Log.open(self._partition_dir(config.name, number), self._log_config(config))
-        self._producers[(config.name, number)] = ProducerTable.rebuild(log)
-        return Partition(config.name, number, log, state)
+        try:
+            self._producers[(config.name, number)] = ProducerTable.rebuild(log)
+            return Partition(config.name, number, log, state)
+        except BaseException:
+            log.close()
+            raise
 
     def _partition_dir(self, stream: str, number: int) -> Path:
         return self.data_dir / "streams" / stream / str(number)
@@ -274,8 +307,9 @@ class Broker:
         self.partition(stream, partition)  # the partition must exist
         if offset < 0:
             raise InvalidArgumentError(f"cursor offset must not be negative, got {offset}")
-        self.partition(CURSOR_STREAM, 0).append([Record(str(offset).encode(), key=key)])
-        self._cursors.put(key, offset)
+        with self._cursor_lock:  # the log and the table see cursor writes in one order
+            self.partition(CURSOR_STREAM, 0).append([Record(str(offset).encode(), key=key)])
+            self._cursors.put(key, offset)
 
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
         """The stored position, or ``None`` if the consumer never set one."""
@@ -311,3 +345,8 @@ class Broker:
 
     def _discovery(self) -> dict[str, object]:
         return {"broker_id": self.config.broker_id, "flight": self.flight_address}
+
+
+def _log_failure(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("applying a metadata change failed", exc_info=future.exception())

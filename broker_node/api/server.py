@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 from pyarrow import flight
 
-from broker_node.log import Log, LogError
+from broker_node.log import Log, LogClosedError, LogError
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -151,9 +151,13 @@ class FlightApi(flight.FlightServerBase):
                         max_bytes=request.max_bytes,
                         upper_bound=high_watermark,
                     )
-                except LogError as exc:  # retention overtook the reader, or the log closed
+                except (LogOffsetOutOfRangeError, LogClosedError) as exc:
+                    # Retention overtook the reader, or the broker is stopping: end the
+                    # stream; the client's next request gets the reason with its code.
                     logger.info("ending a follow read of %s/%d: %s", request.stream, request.partition, exc)
                     return
+                except LogError as exc:
+                    raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
                 yield from batches
                 offset = batches[-1].column(0)[-1].as_py() + 1 if batches else high_watermark
                 continue

@@ -5,7 +5,8 @@ Every partition this broker leads has one NATS subscription on its subject
 arrive one at a time are coalesced into one stored batch per flush: a flush
 runs as soon as the subscription's queue is drained (or after
 ``max_delay``), or at once when ``max_batch_messages`` or ``max_batch_bytes``
-is reached.  Acks still go out per message.  An envelope carrying an Arrow
+is reached.  Every message still gets its own ack; the acks of one flush for
+one inbox travel together in one NATS message.  An envelope carrying an Arrow
 batch, or a producer id, is stored as its own batch after the pending ones,
 so the log keeps arrival order.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from array import array
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -30,6 +30,7 @@ from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLarg
 from broker_node.log.records import record_size
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
+from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
     AckPolicy,
     Envelope,
@@ -123,6 +124,8 @@ class PartitionIngest:
                 target, ErrorCode.TOO_LARGE, f"message is {size} bytes, over max_message_bytes={limit}"
             )
             return
+        if self._records and self._bytes + size > self.settings.max_batch_bytes:
+            await self.flush()  # keep every stored batch within the limit
         self._records.append(record)
         self._targets.append(target)
         self._bytes += size
@@ -140,7 +143,10 @@ class PartitionIngest:
     async def _flush_soon(self) -> None:
         await asyncio.sleep(self.settings.max_delay)  # 0: just let the queue drain first
         self._flush_task = None
-        await self.flush()
+        try:
+            await self.flush()
+        except Exception:
+            logger.exception("flushing %s failed", self._name)
 
     async def flush(self) -> None:
         """Store the pending messages as one batch and ack them."""
@@ -153,7 +159,7 @@ class PartitionIngest:
         except LogError as exc:
             logger.exception("failed to append %d messages to %s", len(records), self._name)
             for target in targets:
-                await self._ack_error(target, ErrorCode.STORAGE, str(exc))
+                await self._ack_error(target, _error_code(exc), str(exc))
             return
         # One NATS message per ack inbox per flush: a producer pipelining many
         # messages gets their acks together.
@@ -176,15 +182,10 @@ class PartitionIngest:
                 return
         try:
             offsets = self.partition.append(_envelope_table(envelope, subject))
-        except RecordTooLargeError as exc:
-            await self._ack_error(target, ErrorCode.TOO_LARGE, str(exc))
-            return
-        except InvalidRecordsError as exc:
-            await self._ack_error(target, ErrorCode.INVALID_ARGUMENT, str(exc))
-            return
         except LogError as exc:
-            logger.exception("failed to append a batch to %s", self._name)
-            await self._ack_error(target, ErrorCode.STORAGE, str(exc))
+            if _error_code(exc) is ErrorCode.STORAGE:
+                logger.exception("failed to append a batch to %s", self._name)
+            await self._ack_error(target, _error_code(exc), str(exc))
             return
         if producer is not None and sequence is not None:
             self.producers.record(producer, sequence, offsets.start, offsets[-1])
@@ -240,7 +241,7 @@ class Ingestor:
         discovery: Callable[[], dict[str, object]],
         name: str,
     ) -> Ingestor:
-        """Connect to NATS (reconnecting as configured) and answer discovery requests."""
+        """Connect to NATS, reconnecting as configured."""
 
         async def on_error(exc: Exception) -> None:
             logger.warning("NATS error: %s", exc)
@@ -257,12 +258,10 @@ class Ingestor:
             )
         except Exception as exc:
             raise UnavailableError(f"cannot connect to NATS at {', '.join(urls)}: {exc}") from exc
-        ingestor = cls(nc, settings, discovery)
-        await ingestor._answer_discovery()
-        return ingestor
+        return cls(nc, settings, discovery)
 
-    async def _answer_discovery(self) -> None:
-        """Answer discovery requests: where this broker serves Flight."""
+    async def answer_discovery(self) -> None:
+        """Answer discovery requests (where this broker serves Flight): call once it serves."""
 
         async def answer(msg: Msg) -> None:
             if msg.reply:
@@ -298,6 +297,15 @@ class Ingestor:
         await self.nc.close()
 
 
+def _error_code(exc: LogError) -> ErrorCode:
+    """The ack error for a failed append."""
+    if isinstance(exc, RecordTooLargeError):
+        return ErrorCode.TOO_LARGE
+    if isinstance(exc, InvalidRecordsError):
+        return ErrorCode.INVALID_ARGUMENT
+    return ErrorCode.STORAGE
+
+
 def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
     """An envelope's messages as an Arrow table in the log's input columns."""
     if envelope.batch is None:
@@ -313,17 +321,8 @@ def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
         batch = envelope.batch
     n = batch.num_rows
     columns = {name: batch.column(name) for name in batch.schema.names}
-    columns["subject"] = _constant_strings(subject, n)
+    columns["subject"] = constant_strings(subject, n)
     if envelope.producer_id is not None and envelope.sequence is not None:
-        columns["producer_id"] = _constant_strings(envelope.producer_id, n)
-        columns["sequence"] = pa.Array.from_buffers(
-            pa.int64(), n, [None, pa.py_buffer(array("q", [envelope.sequence]) * n)]
-        )
+        columns["producer_id"] = constant_strings(envelope.producer_id, n)
+        columns["sequence"] = constant_ints(envelope.sequence, n, pa.int64())
     return pa.table(columns)
-
-
-def _constant_strings(value: str, n: int) -> pa.Array:
-    """``n`` copies of ``value`` as a string array, built from buffers (no Python list)."""
-    raw = value.encode()
-    offsets = array("i", range(0, (n + 1) * len(raw), len(raw))) if raw else array("i", [0]) * (n + 1)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])

@@ -11,6 +11,7 @@ from .errors import (
     InvalidRecordsError,
     LogClosedError,
     LogError,
+    LogStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "LogClosedError",
     "LogConfig",
     "LogError",
+    "LogStorageError",
     "OffsetOutOfRangeError",
     "Record",
     "RecordTooLargeError",

@@ -58,5 +58,14 @@ class CorruptSegmentError(LogError):
         self.offset = offset
 
 
+class LogStorageError(LogError):
+    """The file system refused a write, read or fsync (disk full, I/O error, ...).
+
+    Retriable: the log is left as it was before the failed call.
+    """
+
+    retriable = True
+
+
 class LogClosedError(LogError):
     """The log was used after ``close()``."""

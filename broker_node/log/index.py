@@ -82,7 +82,8 @@ class SegmentIndex:
 
     def add(self, entry: BatchEntry) -> None:
         """Append one batch's entry to the in-memory columns."""
-        self.bases.append(entry.base_offset)
+        # ``bases`` last: its length is the entry count, so a reader that checks
+        # the length first never sees a half-added entry.
         self.lasts.append(entry.last_offset)
         self.positions.append(entry.position)
         self.sizes.append(entry.size)
@@ -90,6 +91,7 @@ class SegmentIndex:
         self.epochs.append(entry.leader_epoch)
         self.counts.append(entry.record_count)
         self.max_timestamps.append(entry.max_timestamp)
+        self.bases.append(entry.base_offset)
 
     def entry(self, i: int) -> BatchEntry:
         """Return batch ``i``'s entry."""

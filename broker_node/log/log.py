@@ -36,7 +36,13 @@ from .checkpoint import read_checkpoint, write_checkpoint
 from .compaction import compact_batches, latest_offsets
 from .config import FsyncPolicy, LogConfig
 from .epochs import EpochEndOffset, LeaderEpochCache
-from .errors import LogClosedError, OffsetOutOfRangeError, RecordTooLargeError
+from .errors import (
+    CorruptSegmentError,
+    LogClosedError,
+    LogStorageError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
 from .records import Records, to_input_columns
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
@@ -98,9 +104,10 @@ class Log:
         """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        for leftover in path.glob("*" + TEMP_SUFFIX):
-            logger.info("removing %s left by an interrupted write", leftover)
-            leftover.unlink()
+        for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
+            for leftover in path.glob(pattern):  # index temps are the segment's to judge
+                logger.info("removing %s left by an interrupted write", leftover)
+                leftover.unlink()
         bases = sorted(
             int(p.stem) for p in path.glob("*" + SEGMENT_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
@@ -247,11 +254,10 @@ class Log:
             self._maybe_roll(frame.size, last, now)
             active = self._active
             entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
-            active.append(frame, entry)
+            active.append(frame, entry, fsync=self._fsync_due())
             if self._epochs.latest_epoch is None:
                 self._epochs.assign(epoch, base)
             self._last_timestamp = now
-            self._fsync_per_policy()
             return range(base, last + 1)
 
     def roll(self) -> None:
@@ -272,12 +278,18 @@ class Log:
             self._roll()
 
     def _roll(self, base_offset: int | None = None) -> None:
-        """Seal the active segment and start one at ``base_offset`` (default: its next offset)."""
+        """Start a segment at ``base_offset`` (default: the log end) and seal the active one."""
         active = self._active
-        if self.config.fsync is not FsyncPolicy.NEVER:
-            active.fsync()
+        try:
+            # The new segment first: if it cannot be made, the old one stays writable.
+            segment = Segment.create(
+                self.directory, active.next_offset if base_offset is None else base_offset
+            )
+            if self.config.fsync is not FsyncPolicy.NEVER:
+                active.fsync()
+        except OSError as exc:
+            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         active.seal()
-        segment = Segment.create(self.directory, active.next_offset if base_offset is None else base_offset)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
 
@@ -290,15 +302,17 @@ class Log:
             self._iota = pa.array(array("q", range(max(count, 2 * len(self._iota)))), pa.int64())
         return pc.add(self._iota.slice(0, count), pa.scalar(base, pa.int64()))
 
-    def _fsync_per_policy(self) -> None:
+    def _fsync_due(self) -> bool:
+        """Whether this append must reach the disk before it counts (per the fsync policy)."""
         policy = self.config.fsync
         if policy is FsyncPolicy.ALWAYS:
-            self._active.fsync()
-        elif policy is FsyncPolicy.INTERVAL:
+            return True
+        if policy is FsyncPolicy.INTERVAL:
             now = self._clock()
             if now - self._last_fsync >= self.config.fsync_interval:
-                self._active.fsync()
                 self._last_fsync = now
+                return True
+        return False
 
     # ---- reading ---------------------------------------------------------------
 
@@ -369,6 +383,13 @@ class Log:
                 if max_records is not None and rows >= max_records:
                     return out
                 offset = index.lasts[i] + 1
+            lost = segment.corrupt_from
+            if lost is not None and lost < end:
+                if out:
+                    return out  # the next read, starting at the lost range, raises
+                raise CorruptSegmentError(
+                    str(segment.path), lost, "this and later offsets of the segment are unreadable"
+                )
         return out
 
     def offset_for_timestamp(self, timestamp: datetime | float) -> int:
@@ -484,7 +505,9 @@ class Log:
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            latest = latest_offsets(s.batch(i) for s in self._segments for i in range(len(s.index)))
+            # Newest per key among committed messages only: an uncommitted newer value
+            # may yet be truncated away by replication.
+            latest = latest_offsets(self._read(self.log_start_offset, self._high_watermark, None, None))
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
             removed = 0
             for segment in closed:

@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 from pyspark_jetstream.protocol.schema import FORMAT_VERSION, LOG_SCHEMA
 
 from .checkpoint import fsync_dir
-from .errors import CorruptSegmentError
+from .errors import CorruptSegmentError, LogStorageError
 from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,7 @@ class Segment:
         segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
         segment._repair_header(header)
         file_size = segment.path.stat().st_size
+        segment._adopt_pending_index(len(header), file_size)
         if segment.offset_index_path.exists() and segment.time_index_path.exists():
             index, consistent = decode_index(
                 base_offset,
@@ -249,15 +250,57 @@ class Segment:
         self._verified = bytearray([1 if verified else 0]) * len(index)
 
     def _write_index_files(self) -> None:
-        offset_bytes, time_bytes = self.index.encode()
-        for path, data in ((self.offset_index_path, offset_bytes), (self.time_index_path, time_bytes)):
-            tmp = path.with_name(path.name + TEMP_SUFFIX)
+        self._write_index_temps(self.index)
+        self._install_index_temps()
+
+    def _index_temps(self) -> tuple[Path, Path]:
+        return (
+            self.offset_index_path.with_name(self.offset_index_path.name + TEMP_SUFFIX),
+            self.time_index_path.with_name(self.time_index_path.name + TEMP_SUFFIX),
+        )
+
+    def _write_index_temps(self, index: SegmentIndex) -> None:
+        for tmp, data in zip(self._index_temps(), index.encode(), strict=True):
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+        fsync_dir(self.directory)
+
+    def _install_index_temps(self) -> None:
+        for tmp, path in zip(
+            self._index_temps(), (self.offset_index_path, self.time_index_path), strict=True
+        ):
             os.replace(tmp, path)
         fsync_dir(self.directory)
+
+    def _adopt_pending_index(self, header_size: int, file_size: int) -> None:
+        """Finish a rewrite that crashed after renaming its data file, or discard its leftovers."""
+        offset_tmp, time_tmp = self._index_temps()
+        if not (offset_tmp.exists() and time_tmp.exists()):
+            offset_tmp.unlink(missing_ok=True)
+            time_tmp.unlink(missing_ok=True)
+            return
+        index, consistent = decode_index(
+            self.base_offset, offset_tmp.read_bytes(), time_tmp.read_bytes(), header_size
+        )
+        end = index.positions[-1] + index.sizes[-1] if len(index) else header_size
+        view = self._buffer(file_size) if file_size > header_size else None
+        matches = (
+            consistent
+            and end == file_size
+            and all(
+                view is not None and crc32(view.slice(index.positions[i], index.sizes[i])) == index.crcs[i]
+                for i in range(len(index))
+            )
+        )
+        self._drop_map()
+        if matches:
+            logger.warning("completing an interrupted rewrite of %s", self.path)
+            self._install_index_temps()
+        else:
+            offset_tmp.unlink()
+            time_tmp.unlink()
 
     # ---- properties ------------------------------------------------------------
 
@@ -293,28 +336,37 @@ class Segment:
             )
             self._files = (data, offsets, times)
 
-    def append(self, frame: pa.Buffer, entry: BatchEntry) -> None:
+    def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool = False) -> None:
         """Write one frame and its index entries; ``entry.position`` must equal ``size``.
 
+        With ``fsync``, the files are forced to disk before the entry counts.
         On failure (disk full, ...) the files are cut back, so a failed append
-        leaves no trace.
+        leaves no trace, and ``LogStorageError`` is raised.
         """
-        assert self._files is not None, "append to a closed segment"
-        assert entry.position == self.size
+        if self._files is None or entry.position != self.size:
+            raise LogStorageError(
+                f"append to {self.path} at byte {entry.position}, but it is sealed or at {self.size}"
+            )
         data, offset_index, time_index = self._files
         n = len(self.index)
         try:
             _write_all(data, frame)
             _write_all(offset_index, self.index.encode_offset_entry(entry))
             _write_all(time_index, self.index.encode_time_entry(entry))
-        except BaseException:
-            for f, length in (
-                (data, self.size),
-                (offset_index, n * OFFSET_ENTRY.size),
-                (time_index, n * TIME_ENTRY.size),
-            ):
-                f.truncate(length)
-            raise
+            if fsync:
+                self.fsync()
+        except OSError as exc:
+            try:
+                for f, length in (
+                    (data, self.size),
+                    (offset_index, n * OFFSET_ENTRY.size),
+                    (time_index, n * TIME_ENTRY.size),
+                ):
+                    f.truncate(length)
+            except OSError:
+                logger.exception("cannot cut %s back after a failed append; sealing it", self.path)
+                self.seal()
+            raise LogStorageError(f"cannot append to {self.path}: {exc}") from exc
         self.index.add(entry)
         self._verified.append(1)
         self.size += entry.size
@@ -346,36 +398,43 @@ class Segment:
     def rewrite(self, batches: Iterable[pa.RecordBatch]) -> None:
         """Replace the segment's contents with ``batches`` (log schema, offsets in order).
 
-        Writes new files beside the old ones, fsyncs them and renames them
-        over the old ones, data file first.  Empty batches are skipped.
+        Crash-safe: the new data file and both new index files are written
+        and fsynced under temporary names, then the data file is renamed over
+        the old one, then the index files.  A crash after the data rename
+        leaves the new index files beside it, and :meth:`open` adopts them.
+        Empty batches are skipped.
         """
         writable = self.writable
         self.seal()
-        header = header_bytes(self.base_offset)
-        index = SegmentIndex(self.base_offset)
-        tmp = self.path.with_name(self.path.name + TEMP_SUFFIX)
-        with open(tmp, "wb") as f:
-            f.write(header)
-            position = len(header)
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                frame = batch.serialize()
-                base, last, epoch, max_ts = batch_bounds(batch)
-                f.write(frame)
-                index.add(
-                    BatchEntry(base, last, position, frame.size, crc32(frame), epoch, batch.num_rows, max_ts)
-                )
-                position += frame.size
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._drop_map()
-        self._set_index(index, position, verified=True)
-        self.corrupt_from = None
-        self._write_index_files()
-        if writable:
-            self.open_for_append()
+        try:
+            header = header_bytes(self.base_offset)
+            index = SegmentIndex(self.base_offset)
+            tmp = self.path.with_name(self.path.name + TEMP_SUFFIX)
+            with open(tmp, "wb") as f:
+                f.write(header)
+                position = len(header)
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    frame = batch.serialize()
+                    base, last, epoch, max_ts = batch_bounds(batch)
+                    f.write(frame)
+                    index.add(
+                        BatchEntry(
+                            base, last, position, frame.size, crc32(frame), epoch, batch.num_rows, max_ts
+                        )
+                    )
+                    position += frame.size
+                f.flush()
+                os.fsync(f.fileno())
+            self._write_index_temps(index)
+            os.replace(tmp, self.path)
+            self._drop_map()
+            self._set_index(index, position, verified=True)
+            self._install_index_temps()
+        finally:
+            if writable:
+                self.open_for_append()
 
     # ---- reading ---------------------------------------------------------------
 
@@ -386,8 +445,6 @@ class Segment:
     def batch(self, i: int) -> pa.RecordBatch:
         """Batch ``i``, memory-mapped (no copy) and checked against its checksum once."""
         index = self.index
-        if self.corrupt_from is not None and index.lasts[i] >= self.corrupt_from:
-            raise CorruptSegmentError(str(self.path), self.corrupt_from, "unrecoverable frame")
         position, size = index.positions[i], index.sizes[i]
         frame = self._buffer(position + size).slice(position, size)
         if not self._verified[i]:

@@ -9,6 +9,7 @@ in a worker thread so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -85,6 +86,38 @@ def start_position(start: Start) -> StartPosition:
     )
 
 
+async def discover_broker(nats_urls: Sequence[str], *, timeout: float = 10.0) -> str:
+    """The Flight address of a broker that answers on NATS at ``nats_urls``."""
+    nc = await _connect_nats(list(nats_urls), timeout)
+    try:
+        return await _ask_for_broker(nc, list(nats_urls), timeout)
+    finally:
+        await nc.close()
+
+
+async def _connect_nats(urls: list[str], timeout: float) -> NatsClient:
+    try:
+        nc: NatsClient = await nats.connect(servers=urls, connect_timeout=timeout, max_reconnect_attempts=3)
+    except (NatsError, OSError, TimeoutError) as exc:
+        raise UnavailableError(
+            f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}; "
+            "is a broker or nats-server running there?"
+        ) from None
+    return nc
+
+
+async def _ask_for_broker(nc: NatsClient, urls: list[str], timeout: float) -> str:
+    try:
+        reply = await nc.request(DISCOVERY_SUBJECT, b"", timeout=timeout)
+        address: str = json.loads(reply.data)["flight"]
+    except (NatsError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        raise UnavailableError(
+            f"no pyspark-jetstream broker answered on NATS at {', '.join(urls)} "
+            f"({exc or type(exc).__name__}); start one with 'jetstream broker start' or pass broker='grpc://host:port'"
+        ) from None
+    return address
+
+
 class Client:
     """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest)."""
 
@@ -118,23 +151,13 @@ class Client:
         if not isinstance(max_pending, int) or max_pending < 1:
             raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
-        try:
-            nc = await nats.connect(servers=urls, connect_timeout=timeout, max_reconnect_attempts=3)
-        except (NatsError, OSError, TimeoutError) as exc:
-            raise UnavailableError(
-                f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}; "
-                "is a broker or nats-server running there?"
-            ) from None
+        nc = await _connect_nats(urls, timeout)
         if broker is None:
             try:
-                reply = await nc.request(DISCOVERY_SUBJECT, b"", timeout=timeout)
-                broker = json.loads(reply.data)["flight"]
-            except (NatsError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                broker = await _ask_for_broker(nc, urls, timeout)
+            except UnavailableError:
                 await nc.close()
-                raise UnavailableError(
-                    f"no pyspark-jetstream broker answered on NATS at {', '.join(urls)} ({exc}); "
-                    "start one with 'jetstream broker start' or pass broker='grpc://host:port'"
-                ) from None
+                raise
         client = cls(nc, broker, timeout, max_pending)
         client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
         return client
@@ -294,20 +317,16 @@ class Client:
 
     async def _send(self, subject: str, ack_policy: AckPolicy, **fields: Any) -> asyncio.Future[Ack] | None:
         wants_ack = ack_policy is not AckPolicy.NONE
-        correlation_id = ""
-        if wants_ack:
-            await self._window.acquire()
-            correlation_id = str(next(self._ids))
-        envelope = Envelope(
-            ack_inbox=self._inbox if wants_ack else None,
-            correlation_id=correlation_id,
-            ack_policy=ack_policy,
-            **fields,
+        correlation_id = str(next(self._ids)) if wants_ack else ""
+        payload = encode(
+            Envelope(
+                ack_inbox=self._inbox if wants_ack else None,
+                correlation_id=correlation_id,
+                ack_policy=ack_policy,
+                **fields,
+            )
         )
-        payload = encode(envelope)
         if len(payload) > self.nc.max_payload:
-            if wants_ack:
-                self._window.release()
             raise MessageTooLargeError(
                 f"the message is {len(payload)} bytes, over the NATS server's max_payload of "
                 f"{self.nc.max_payload}: publish smaller batches or raise max_payload in nats-server"
@@ -315,16 +334,35 @@ class Client:
         if not wants_ack:
             await self.nc.publish(subject, payload)
             return None
-        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(lambda _: self._window.release())
+        await self._window.acquire()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Ack] = loop.create_future()
+        # Every ack future ends: with the ack, or with a timeout naming what is missing.
+        expiry = loop.call_later(self.timeout, self._expire, correlation_id, subject)
+
+        def settled(_: asyncio.Future[Ack]) -> None:
+            expiry.cancel()
+            self._acks.pop(correlation_id, None)
+            self._window.release()
+
+        future.add_done_callback(settled)
         self._acks[correlation_id] = future
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
-            self._acks.pop(correlation_id, None)
             future.cancel()
             raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
         return future
+
+    def _expire(self, correlation_id: str, subject: str) -> None:
+        future = self._acks.get(correlation_id)
+        if future is not None and not future.done():
+            future.set_exception(
+                RequestTimeoutError(
+                    f"no ack for message {correlation_id} on {subject!r} within {self.timeout:g}s: "
+                    "is a broker leading that partition?"
+                )
+            )
 
     async def _await_ack(self, future: asyncio.Future[Ack], timeout: float | None) -> Ack:
         try:
@@ -421,9 +459,14 @@ class Client:
     async def _follow(self, request: ReadRequest) -> AsyncIterator[pa.RecordBatch | int]:
         """One follow stream: its resolved start offset, then its batches."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[pa.RecordBatch | int | JetStreamError | None] = asyncio.Queue()
+        # Bounded: a slow consumer makes the reader thread (and the broker's stream) wait.
+        queue: asyncio.Queue[pa.RecordBatch | int | JetStreamError | None] = asyncio.Queue(maxsize=16)
         readers: list[flight.FlightStreamReader] = []
         stopped = threading.Event()
+
+        def put(item: pa.RecordBatch | int | JetStreamError | None) -> None:
+            if not stopped.is_set() and not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
 
         def pump() -> None:
             # A thread of its own: it blocks for the whole stream.
@@ -431,19 +474,21 @@ class Client:
             try:
                 reader = self._broker.follow(request)
                 readers.append(reader)
-                start = parse_response_metadata(reader.schema.metadata)["next_offset"]
-                loop.call_soon_threadsafe(queue.put_nowait, start)
-                while True:
-                    chunk = reader.read_chunk()
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk.data)
+                if stopped.is_set():
+                    reader.cancel()
+                    return
+                put(parse_response_metadata(reader.schema.metadata)["next_offset"])
+                while not stopped.is_set():
+                    put(reader.read_chunk().data)
             except StopIteration:
                 item = None
             except JetStreamError as exc:
                 item = None if stopped.is_set() else exc
             except flight.FlightError as exc:
                 item = None if stopped.is_set() else self._broker.error(exc)
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the consumer's loop is gone
+            put(item)
 
         thread = threading.Thread(target=pump, name="jetstream-tail", daemon=True)
         thread.start()
@@ -456,6 +501,8 @@ class Client:
             stopped.set()
             for reader in readers:
                 reader.cancel()
+            while not queue.empty():  # let a pump blocked on a full queue finish
+                queue.get_nowait()
 
     async def subscribe(
         self,

@@ -7,6 +7,7 @@ method blocks until its coroutine finishes and raises the same errors.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
@@ -94,6 +95,14 @@ class SyncClient:
     def publish_batch(self, stream: str, data: Any, **options: Any) -> Ack | None:
         """See :meth:`Client.publish_batch`."""
         return self._run(self._client.publish_batch(stream, data, **options))
+
+    def publish_batch_nowait(
+        self, stream: str, data: Any, **options: Any
+    ) -> concurrent.futures.Future[Ack | None]:
+        """Like :meth:`publish_batch`, but returns at once: ``.result()`` waits for the ack."""
+        return asyncio.run_coroutine_threadsafe(
+            self._client.publish_batch(stream, data, **options), self._loop
+        )
 
     def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
         """See :meth:`Client.fetch`."""

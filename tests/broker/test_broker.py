@@ -18,6 +18,7 @@ from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
+    RequestTimeoutError,
     StreamExistsError,
     UnavailableError,
     UnknownStreamError,
@@ -282,3 +283,41 @@ def test_unreachable_servers_are_named():
 def test_runtime_file_names_the_addresses(broker):
     info = json.loads((broker.data_dir / RUNTIME_FILE).read_text())
     assert info["flight"] == broker.flight and info["nats"] == [broker.nats_url]
+
+
+def test_a_delete_interrupted_by_a_crash_leaves_no_data_behind(tmp_path, nats_server):
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("gone", "gone")
+        client.publish("gone", b"old data")
+    broker.stop()
+    # The crash: the metadata change is on disk, the data directory is not yet removed.
+    metadata_path = broker.data_dir / "metadata.json"
+    metadata = json.loads(metadata_path.read_text())
+    del metadata["streams"]["gone"]
+    metadata_path.write_text(json.dumps(metadata))
+    assert (broker.data_dir / "streams" / "gone" / "0").exists()
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert not (broker.data_dir / "streams" / "gone").exists()
+        client.create_stream("gone", "gone")
+        assert client.fetch("gone").num_rows == 0
+    broker.stop()
+
+
+def test_unacked_publishes_expire_and_free_the_window(broker):
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=1.0, max_pending=1) as client:
+        for _ in range(2):  # nobody listens on this subject: no ack will come
+            with pytest.raises(RequestTimeoutError, match="no ack"):
+                client.publish("any", b"x", subject="nobody.listens")
+        client.create_stream("after", "after")
+        assert client.publish("after", b"ok").ok
+
+
+def test_unencodable_publishes_do_not_leak_the_window(broker):
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, max_pending=1) as client:
+        client.create_stream("enc", "enc")
+        for _ in range(3):
+            with pytest.raises(ValueError, match="header name is 70000 bytes"):
+                client.publish("enc", b"x", headers={"h" * 70_000: b"v"})
+        assert client.publish("enc", b"fine").first_offset == 0

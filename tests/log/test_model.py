@@ -149,13 +149,13 @@ class LogMachine(RuleBasedStateMachine):
         removed = self.log.compact()
         got = self.log.read(self.start)
         present = set(pa.Table.from_batches(got).column("offset").to_pylist()) if got else set()
-        newest = {}
+        newest = {}  # among committed messages only: uncommitted ones may yet be truncated
         for offset, (key, _, _) in sorted(self.messages.items()):
-            if key is not None:
+            if key is not None and offset < self.hw:
                 newest[key] = offset
         horizon = int((self.clock.now - TOMBSTONE_RETENTION) * 1_000_000)
         for offset, (key, value, ts) in self.messages.items():
-            removable = key is not None and (newest[key] != offset or (value is None and ts < horizon))
+            removable = key in newest and (newest[key] != offset or (value is None and ts < horizon))
             if not removable:
                 assert offset in present, f"compaction removed offset {offset} it must keep"
             if offset >= self.hw:

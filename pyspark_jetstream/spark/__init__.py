@@ -1,0 +1,6 @@
+"""Spark integration: the ``jetstream`` Python Data Source and a session helper."""
+
+from .session import jetstream_session, register
+from .source import JetStreamDataSource
+
+__all__ = ["JetStreamDataSource", "jetstream_session", "register"]

@@ -1,0 +1,265 @@
+"""Spark's string options for ``format("jetstream")``, parsed once into typed values.
+
+Every error names the option, the value and what would be accepted, so a
+misconfigured query fails at planning with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
+from pyspark_jetstream.protocol.streams import validate_stream_name
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
+"""Offset ranges longer than this are split over several Spark tasks."""
+
+Offsets = dict[str, dict[str, int]]
+"""``{stream: {partition (as a string): offset}}``: Spark's offset format for this source."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Everything the reader needs, resolved on the driver and shipped to executors."""
+
+    broker: str
+    streams: tuple[str, ...] = ()
+    stream_pattern: str | None = None
+    starting: str | Offsets = "latest"
+    starting_timestamp: float | None = None
+    ending: str | Offsets = "latest"
+    ending_timestamp: float | None = None
+    max_records_per_trigger: int | None = None
+    max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    consumer_id: str = ""
+    timeout: float = 30.0
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """Everything the writer needs."""
+
+    broker: str
+    nats: tuple[str, ...]
+    stream: str | None
+    timeout: float = 30.0
+    max_batch_bytes: int = 512 * 1024
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Parse a reader's options; raises ``InvalidArgumentError`` naming the bad option."""
+    opts = {k.lower(): v for k, v in options.items()}
+    chosen = [name for name in ("stream", "streams", "streampattern") if opts.get(name)]
+    if len(chosen) != 1:
+        raise InvalidArgumentError(
+            "give exactly one of the options 'stream', 'streams' (comma-separated) or 'streamPattern' "
+            f"(a regular expression); got {', '.join(chosen) or 'none'}"
+        )
+    streams: tuple[str, ...] = ()
+    pattern = None
+    if chosen[0] == "stream":
+        streams = (_stream_name("stream", opts["stream"]),)
+    elif chosen[0] == "streams":
+        streams = tuple(_stream_name("streams", s.strip()) for s in opts["streams"].split(",") if s.strip())
+        if not streams:
+            raise InvalidArgumentError(f"option 'streams' lists no stream: {opts['streams']!r}")
+    else:
+        pattern = opts["streampattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidArgumentError(
+                f"option 'streamPattern' {pattern!r} is not a regular expression: {exc}"
+            ) from None
+    starting = _offsets_option(
+        "startingOffsets", opts.get("startingoffsets", "latest" if streaming else "earliest")
+    )
+    if starting == "cursor" and not opts.get("consumerid") and not streaming:
+        raise InvalidArgumentError("startingOffsets=cursor needs the option 'consumerId' for a batch read")
+    ending = _offsets_option("endingOffsets", opts.get("endingoffsets", "latest"), allow_cursor=False)
+    if streaming and ("endingoffsets" in opts or "endingtimestamp" in opts):
+        raise InvalidArgumentError(
+            "endingOffsets and endingTimestamp are for batch reads (spark.read), not streams"
+        )
+    if ending == "earliest":
+        raise InvalidArgumentError(
+            "endingOffsets='earliest' would read nothing; use 'latest' or JSON offsets"
+        )
+    max_per_trigger = _positive_int(opts, "maxRecordsPerTrigger")
+    if max_per_trigger is not None and not streaming:
+        raise InvalidArgumentError("maxRecordsPerTrigger applies to streaming reads only")
+    consumer = opts.get("consumerid") or _default_consumer(opts)
+    if "/" in consumer:
+        raise InvalidArgumentError(f"option 'consumerId' must not contain '/', got {consumer!r}")
+    return SourceOptions(
+        broker=resolve_broker(opts),
+        streams=streams,
+        stream_pattern=pattern,
+        starting=starting,
+        starting_timestamp=_timestamp(opts, "startingTimestamp"),
+        ending=ending,
+        ending_timestamp=_timestamp(opts, "endingTimestamp"),
+        max_records_per_trigger=max_per_trigger,
+        max_records_per_partition=_positive_int(opts, "maxRecordsPerPartition")
+        or DEFAULT_MAX_RECORDS_PER_PARTITION,
+        fail_on_data_loss=_boolean(opts, "failOnDataLoss", True),
+        include_headers=_boolean(opts, "includeHeaders", False),
+        consumer_id=consumer,
+        timeout=_seconds(opts, "timeout", 30.0),
+        options=dict(options),
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Parse a writer's options; raises ``InvalidArgumentError`` naming the bad option."""
+    opts = {k.lower(): v for k, v in options.items()}
+    stream = opts.get("stream")
+    if stream is not None:
+        _stream_name("stream", stream)
+    return SinkOptions(
+        broker=resolve_broker(opts),
+        nats=_nats_urls(opts),
+        stream=stream,
+        timeout=_seconds(opts, "timeout", 30.0),
+        max_batch_bytes=_positive_int(opts, "maxBatchBytes") or 512 * 1024,
+    )
+
+
+def resolve_broker(opts: Mapping[str, str]) -> str:
+    """The Flight address to use: the first of ``servers``, or one found through ``nats``."""
+    servers = [s.strip() for s in opts.get("servers", "").split(",") if s.strip()]
+    for server in servers:
+        if not re.fullmatch(r"grpc(\+tcp|\+tls)?://[^\s/]+:\d+", server):
+            raise InvalidArgumentError(
+                f"option 'servers' has {server!r}; use grpc://host:port[,grpc://host:port]"
+            )
+    if servers:
+        return servers[0]
+    urls = _nats_urls(opts)
+    from pyspark_jetstream.client.client import discover_broker
+
+    try:
+        return asyncio.run(discover_broker(list(urls), timeout=_seconds(opts, "timeout", 10.0)))
+    except UnavailableError as exc:
+        raise UnavailableError(f"{exc} (set the option 'servers' or 'nats')") from None
+
+
+def _nats_urls(opts: Mapping[str, str]) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in opts.get("nats", DEFAULT_NATS).split(",") if u.strip())
+    for url in urls:
+        if not re.fullmatch(r"(nats|tls|ws|wss)://[^\s]+", url):
+            raise InvalidArgumentError(f"option 'nats' has {url!r}; use nats://host:port[,nats://host:port]")
+    return urls
+
+
+def _stream_name(option: str, value: str) -> str:
+    try:
+        return validate_stream_name(value.strip())
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"option '{option}': {exc}") from None
+
+
+def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> str | Offsets:
+    text = value.strip()
+    keywords = ("earliest", "latest", "cursor") if allow_cursor else ("earliest", "latest")
+    if text.lower() in keywords:
+        return text.lower()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"option '{option}' is {value!r}: use {', '.join(keywords)} or JSON like "
+            '{"orders": {"0": 42, "1": 17}}'
+        ) from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise InvalidArgumentError(
+            f"option '{option}' must map stream names to {{partition: offset}}, got {text}"
+        )
+    offsets: Offsets = {}
+    for stream, partitions in data.items():
+        offsets[stream] = {}
+        for partition, offset in partitions.items():
+            if not str(partition).isdigit():
+                raise InvalidArgumentError(
+                    f"option '{option}': partition {partition!r} of {stream!r} is not a number"
+                )
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
+                raise InvalidArgumentError(
+                    f"option '{option}': offset {offset!r} of {stream}/{partition} must be an integer >= 0 "
+                    "(or -2 for earliest, -1 for latest)"
+                )
+            offsets[stream][str(int(partition))] = offset
+    return offsets
+
+
+def _positive_int(opts: Mapping[str, str], option: str) -> int | None:
+    raw = opts.get(option.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise InvalidArgumentError(f"option '{option}' must be a positive integer, got {raw!r}")
+    return value
+
+
+def _seconds(opts: Mapping[str, str], option: str, default: float) -> float:
+    raw = opts.get(option.lower())
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise InvalidArgumentError(f"option '{option}' must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _boolean(opts: Mapping[str, str], option: str, default: bool) -> bool:
+    raw = opts.get(option.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise InvalidArgumentError(f"option '{option}' must be true or false, got {raw!r}")
+
+
+def _timestamp(opts: Mapping[str, str], option: str) -> float | None:
+    """Milliseconds since the epoch (as Spark's Kafka source takes) or an ISO-8601 time; returns seconds."""
+    raw = opts.get(option.lower())
+    if raw is None:
+        return None
+    text = raw.strip()
+    if text.isdigit():
+        return int(text) / 1000.0
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise InvalidArgumentError(
+            f"option '{option}' is {raw!r}: use milliseconds since the epoch or an ISO time with a zone "
+            "(2026-11-22T10:00:00+00:00)"
+        )
+    return parsed.timestamp()
+
+
+def _default_consumer(opts: Mapping[str, str]) -> str:
+    """A stable cursor name for this source's streams and broker, when the user gives none."""
+    identity = json.dumps(
+        {k: opts.get(k) for k in ("stream", "streams", "streampattern", "servers", "nats")}, sort_keys=True
+    )
+    return "spark-" + hashlib.sha1(identity.encode()).hexdigest()[:12]

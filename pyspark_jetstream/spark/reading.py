@@ -1,0 +1,233 @@
+"""Planning reads on the driver and running them on executors.
+
+Offsets follow Spark's Kafka source: ``{stream: {partition: offset}}`` where
+an offset is the *next* offset to read, so a range ``[start, end)`` holds the
+messages ``start .. end - 1``.  A task reads its range over Arrow Flight and
+yields Arrow batches cast to exactly the Arrow form of the query's schema;
+no row becomes a Python object.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
+from pyspark_jetstream.protocol.errors import OffsetOutOfRangeError, UnknownStreamError
+from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
+
+from .options import Offsets, SourceOptions
+
+logger = logging.getLogger(__name__)
+
+BASE_SCHEMA = (
+    "key binary, value binary, stream string, subject string, partition int, offset long, timestamp timestamp"
+)
+HEADERS_FIELD = "headers array<struct<key:string,value:binary>>"
+READ_BYTES = 16 * 1024 * 1024
+EARLIEST, LATEST = -2, -1
+
+
+def spark_schema(include_headers: bool) -> str:
+    """The DDL of the rows this source produces."""
+    return f"{BASE_SCHEMA}, {HEADERS_FIELD}" if include_headers else BASE_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Offsets of one stream partition as the broker reports them."""
+
+    log_start_offset: int
+    high_watermark: int
+
+
+def describe(connection: BrokerConnection, options: SourceOptions) -> dict[str, dict[str, PartitionState]]:
+    """The streams this source reads, with each partition's readable range."""
+    if options.stream_pattern is not None:
+        pattern = re.compile(options.stream_pattern)
+        infos = [
+            info
+            for info in connection.list_streams()
+            if pattern.fullmatch(info.config["name"]) and not info.config["name"].startswith(INTERNAL_PREFIX)
+        ]
+    else:
+        infos = [connection.describe(name) for name in options.streams]
+    return {info.config["name"]: _states(info) for info in infos}
+
+
+def _states(info: StreamInfo) -> dict[str, PartitionState]:
+    return {str(p.partition): PartitionState(p.log_start_offset, p.high_watermark) for p in info.partitions}
+
+
+def resolve(
+    connection: BrokerConnection,
+    spec: str | Offsets,
+    timestamp: float | None,
+    layout: dict[str, dict[str, PartitionState]],
+    cursors: dict[str, dict[str, int | None]] | None = None,
+) -> Offsets:
+    """Concrete offsets for a starting/ending spec, partition by partition."""
+    out: Offsets = {}
+    for stream, partitions in layout.items():
+        out[stream] = {}
+        for partition, state in partitions.items():
+            if timestamp is not None:
+                out[stream][partition] = offset_for_time(connection, stream, int(partition), timestamp)
+                continue
+            if isinstance(spec, dict):
+                given = spec.get(stream, {}).get(partition, EARLIEST)
+                offset = {EARLIEST: state.log_start_offset, LATEST: state.high_watermark}.get(given, given)
+            elif spec == "cursor":
+                stored = (cursors or {}).get(stream, {}).get(partition)
+                offset = state.log_start_offset if stored is None else stored
+            else:
+                offset = state.log_start_offset if spec == "earliest" else state.high_watermark
+            out[stream][partition] = offset
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - set(layout))
+        if unknown:
+            raise UnknownStreamError(
+                f"offsets name stream(s) this source does not read: {', '.join(unknown)}"
+            )
+    return out
+
+
+def offset_for_time(connection: BrokerConnection, stream: str, partition: int, seconds: float) -> int:
+    """The first offset at or after ``seconds`` (or the high watermark if none)."""
+    result = connection.read(
+        ReadRequest(stream, partition, StartPosition("timestamp", seconds), max_records=1)
+    )
+    if result.num_rows:
+        offset: int = result.batches[0].column(0)[0].as_py()
+        return offset
+    return result.next_offset
+
+
+def limit_rows(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+    """Move from ``start`` toward ``latest`` by at most ``max_rows`` in total.
+
+    The budget is shared in proportion to each partition's backlog (as
+    Spark's Kafka source does), and every partition with a backlog advances
+    by at least one, so progress is guaranteed.
+    """
+    backlog = {
+        (s, p): max(end - start.get(s, {}).get(p, 0), 0)
+        for s, parts in latest.items()
+        for p, end in parts.items()
+    }
+    total = sum(backlog.values())
+    out: Offsets = {s: dict(parts) for s, parts in latest.items()}
+    if total <= max_rows:
+        return out
+    for (s, p), rows in backlog.items():
+        begin = start.get(s, {}).get(p, 0)
+        share = max(1, rows * max_rows // total) if rows else 0
+        out[s][p] = begin + min(rows, share)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RangeSpec:
+    """One Spark task's work: a range of one stream partition."""
+
+    broker: str
+    stream: str
+    partition: int
+    start: int
+    end: int
+
+
+def plan_ranges(options: SourceOptions, start: Offsets, end: Offsets) -> list[RangeSpec]:
+    """Split ``[start, end)`` per partition into ranges of at most ``max_records_per_partition``."""
+    ranges = []
+    step = options.max_records_per_partition
+    for stream, partitions in sorted(end.items()):
+        for partition, stop in sorted(partitions.items(), key=lambda kv: int(kv[0])):
+            begin = start.get(stream, {}).get(partition, 0)
+            for lo in range(begin, stop, step):
+                ranges.append(RangeSpec(options.broker, stream, int(partition), lo, min(lo + step, stop)))
+    return ranges
+
+
+def read_range(
+    spec: RangeSpec, target: pa.Schema, *, fail_on_data_loss: bool, timeout: float
+) -> Iterator[pa.RecordBatch]:
+    """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema."""
+    connection = BrokerConnection(spec.broker, timeout=timeout)
+    try:
+        offset = spec.start
+        while offset < spec.end:
+            try:
+                result = connection.read(
+                    ReadRequest(
+                        spec.stream,
+                        spec.partition,
+                        StartPosition("offset", offset),
+                        max_records=spec.end - offset,
+                        max_bytes=READ_BYTES,
+                    )
+                )
+            except OffsetOutOfRangeError as exc:
+                offset = _after_data_loss(connection, spec, offset, exc, fail_on_data_loss)
+                continue
+            for batch in result.batches:
+                # After compaction a row count can reach past the range's end offset.
+                inside = (
+                    batch.filter(pc.less(batch.column(0), spec.end))
+                    if batch.column(0)[-1].as_py() >= spec.end
+                    else batch
+                )
+                if inside.num_rows:
+                    yield to_spark_batch(inside, spec.stream, spec.partition, target)
+            if result.next_offset <= offset:
+                if result.high_watermark < spec.end:
+                    raise OffsetOutOfRangeError(
+                        f"{spec.stream}/{spec.partition}: the range ends at {spec.end} but the partition's "
+                        f"high watermark is {result.high_watermark} (was the stream truncated?)"
+                    )
+                break
+            offset = result.next_offset
+    finally:
+        connection.close()
+
+
+def _after_data_loss(
+    connection: BrokerConnection, spec: RangeSpec, offset: int, exc: Exception, fail: bool
+) -> int:
+    info = connection.describe(spec.stream).partitions[spec.partition]
+    if offset >= info.log_start_offset:
+        raise exc  # not retention: something else is wrong
+    message = (
+        f"{spec.stream}/{spec.partition}: offsets {offset} to {info.log_start_offset - 1} were deleted by "
+        "retention before this query read them"
+    )
+    if fail:
+        raise OffsetOutOfRangeError(
+            message + "; set the option failOnDataLoss=false to skip ahead instead of failing"
+        ) from None
+    logger.warning("%s; skipping to %d (failOnDataLoss=false)", message, info.log_start_offset)
+    return min(info.log_start_offset, spec.end)
+
+
+def to_spark_batch(batch: pa.RecordBatch, stream: str, partition: int, target: pa.Schema) -> pa.RecordBatch:
+    """A log batch as the source's row shape, cast to exactly ``target``."""
+    n = batch.num_rows
+    columns = {
+        "key": batch.column("key"),
+        "value": batch.column("value"),
+        "stream": constant_strings(stream, n),
+        "subject": batch.column("subject"),
+        "partition": constant_ints(partition, n, pa.int32()),
+        "offset": batch.column("offset"),
+        "timestamp": batch.column("timestamp"),
+        "headers": batch.column("headers"),
+    }
+    arrays = [columns[field.name].cast(field.type) for field in target]
+    return pa.RecordBatch.from_arrays(arrays, schema=target)

@@ -1,0 +1,207 @@
+"""``df.writeStream.format("jetstream")`` and ``df.write.format("jetstream")``.
+
+Each Spark task publishes its rows as Arrow batches in envelopes, with a
+producer id and a sequence number, and waits for the broker's acks.  The
+producer id is the streaming query's id (stable across restarts from the same
+checkpoint) plus the Spark partition; the sequence is the micro-batch id
+shifted left by 20 bits plus the chunk number.  A task that runs again for the
+same micro-batch -- a retried task, or a query restarted from its checkpoint
+-- sends the same producer ids and sequences, and the broker stores each
+chunk once: exactly once into the log, as long as the query's output for a
+micro-batch is deterministic (the same rows in the same Spark partitions).
+
+Input columns: ``value`` (binary or string, required), and optionally
+``key`` (binary or string), ``headers`` (``array<struct<key:string,
+value:binary>>``), ``partition`` (int) and ``subject`` (string: publish there
+instead of to the ``stream`` option's partition).  Other columns are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import zlib
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.client.sync import SyncClient
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.schema import HEADER_TYPE
+from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+
+from .options import SinkOptions
+
+logger = logging.getLogger(__name__)
+
+SEQUENCE_BITS = 20
+"""Chunks one task may publish per micro-batch and log partition: 2**20."""
+_TYPES = {
+    "key": pa.binary(),
+    "value": pa.binary(),
+    "headers": HEADER_TYPE,
+    "partition": pa.int32(),
+    "subject": pa.string(),
+}
+
+
+def check_input_schema(schema: StructType, options: SinkOptions) -> None:
+    """Fail at planning, naming the column, if the input cannot be written."""
+    names = {f.name.lower(): f for f in schema.fields}
+    if "value" not in names:
+        raise InvalidArgumentError(
+            "writing to jetstream needs a 'value' column (binary or string); "
+            f"the input has {schema.fieldNames()}"
+        )
+    allowed = {
+        "key": {"binary", "string"},
+        "value": {"binary", "string"},
+        "partition": {"int", "bigint", "smallint"},
+        "subject": {"string"},
+    }
+    for name, kinds in allowed.items():
+        field = names.get(name)
+        if field is not None and field.dataType.simpleString() not in kinds:
+            raise InvalidArgumentError(
+                f"column {name!r} is {field.dataType.simpleString()}; "
+                f"it must be one of {', '.join(sorted(kinds))}"
+            )
+    if options.stream is None and "subject" not in names:
+        raise InvalidArgumentError("set the option 'stream' or give a 'subject' column to say where rows go")
+
+
+class _Publishing:
+    """The executor side shared by batch and streaming writers."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        check_input_schema(schema, options)
+        self.options = options
+        self.stream_config: StreamConfig | None = None
+        if options.stream is not None:  # on the driver: fail early for an unknown stream
+            broker = BrokerConnection(options.broker, timeout=options.timeout)
+            try:
+                self.stream_config = StreamConfig.from_json(broker.describe(options.stream).config)
+            finally:
+                broker.close()
+
+    def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, sequence_base: int) -> int:
+        context = TaskContext.get()
+        task_partition = context.partitionId() if context else 0
+        chunks: dict[str, int] = {}
+        futures = []
+        rows = 0
+        with SyncClient(
+            nats_urls=list(self.options.nats), broker=self.options.broker, timeout=self.options.timeout
+        ) as client:
+            for batch in batches:
+                rows += batch.num_rows
+                for subject, part in self._route(batch, task_partition):
+                    for chunk in _chunks(part, self.options.max_batch_bytes):
+                        number = chunks.get(subject, 0)
+                        chunks[subject] = number + 1
+                        if number >= 1 << SEQUENCE_BITS:
+                            raise InvalidArgumentError(
+                                f"more than {1 << SEQUENCE_BITS} chunks in one task for {subject}"
+                            )
+                        futures.append(
+                            client.publish_batch_nowait(
+                                self.options.stream or subject,
+                                chunk,
+                                subject=subject,
+                                producer_id=producer_id,
+                                sequence=sequence_base + number,
+                            )
+                        )
+            for future in futures:
+                future.result()  # raises the broker's error, if any
+        return rows
+
+    def _route(self, batch: pa.RecordBatch, task_partition: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Split ``batch`` by destination subject; rows keep their order within each."""
+        names = {n.lower(): n for n in batch.schema.names}
+        columns = {}
+        for name, arrow_type in _TYPES.items():
+            if name in names and name not in ("partition", "subject"):
+                columns[name] = batch.column(names[name]).cast(arrow_type)
+        payload = pa.record_batch(columns)
+        if "subject" in names:
+            subjects = batch.column(names["subject"])
+            if subjects.null_count == 0 or self.stream_config is None:
+                if subjects.null_count:
+                    raise InvalidArgumentError("column 'subject' has nulls and no 'stream' option is set")
+                for subject in pc.unique(subjects).to_pylist():
+                    yield subject, payload.filter(pc.equal(subjects, subject))
+                return
+        assert self.stream_config is not None
+        config = self.stream_config
+        if config.partitions == 1:
+            targets = None
+            fixed = 0
+        elif "partition" in names:
+            targets = batch.column(names["partition"]).cast(pa.int32())
+            bad = pc.or_(
+                pc.is_null(targets), pc.or_(pc.less(targets, 0), pc.greater_equal(targets, config.partitions))
+            )
+            if pc.any(bad).as_py():
+                raise InvalidArgumentError(
+                    f"column 'partition' has values outside 0..{config.partitions - 1} "
+                    f"of stream {config.name!r}"
+                )
+        elif "key" in names:
+            keys = payload.column("key").to_pylist()
+            targets = pa.array(
+                [0 if k is None else zlib.crc32(k) % config.partitions for k in keys], pa.int32()
+            )
+        else:
+            targets = None
+            fixed = task_partition % config.partitions
+        if targets is None:
+            yield partition_subject(config.subject, fixed), payload
+            return
+        for number in pc.unique(targets).to_pylist():
+            yield partition_subject(config.subject, number), payload.filter(pc.equal(targets, number))
+
+
+def _chunks(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Slices of ``batch`` of about ``max_bytes`` each (NATS limits one message's size)."""
+    if batch.num_rows == 0:
+        return
+    per_row = max(batch.nbytes / batch.num_rows, 1)
+    step = max(int(max_bytes / per_row), 1)
+    for start in range(0, batch.num_rows, step):
+        yield batch.slice(start, step)
+
+
+class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):
+    """The streaming sink: exactly once into the log per micro-batch."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Publish this task's rows for the current micro-batch and wait for the acks."""
+        context = TaskContext.get()
+        query = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if query is None or batch_id is None:
+            raise InvalidArgumentError("the streaming sink runs only inside a streaming query")
+        partition = context.partitionId() if context else 0
+        self._publish(iterator, f"spark-{query}-{partition}", int(batch_id) << SEQUENCE_BITS)
+        return WriterCommitMessage()
+
+
+class JetStreamBatchWriter(_Publishing, DataSourceArrowWriter):
+    """The batch sink: a retried task does not store its rows twice."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self.job = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Publish this task's rows and wait for the acks."""
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        self._publish(iterator, f"spark-write-{self.job}-{partition}", 0)
+        return WriterCommitMessage()

@@ -1,0 +1,217 @@
+"""``format("jetstream")``: the Python Data Source for Spark Structured Streaming and batch reads.
+
+Readers plan on the driver (offsets come from the broker over Flight) and
+read on executors; both keep no connection in their state, because Spark
+pickles them.  ``commit`` stores the query's position as cursors in the log,
+so ``jetstream status`` shows its lag and ``startingOffsets=cursor`` resumes
+from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.protocol.flight import ActionType
+
+from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
+from .reading import (
+    RangeSpec,
+    describe,
+    limit_rows,
+    plan_ranges,
+    read_range,
+    resolve,
+    spark_schema,
+)
+
+logger = logging.getLogger(__name__)
+
+_connections: dict[str, BrokerConnection] = {}
+_connections_lock = threading.Lock()
+
+
+def connection(options: SourceOptions) -> BrokerConnection:
+    """One Flight connection per broker per process (readers themselves must stay picklable)."""
+    with _connections_lock:
+        found = _connections.get(options.broker)
+        if found is None:
+            found = _connections[options.broker] = BrokerConnection(options.broker, timeout=options.timeout)
+        return found
+
+
+class JetStreamDataSource(DataSource):
+    """Streams of a pyspark-jetstream deployment as a Spark source and sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name: ``spark.readStream.format("jetstream")``."""
+        return "jetstream"
+
+    def schema(self) -> str:
+        """Rows like Spark's Kafka source, with ``stream`` for ``topic``."""
+        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return spark_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch reader (``spark.read.format("jetstream")``)."""
+        return JetStreamBatchReader(parse_source_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """A streaming reader (``spark.readStream.format("jetstream")``)."""
+        return JetStreamStreamReader(parse_source_options(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """A batch writer (``df.write.format("jetstream")``)."""
+        from .sink import JetStreamBatchWriter
+
+        return JetStreamBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """A streaming writer (``df.writeStream.format("jetstream")``), exactly once into the log."""
+        from .sink import JetStreamStreamWriter
+
+        return JetStreamStreamWriter(parse_sink_options(self.options), schema)
+
+
+class _Reading:
+    """What batch and stream readers share: the options, the schema and the executor read."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def _ranges(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+        return [InputPartition(spec) for spec in plan_ranges(self.options, start, end)]
+
+    def _cursors(self, layout: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, int | None]]:
+        conn = connection(self.options)
+        return {
+            stream: {
+                p: conn.action(
+                    ActionType.FETCH_CURSOR,
+                    {"consumer": self.options.consumer_id, "stream": stream, "partition": int(p)},
+                )["offset"]
+                for p in partitions
+            }
+            for stream, partitions in layout.items()
+        }
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """On an executor: the range's batches, in exactly Spark's Arrow schema."""
+        spec: RangeSpec | None = partition.value
+        if spec is None:  # Spark runs one empty task when the plan has no range
+            return
+        target = to_arrow_schema(self.schema, timezone="UTC")
+        yield from read_range(
+            spec, target, fail_on_data_loss=self.options.fail_on_data_loss, timeout=self.options.timeout
+        )
+
+
+class JetStreamBatchReader(_Reading, DataSourceReader):
+    """Reads ``[startingOffsets, endingOffsets)`` of every partition once."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """One task per partition range (long ranges split so every core works)."""
+        conn = connection(self.options)
+        layout = describe(conn, self.options)
+        cursors = self._cursors(layout) if self.options.starting == "cursor" else None
+        start = resolve(conn, self.options.starting, self.options.starting_timestamp, layout, cursors)
+        end = resolve(conn, self.options.ending, self.options.ending_timestamp, layout)
+        return self._ranges(start, end)
+
+
+class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of committed messages, with admission control and cursors in the log."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self._target: Offsets | None = None
+
+    def initialOffset(self) -> Offsets:
+        """Where a new query starts (``startingOffsets`` / ``startingTimestamp``)."""
+        conn = connection(self.options)
+        layout = describe(conn, self.options)
+        cursors = self._cursors(layout) if self.options.starting == "cursor" else None
+        return resolve(conn, self.options.starting, self.options.starting_timestamp, layout, cursors)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxRecordsPerTrigger`` as a read limit, if set."""
+        limit = self.options.max_records_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of a ``Trigger.AvailableNow`` run at what is committed now."""
+        self._target = self._latest()
+
+    def reportLatestOffset(self) -> Offsets:
+        """The committed end of every partition, for the query's progress."""
+        return self._latest()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        """The end of the next micro-batch: the committed end, within ``limit``.
+
+        Partitions that appeared since ``start`` (new partitions, or new
+        streams matching ``streamPattern``) are read from their beginning.
+        """
+        latest = self._latest()
+        if self._target is not None:
+            latest = {
+                stream: {
+                    p: min(end, self._target.get(stream, {}).get(p, start.get(stream, {}).get(p, 0)))
+                    for p, end in parts.items()
+                }
+                for stream, parts in latest.items()
+            }
+        latest = {
+            stream: {p: max(end, start.get(stream, {}).get(p, 0)) for p, end in parts.items()}
+            for stream, parts in latest.items()
+        }
+        if isinstance(limit, ReadMaxRows):
+            latest = limit_rows(start, latest, limit.max_rows)
+        for stream, parts in start.items():  # a deleted stream keeps its last position
+            latest.setdefault(stream, dict(parts))
+        return latest
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        """The micro-batch's tasks."""
+        return self._ranges(start, end)
+
+    def commit(self, end: Offsets) -> None:
+        """Store the query's position as cursors in the log (named by ``consumerId``)."""
+        conn = connection(self.options)
+        for stream, partitions in end.items():
+            for partition, offset in partitions.items():
+                conn.action(
+                    ActionType.SET_CURSOR,
+                    {
+                        "consumer": self.options.consumer_id,
+                        "stream": stream,
+                        "partition": int(partition),
+                        "offset": offset,
+                    },
+                )
+
+    def _latest(self) -> Offsets:
+        layout = describe(connection(self.options), self.options)
+        return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}

@@ -1,0 +1,44 @@
+"""One broker and one local Spark session shared by the Spark tests of a module."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from broker_node.nats_server import NatsServer
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.spark import jetstream_session
+
+from ..broker.harness import BrokerProcess
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    with NatsServer() as nats_server:
+        broker = BrokerProcess(tmp_path_factory.mktemp("spark") / "broker", nats_url=nats_server.url).start()
+        try:
+            yield broker
+        finally:
+            broker.stop()
+
+
+@pytest.fixture(scope="module")
+def client(deployment):
+    with SyncClient(nats_urls=deployment.nats_url, broker=deployment.flight) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = jetstream_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def name():
+    """A fresh stream name per test (the broker is shared by the module)."""
+    return f"s{next(_names)}"

@@ -1,0 +1,194 @@
+"""format("jetstream") as a batch and streaming source, on real Spark and a real broker."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql.utils import AnalysisException
+
+from pyspark_jetstream.spark.options import parse_source_options
+from pyspark_jetstream.spark.reading import limit_rows
+
+
+def fill(client, stream: str, partitions: int, rows: int) -> None:
+    client.create_stream(stream, stream, partitions=partitions)
+    for p in range(partitions):
+        table = pa.table(
+            {"key": [b"k%d" % i for i in range(rows)], "value": [b"%d-%d" % (p, i) for i in range(rows)]}
+        )
+        client.publish_batch(stream, table, partition=p)
+
+
+def read(spark, deployment, **options):
+    reader = spark.read.format("jetstream").option("servers", deployment.flight)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_batch_read_has_the_kafka_like_row_shape(spark, deployment, client, name):
+    fill(client, name, 2, 20)
+    df = read(spark, deployment, stream=name)
+    assert [f.name for f in df.schema.fields] == [
+        "key",
+        "value",
+        "stream",
+        "subject",
+        "partition",
+        "offset",
+        "timestamp",
+    ]
+    rows = df.orderBy("partition", "offset").collect()
+    assert len(rows) == 40
+    assert (rows[0].key, rows[0].value, rows[0].stream, rows[0].partition, rows[0].offset) == (
+        b"k0",
+        b"0-0",
+        name,
+        0,
+        0,
+    )
+    assert rows[-1].value == b"1-19" and isinstance(rows[0].timestamp, datetime)
+
+
+def test_headers_are_included_on_request(spark, deployment, client, name):
+    client.create_stream(name, name)
+    client.publish(name, b"v", headers={"trace": b"t1"})
+    row = read(spark, deployment, stream=name, includeHeaders="true").collect()[0]
+    assert [(h.key, h.value) for h in row.headers] == [("trace", b"t1")]
+
+
+def test_starting_and_ending_offsets_and_timestamps(spark, deployment, client, name):
+    fill(client, name, 2, 10)
+    offsets = read(
+        spark,
+        deployment,
+        stream=name,
+        startingOffsets=json.dumps({name: {"0": 3, "1": -2}}),
+        endingOffsets=json.dumps({name: {"0": 5, "1": 2}}),
+    )
+    assert sorted((r.partition, r.offset) for r in offsets.collect()) == [(0, 3), (0, 4), (1, 0), (1, 1)]
+    future = datetime.now(UTC).isoformat()
+    assert read(spark, deployment, stream=name, startingTimestamp=future).count() == 0
+    assert read(spark, deployment, stream=name, startingTimestamp="0").count() == 20
+
+
+def test_large_ranges_are_split_across_tasks(spark, deployment, client, name):
+    fill(client, name, 1, 1000)
+    df = read(spark, deployment, stream=name, maxRecordsPerPartition="300")
+    assert df.rdd.getNumPartitions() == 4
+    assert sorted(r.offset for r in df.collect()) == list(range(1000))
+
+
+def test_streams_and_pattern(spark, deployment, client, name):
+    fill(client, f"{name}-a", 1, 5)
+    fill(client, f"{name}-b", 1, 7)
+    both = read(spark, deployment, streams=f"{name}-a,{name}-b")
+    assert both.count() == 12
+    pattern = read(spark, deployment, streamPattern=f"{name}-.*")
+    assert sorted({r.stream for r in pattern.collect()}) == [f"{name}-a", f"{name}-b"]
+
+
+def test_available_now_respects_the_read_limit_and_commits_cursors(spark, deployment, client, name, tmp_path):
+    fill(client, name, 2, 50)
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", name)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "30")
+        .option("consumerId", "limits")
+        .load()
+        .writeStream.format("memory")
+        .queryName(f"limits_{name.replace('-', '_')}")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [30, 30, 30, 10]
+    assert spark.table(f"limits_{name.replace('-', '_')}").count() == 100
+    # Spark confirms a micro-batch to the source when it plans the next one, so the
+    # cursors show the position after the last confirmed batch.
+    assert client.fetch_cursor("limits", name, 0) + client.fetch_cursor("limits", name, 1) == 90
+
+
+def test_starting_from_the_cursor_resumes(spark, deployment, client, name, tmp_path):
+    fill(client, name, 1, 10)
+    client.set_cursor("resumer", name, 0, 6)
+    df = read(spark, deployment, stream=name, startingOffsets="cursor", consumerId="resumer")
+    assert [r.offset for r in df.orderBy("offset").collect()] == [6, 7, 8, 9]
+    fresh = read(spark, deployment, stream=name, startingOffsets="cursor", consumerId="never-seen")
+    assert fresh.count() == 10  # no cursor yet: from the beginning
+
+
+def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, name, tmp_path):
+    fill(client, f"{name}-x", 1, 3)
+    table = f"pattern_{name}"
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("streamPattern", f"{name}-.*")
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        fill(client, f"{name}-y", 2, 4)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert sorted(
+        (r.stream, r.partition) for r in spark.table(table).select("stream", "partition").distinct().collect()
+    ) == [(f"{name}-x", 0), (f"{name}-y", 0), (f"{name}-y", 1)]
+    assert spark.table(table).count() == 11
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "exactly one of the options 'stream', 'streams'"),
+        ({"stream": "a", "streams": "a,b"}, "exactly one of the options"),
+        ({"stream": "bad name"}, "option 'stream': invalid stream name 'bad name'"),
+        ({"stream": "a", "startingOffsets": "{not json"}, "option 'startingOffsets' is '{not json'"),
+        ({"stream": "a", "startingOffsets": '{"a": {"0": "x"}}'}, "offset 'x' of a/0 must be an integer"),
+        ({"stream": "a", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss' must be true or false"),
+        (
+            {"stream": "a", "maxRecordsPerTrigger": "0"},
+            "option 'maxRecordsPerTrigger' must be a positive integer",
+        ),
+        ({"stream": "a", "startingTimestamp": "yesterday"}, "option 'startingTimestamp' is 'yesterday'"),
+        ({"stream": "a", "servers": "localhost:1"}, "option 'servers' has 'localhost:1'"),
+    ],
+)
+def test_bad_options_name_the_option(options, message):
+    with pytest.raises(Exception, match=message):
+        parse_source_options({"servers": "grpc://127.0.0.1:1", **options}, streaming=True)
+
+
+def test_query_errors_reach_the_user(spark, deployment, client, name):
+    with pytest.raises(
+        (AnalysisException, PySparkException, Exception), match="no stream named 'missing-stream'"
+    ):
+        read(spark, deployment, stream="missing-stream").collect()
+    with pytest.raises(Exception, match="broker at grpc://127.0.0.1:1 is unreachable"):
+        spark.read.format("jetstream").option("servers", "grpc://127.0.0.1:1").option(
+            "stream", "x"
+        ).load().collect()
+
+
+def test_limit_rows_shares_the_budget_and_always_progresses():
+    start = {"s": {"0": 0, "1": 0, "2": 5}}
+    latest = {"s": {"0": 100, "1": 1, "2": 5}}
+    limited = limit_rows(start, latest, 10)
+    assert limited["s"]["2"] == 5 and limited["s"]["1"] == 1
+    assert 1 <= limited["s"]["0"] <= 10
+    assert sum(limited["s"][p] - start["s"][p] for p in "012") <= 11
+    assert limit_rows(start, latest, 1000) == latest
