@@ -92,31 +92,40 @@ class _Publishing:
     def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, sequence_base: int) -> int:
         context = TaskContext.get()
         task_partition = context.partitionId() if context else 0
-        chunks: dict[str, int] = {}
+        chunkers: dict[str, Chunker] = {}
+        numbers: dict[str, int] = {}
         futures = []
         rows = 0
         with SyncClient(
             nats_urls=list(self.options.nats), broker=self.options.broker, timeout=self.options.timeout
         ) as client:
+
+            def send(subject: str, chunk: pa.RecordBatch) -> None:
+                number = numbers.get(subject, 0)
+                numbers[subject] = number + 1
+                if number >= 1 << SEQUENCE_BITS:
+                    raise InvalidArgumentError(
+                        f"more than {1 << SEQUENCE_BITS} chunks in one task for {subject}"
+                    )
+                futures.append(
+                    client.publish_batch_nowait(
+                        self.options.stream or subject,
+                        chunk,
+                        subject=subject,
+                        producer_id=producer_id,
+                        sequence=sequence_base + number,
+                    )
+                )
+
             for batch in batches:
                 rows += batch.num_rows
                 for subject, part in self._route(batch, task_partition):
-                    for chunk in _chunks(part, self.options.max_batch_bytes):
-                        number = chunks.get(subject, 0)
-                        chunks[subject] = number + 1
-                        if number >= 1 << SEQUENCE_BITS:
-                            raise InvalidArgumentError(
-                                f"more than {1 << SEQUENCE_BITS} chunks in one task for {subject}"
-                            )
-                        futures.append(
-                            client.publish_batch_nowait(
-                                self.options.stream or subject,
-                                chunk,
-                                subject=subject,
-                                producer_id=producer_id,
-                                sequence=sequence_base + number,
-                            )
-                        )
+                    chunker = chunkers.setdefault(subject, Chunker(self.options.max_batch_bytes))
+                    for chunk in chunker.add(part):
+                        send(subject, chunk)
+            for subject, chunker in chunkers.items():
+                for chunk in chunker.flush():
+                    send(subject, chunk)
             for future in futures:
                 future.result()  # raises the broker's error, if any
         return rows
@@ -167,14 +176,48 @@ class _Publishing:
             yield partition_subject(config.subject, number), payload.filter(pc.equal(targets, number))
 
 
-def _chunks(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
-    """Slices of ``batch`` of about ``max_bytes`` each (NATS limits one message's size)."""
-    if batch.num_rows == 0:
-        return
-    per_row = max(batch.nbytes / batch.num_rows, 1)
-    step = max(int(max_bytes / per_row), 1)
-    for start in range(0, batch.num_rows, step):
-        yield batch.slice(start, step)
+class Chunker:
+    """Cuts a stream of rows into chunks of at most ``max_bytes`` (at least one row each).
+
+    Where a chunk ends depends only on the sequence of rows, not on how they
+    arrived in batches: a task that runs again produces the same chunks, so
+    their sequence numbers match and the broker drops the repeats.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """Take ``batch``; yield every chunk it completes."""
+        sizes = _row_sizes(batch)
+        start = 0
+        while start < batch.num_rows:
+            room = self.max_bytes - self._pending_bytes
+            fits = pc.sum(pc.less_equal(pc.cumulative_sum(sizes.slice(start)), room)).as_py() or 0
+            if fits == batch.num_rows - start:  # all the rest fits: keep it for the next chunk
+                self._pending.append(batch.slice(start))
+                self._pending_bytes += pc.sum(sizes.slice(start)).as_py() or 0
+                return
+            take = max(fits, 0 if self._pending else 1)
+            yield pa.concat_batches([*self._pending, batch.slice(start, take)])
+            self._pending, self._pending_bytes = [], 0
+            start += take
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        """Yield what is left."""
+        if self._pending:
+            yield pa.concat_batches(self._pending)
+            self._pending, self._pending_bytes = [], 0
+
+
+def _row_sizes(batch: pa.RecordBatch) -> pa.Array:
+    """Bytes per row counted toward a chunk: key, value and header values, plus 16 of overhead."""
+    sizes = pc.add(pc.fill_null(pc.binary_length(batch.column("value")), 0), 16)
+    if "key" in batch.schema.names:
+        sizes = pc.add(sizes, pc.fill_null(pc.binary_length(batch.column("key")), 0))
+    return sizes.cast(pa.int64())
 
 
 class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):

@@ -1,0 +1,166 @@
+"""format("jetstream") as a sink: batch and streaming, exactly once across a failure and restart."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql.functions import col, udf
+from pyspark.sql.types import BinaryType
+
+from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.spark.sink import Chunker
+
+
+def values_of(client, stream: str, partitions: int = 1) -> list[bytes]:
+    out = []
+    for p in range(partitions):
+        out += client.fetch(stream, p).to_table().column("value").to_pylist()
+    return out
+
+
+def test_batch_write_with_keys_partitions_and_headers(spark, deployment, client, name):
+    client.create_stream(name, name, partitions=2)
+    df = spark.createDataFrame(
+        [("k1", "a", 0), ("k2", "b", 1), ("k3", "c", 1)], "key string, value string, partition int"
+    )
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "nats", deployment.nats_url
+    ).option("stream", name).save()
+    first = client.fetch(name, 0).to_table()
+    second = client.fetch(name, 1).to_table()
+    assert first.column("value").to_pylist() == [b"a"]
+    assert sorted(second.column("value").to_pylist()) == [b"b", b"c"]
+    assert second.column("producer_id")[0].as_py().startswith("spark-write-")
+
+
+def test_rows_can_pick_their_subject(spark, deployment, client, name):
+    client.create_stream(name, f"{name}.*")
+    df = spark.createDataFrame([(f"{name}.eu", b"1"), (f"{name}.us", b"2")], "subject string, value binary")
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "nats", deployment.nats_url
+    ).save()
+    table = client.fetch(name).to_table()
+    assert sorted(
+        zip(table.column("subject").to_pylist(), table.column("value").to_pylist(), strict=True)
+    ) == [
+        (f"{name}.eu", b"1"),
+        (f"{name}.us", b"2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("frame", "options", "message"),
+    [
+        ("key string", {"stream": "x"}, "needs a 'value' column"),
+        ("value int", {"stream": "x"}, "column 'value' is int"),
+        ("value string", {}, "set the option 'stream' or give a 'subject' column"),
+        ("value string", {"stream": "no-such-stream"}, "no stream named 'no-such-stream'"),
+    ],
+)
+def test_bad_sink_input_is_named(spark, deployment, frame, options, message):
+    df = spark.createDataFrame([], frame)
+    writer = df.write.format("jetstream").mode("append").option("servers", deployment.flight)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    with pytest.raises(Exception, match=message):
+        writer.save()
+
+
+def test_stream_to_stream_exactly_once_across_a_failure_and_restart(
+    spark, deployment, client, name, tmp_path
+):
+    """A micro-batch fails after one of its tasks stored its rows; the restarted query stores the rest, once.
+
+    Micro-batches take 40 rows per partition.  In the second one, the task of
+    partition 1 meets the poison row and, on the first run only, waits until
+    the task of partition 0 has stored its 40 rows before failing.  The query
+    is then restarted from its checkpoint, runs that micro-batch again, and
+    the output must hold every input row exactly once.
+    """
+    source, sink = f"{name}-in", f"{name}-out"
+    client.create_stream(source, source, partitions=2)
+    client.create_stream(sink, sink)
+    expected = []
+    for p in range(2):
+        values = [b"p%d-%03d" % (p, i) for i in range(100)]
+        if p == 1:
+            values[45] = b"poison"
+        client.publish_batch(source, pa.table({"value": values}), partition=p)
+        expected += [v.upper() for v in values]
+
+    armed = str(tmp_path / "armed")
+    open(armed, "w").close()
+    broker = deployment.flight
+
+    def shout(value: bytes) -> bytes:
+        if value == b"poison" and os.path.exists(armed):
+            os.remove(armed)
+            connection = BrokerConnection(broker)
+            deadline = time.monotonic() + 120
+            # 80 rows of the first micro-batch and 40 of this one's other task.
+            while connection.describe(sink).partitions[0].high_watermark < 120:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the other task never stored its rows")
+                time.sleep(0.05)
+            raise RuntimeError("injected failure in the middle of a micro-batch")
+        return value.upper()
+
+    shout_udf = udf(shout, BinaryType(), useArrow=False)
+
+    def start():
+        return (
+            spark.readStream.format("jetstream")
+            .option("servers", broker)
+            .option("stream", source)
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", "80")
+            .load()
+            .select(shout_udf(col("value")).alias("value"))
+            .writeStream.format("jetstream")
+            .option("servers", broker)
+            .option("nats", deployment.nats_url)
+            .option("stream", sink)
+            .option("maxBatchBytes", "64")  # several chunks per task, so chunk numbering matters
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    first = start()
+    with pytest.raises(Exception, match="injected failure"):
+        first.awaitTermination()
+    partial = values_of(client, sink)
+    assert len(partial) >= 120  # part of the failed micro-batch was stored
+
+    second = start()  # same checkpoint: the failed micro-batch runs again
+    second.awaitTermination()
+    stored = values_of(client, sink)
+    assert len(stored) == len(expected), f"{len(stored) - len(expected)} rows too many"
+    assert sorted(stored) == sorted(expected)
+
+
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=80),
+    cuts=st.lists(st.integers(1, 80), max_size=10),
+    limit=st.integers(1, 1000),
+)
+def test_chunks_depend_only_on_the_rows(sizes, cuts, limit):
+    batch = pa.record_batch({"value": pa.array([b"x" * n for n in sizes], pa.binary())})
+
+    def chunked(pieces):
+        chunker = Chunker(limit)
+        out = [c for piece in pieces for c in chunker.add(piece)] + list(chunker.flush())
+        return [c.column("value").to_pylist() for c in out]
+
+    bounds = sorted({0, *(c for c in cuts if c < batch.num_rows), batch.num_rows})
+    pieces = [batch.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
+    whole = chunked([batch])
+    assert chunked(pieces) == whole
+    assert [v for chunk in whole for v in chunk] == batch.column("value").to_pylist()
+    assert all(len(chunk) == 1 or sum(len(v) + 16 for v in chunk) <= limit for chunk in whole)
