@@ -13,7 +13,7 @@ bootstrap:
 	bash scripts/bootstrap.sh
 
 demo: bootstrap
-	$(PY) bench/log_bench.py --quick
+	$(PY) scripts/demo.py
 
 lint: bootstrap
 	.venv/bin/ruff check .

@@ -24,7 +24,12 @@ def jetstream_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master)
-    settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", **conf}
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        **conf,
+    }
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
