@@ -30,7 +30,6 @@ import json
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,31 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import Client
+from pyspark_jetstream.local import LocalBroker
 
 VALUE = 100
 WINDOW = 4000
 ROUNDS = 3
-
-
-def start_broker(workdir: Path, nats_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Run our broker against ``nats_url``; return the process and its Flight address."""
-    config = workdir / "broker.toml"
-    config.write_text(
-        f'[broker]\ndata_dir = "{workdir / "data"}"\n[nats]\nservers = ["{nats_url}"]\n[flight]\nport = 0\n'
-    )
-    log = open(workdir / "broker.log", "wb")  # noqa: SIM115 - the child writes it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "broker_node", "--config", str(config), "--log-level", "WARNING"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    runtime = workdir / "data" / "broker.json"
-    deadline = time.monotonic() + 30
-    while not runtime.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"broker did not start: {(workdir / 'broker.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-    return process, json.loads(runtime.read_text())["flight"]
 
 
 async def ours_single(client: Client, stream: str, n: int) -> float:
@@ -212,7 +191,8 @@ async def run(quick: bool) -> dict[str, float]:
     latency_s = 6.0 if quick else 30.0
     workdir = Path(tempfile.mkdtemp(prefix="broker-bench-"))
     server = NatsServer(jetstream=True, store_dir=workdir / "jetstream").start()
-    broker, flight_address = start_broker(workdir, server.url)
+    broker = LocalBroker(workdir / "data", nats_url=server.url, log_level="WARNING").start()
+    flight_address = broker.flight
     results: dict[str, float] = {}
     try:
         nc = await nats.connect(server.url)
@@ -247,8 +227,7 @@ async def run(quick: bool) -> dict[str, float]:
         await client.close()
         await nc.close()
     finally:
-        broker.terminate()
-        broker.wait(30)
+        broker.stop()
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     js_publish = results["jetstream_single_publish_msgs_per_s"]

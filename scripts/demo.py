@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,29 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pyspark_jetstream.client import SyncClient  # noqa: E402
+from pyspark_jetstream.local import LocalBroker  # noqa: E402
 from pyspark_jetstream.spark import jetstream_session  # noqa: E402
 
 ORDERS = 200_000
 COUNTRIES = ["de", "fr", "it", "nl", "pl", "se", "es", "pt"]
-
-
-def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
-    """Run a broker with an embedded nats-server; return it and its addresses."""
-    config = workdir / "broker.toml"
-    config.write_text(
-        f'[broker]\ndata_dir = "{workdir / "data"}"\n[nats]\nembedded_port = -1\n[flight]\nport = 0\n'
-    )
-    log = open(workdir / "broker.log", "wb")  # noqa: SIM115 - the child writes it
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "broker_node", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
-    runtime = workdir / "data" / "broker.json"
-    deadline = time.monotonic() + 30
-    while not runtime.exists():
-        if broker.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the broker did not start:\n{(workdir / 'broker.log').read_text()[-3000:]}")
-        time.sleep(0.05)
-    return broker, json.loads(runtime.read_text())
 
 
 async def publish_orders(nats_url: str) -> float:
@@ -71,11 +51,11 @@ def main() -> None:
     """Run the demo end to end."""
     workdir = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     print(f"starting a broker with an embedded nats-server in {workdir}")
-    broker, info = start_broker(workdir)
-    nats_url = str(info["nats"][0])  # type: ignore[index]
+    broker = LocalBroker(workdir / "data").start()
+    nats_url = str(broker.nats_url)
     try:
         with SyncClient(nats_urls=nats_url) as client:
-            print(f"broker {info['broker_id']} serves Arrow Flight at {client.broker}, NATS at {nats_url}")
+            print(f"the broker serves Arrow Flight at {client.broker}, NATS at {nats_url}")
             client.create_stream("orders", "shop.orders.*")
             seconds = asyncio.run(publish_orders(nats_url))
             print(f"published {ORDERS:,} orders with a plain NATS client in {seconds:.1f}s")
@@ -129,9 +109,7 @@ def main() -> None:
             if counted != ORDERS:
                 raise SystemExit("the demo lost or duplicated orders")
     finally:
-        broker.send_signal(signal.SIGTERM)
-        code = broker.wait(30)
-        print(f"broker stopped (exit code {code})")
+        print(f"broker stopped (exit code {broker.stop()})")
 
 
 if __name__ == "__main__":

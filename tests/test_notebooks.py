@@ -1,0 +1,32 @@
+"""The notebooks run top to bottom against a real broker, so they cannot rot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_three_notebooks_exist():
+    assert [p.stem for p in NOTEBOOKS] == [
+        "01_quickstart",
+        "02_exactly_once_pipeline",
+        "03_replay_from_a_timestamp",
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    monkeypatch.delenv("JETSTREAM_NATS", raising=False)  # each starts its own broker
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        o for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"
+    ]
+    assert not errors
