@@ -105,7 +105,8 @@ class FlightApi(flight.FlightServerBase):
                 log_end_offset=log.log_end_offset,
             )
             return flight.GeneratorStream(
-                LOG_SCHEMA.with_metadata(metadata), self._follow(request, partition, start, context)
+                _projected_schema(request).with_metadata(metadata),
+                self._follow(request, partition, start, context),
             )
         if request.max_wait > 0 and start >= partition.high_watermark:
             partition.wait_for_data(start, request.max_wait)
@@ -132,7 +133,9 @@ class FlightApi(flight.FlightServerBase):
             log_start_offset=log.log_start_offset,
             log_end_offset=log.log_end_offset,
         )
-        schema = LOG_SCHEMA.with_metadata(metadata)
+        schema = _projected_schema(request).with_metadata(metadata)
+        if request.columns is not None:
+            batches = [b.select(list(request.columns)) for b in batches]  # zero-copy
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
 
     @staticmethod
@@ -158,8 +161,10 @@ class FlightApi(flight.FlightServerBase):
                     return
                 except LogError as exc:
                     raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
-                yield from batches
                 offset = batches[-1].column(0)[-1].as_py() + 1 if batches else high_watermark
+                if request.columns is not None:
+                    batches = [b.select(list(request.columns)) for b in batches]
+                yield from batches
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -265,6 +270,13 @@ class FlightApi(flight.FlightServerBase):
             broker.set_cursor(consumer, stream, partition, _arg(args, "offset", int))
             return {}
         return {"offset": broker.fetch_cursor(consumer, stream, partition)}
+
+
+def _projected_schema(request: ReadRequest) -> pa.Schema:
+    """The response schema: the log schema, or just the requested columns of it."""
+    if request.columns is None:
+        return LOG_SCHEMA
+    return pa.schema([LOG_SCHEMA.field(name) for name in request.columns])
 
 
 def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:

@@ -41,8 +41,10 @@ class FetchResult:
         return sum(b.num_rows for b in self.batches)
 
     def to_table(self) -> pa.Table:
-        """The batches as one table (in the log schema)."""
-        return pa.Table.from_batches(self.batches, schema=LOG_SCHEMA)
+        """The batches as one table (in the log schema, or the requested columns of it)."""
+        if not self.batches:
+            return LOG_SCHEMA.empty_table()
+        return pa.Table.from_batches(self.batches)
 
 
 class BrokerConnection:

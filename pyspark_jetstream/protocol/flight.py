@@ -8,6 +8,8 @@ Reads
 
     ``start`` is ``"earliest"``, ``"latest"``, ``{"offset": N}`` or
     ``{"timestamp": seconds since the epoch}``; the other fields are optional.
+    ``columns`` (a list of log-schema column names, ``offset`` always
+    included) asks for only those columns: less to send for the same rows.
     The response is a stream of record batches in the log schema; its schema
     metadata carries the partition's offsets at the time of the read under the
     keys of :data:`RESPONSE_KEYS` (``next_offset`` is where to read next).
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidArgumentError, JetStreamError, error_from_code
+from .schema import LOG_SCHEMA
 
 RESPONSE_KEYS = ("next_offset", "high_watermark", "log_start_offset", "log_end_offset")
 RESPONSE_PREFIX = "jetstream."
@@ -100,6 +103,7 @@ class ReadRequest:
     max_bytes: int | None = None
     max_wait: float = 0.0
     follow: float = 0.0
+    columns: tuple[str, ...] | None = None
 
     def to_ticket(self) -> bytes:
         """The ticket bytes."""
@@ -112,6 +116,7 @@ class ReadRequest:
                 "max_bytes": self.max_bytes,
                 "max_wait": self.max_wait,
                 "follow": self.follow,
+                "columns": None if self.columns is None else list(self.columns),
             }
         ).encode()
 
@@ -119,7 +124,16 @@ class ReadRequest:
     def from_ticket(cls, ticket: bytes) -> ReadRequest:
         """Parse ticket bytes strictly; raises ``InvalidArgumentError`` naming the bad field."""
         data = _json_object(ticket, "ticket")
-        allowed = {"stream", "partition", "start", "max_records", "max_bytes", "max_wait", "follow"}
+        allowed = {
+            "stream",
+            "partition",
+            "start",
+            "max_records",
+            "max_bytes",
+            "max_wait",
+            "follow",
+            "columns",
+        }
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise InvalidArgumentError(f"unknown ticket field(s): {', '.join(unknown)}")
@@ -137,6 +151,16 @@ class ReadRequest:
         for name, value in (("max_wait", max_wait), ("follow", follow)):
             if not _is_number(value) or not 0 <= value <= MAX_WAIT_LIMIT:
                 raise InvalidArgumentError(f"{name} must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {value!r}")
+        columns = data.get("columns")
+        if columns is not None:
+            unknown_columns = (
+                [c for c in columns if c not in LOG_SCHEMA.names] if isinstance(columns, list) else None
+            )
+            if unknown_columns is None or unknown_columns or not columns:
+                raise InvalidArgumentError(
+                    f"columns must be a non-empty list of {', '.join(LOG_SCHEMA.names)}; got {columns!r}"
+                )
+            columns = tuple(name for name in LOG_SCHEMA.names if name in columns or name == "offset")
         return cls(
             stream=data["stream"],
             partition=partition,
@@ -145,6 +169,7 @@ class ReadRequest:
             max_bytes=data.get("max_bytes"),
             max_wait=float(max_wait),
             follow=float(follow),
+            columns=columns,
         )
 
 

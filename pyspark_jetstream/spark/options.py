@@ -53,7 +53,7 @@ class SinkOptions:
     nats: tuple[str, ...]
     stream: str | None
     timeout: float = 30.0
-    max_batch_bytes: int = 512 * 1024
+    max_batch_bytes: int = 900 * 1024
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -131,7 +131,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         nats=_nats_urls(opts),
         stream=stream,
         timeout=_seconds(opts, "timeout", 30.0),
-        max_batch_bytes=_positive_int(opts, "maxBatchBytes") or 512 * 1024,
+        max_batch_bytes=_positive_int(opts, "maxBatchBytes") or 900 * 1024,
     )
 
 

@@ -172,6 +172,7 @@ def read_range(
                         StartPosition("offset", offset),
                         max_records=spec.end - offset,
                         max_bytes=READ_BYTES,
+                        columns=_columns_for(target),
                     )
                 )
             except OffsetOutOfRangeError as exc:
@@ -216,6 +217,14 @@ def _after_data_loss(
     return min(info.log_start_offset, spec.end)
 
 
+def _columns_for(target: pa.Schema) -> tuple[str, ...]:
+    """The log columns a Spark row needs: the others never leave the broker."""
+    wanted = {"key", "value", "subject", "offset", "timestamp"}
+    if "headers" in target.names:
+        wanted.add("headers")
+    return tuple(sorted(wanted))
+
+
 def to_spark_batch(batch: pa.RecordBatch, stream: str, partition: int, target: pa.Schema) -> pa.RecordBatch:
     """A log batch as the source's row shape, cast to exactly ``target``."""
     n = batch.num_rows
@@ -227,7 +236,8 @@ def to_spark_batch(batch: pa.RecordBatch, stream: str, partition: int, target: p
         "partition": constant_ints(partition, n, pa.int32()),
         "offset": batch.column("offset"),
         "timestamp": batch.column("timestamp"),
-        "headers": batch.column("headers"),
     }
+    if "headers" in target.names:
+        columns["headers"] = batch.column("headers")
     arrays = [columns[field.name].cast(field.type) for field in target]
     return pa.RecordBatch.from_arrays(arrays, schema=target)

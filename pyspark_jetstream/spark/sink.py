@@ -18,9 +18,11 @@ instead of to the ``stream`` option's partition).  Other columns are ignored.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import uuid
 import zlib
+from collections import deque
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -31,6 +33,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.client.sync import SyncClient
+from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
@@ -39,6 +42,8 @@ from .options import SinkOptions
 
 logger = logging.getLogger(__name__)
 
+IN_FLIGHT_CHUNKS = 8
+"""Chunks a task publishes ahead of their acks (each up to ``maxBatchBytes``)."""
 SEQUENCE_BITS = 20
 """Chunks one task may publish per micro-batch and log partition: 2**20."""
 _TYPES = {
@@ -94,7 +99,7 @@ class _Publishing:
         task_partition = context.partitionId() if context else 0
         chunkers: dict[str, Chunker] = {}
         numbers: dict[str, int] = {}
-        futures = []
+        futures: deque[concurrent.futures.Future[Ack | None]] = deque()
         rows = 0
         with SyncClient(
             nats_urls=list(self.options.nats), broker=self.options.broker, timeout=self.options.timeout
@@ -107,6 +112,10 @@ class _Publishing:
                     raise InvalidArgumentError(
                         f"more than {1 << SEQUENCE_BITS} chunks in one task for {subject}"
                     )
+                if len(futures) >= IN_FLIGHT_CHUNKS:
+                    # Flow control: a broker (and nats-server, which drops slow consumers)
+                    # is never sent more than a few chunks ahead of its acks.
+                    futures.popleft().result()
                 futures.append(
                     client.publish_batch_nowait(
                         self.options.stream or subject,

@@ -46,6 +46,17 @@ def test_fetch_from_offsets_timestamps_and_limits(client):
     assert client.fetch("r", start="latest").next_offset == 15
 
 
+def test_reads_can_ask_for_some_columns_only(client, broker):
+    client.create_stream("narrow", "narrow")
+    client.publish("narrow", b"v", key=b"k")
+    raw = flight.connect(broker.flight)
+    ticket = flight.Ticket(ReadRequest("narrow", columns=("value",)).to_ticket())
+    table = raw.do_get(ticket).read_all()
+    assert table.schema.names == ["offset", "value"]
+    assert table.to_pylist() == [{"offset": 0, "value": b"v"}]
+    raw.close()
+
+
 def test_long_poll_wakes_on_new_data(client):
     client.create_stream("lp", "lp")
     result: dict = {}

@@ -102,6 +102,8 @@ def test_read_request_round_trip_and_strict_parsing():
     request = ReadRequest("s", 3, StartPosition("timestamp", 12.5), 10, 1000, 2.0)
     assert ReadRequest.from_ticket(request.to_ticket()) == request
     assert ReadRequest.from_ticket(b'{"stream": "s"}') == ReadRequest("s")
+    projected = ReadRequest.from_ticket(b'{"stream": "s", "columns": ["value", "key"]}')
+    assert projected.columns == ("offset", "key", "value")  # log order, offset always included
     for ticket, message in [
         (b"{", "not valid JSON"),
         (b"[]", "must be a JSON object"),
@@ -112,6 +114,8 @@ def test_read_request_round_trip_and_strict_parsing():
         (b'{"stream": "s", "max_wait": 1000}', "max_wait must be 0 to 300"),
         (b'{"stream": "s", "start": {"offset": -4}}', "invalid start"),
         (b'{"stream": "s", "start": "newest"}', "invalid start"),
+        (b'{"stream": "s", "columns": ["value", "colour"]}', "columns must be a non-empty list"),
+        (b'{"stream": "s", "columns": []}', "columns must be a non-empty list"),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             ReadRequest.from_ticket(ticket)

@@ -13,6 +13,8 @@ from pyspark.sql.utils import AnalysisException
 from pyspark_jetstream.spark.options import parse_source_options
 from pyspark_jetstream.spark.reading import limit_rows
 
+from ..broker.harness import wait_until
+
 
 def fill(client, stream: str, partitions: int, rows: int) -> None:
     client.create_stream(stream, stream, partitions=partitions)
@@ -192,3 +194,18 @@ def test_limit_rows_shares_the_budget_and_always_progresses():
     assert 1 <= limited["s"]["0"] <= 10
     assert sum(limited["s"][p] - start["s"][p] for p in "012") <= 11
     assert limit_rows(start, latest, 1000) == latest
+
+
+def test_data_removed_by_retention_fails_clearly_or_is_skipped(spark, deployment, client, name):
+    client.create_stream(name, name, retention_messages=20, segment_bytes=2_000)
+    for i in range(40):
+        client.publish(name, b"m%03d" % i + b"." * 100)
+    wait_until(lambda: client.describe_stream(name).partitions[0].log_start_offset > 0, message="retention")
+    start = client.describe_stream(name).partitions[0].log_start_offset
+    from_zero = json.dumps({name: {"0": 0}})
+    with pytest.raises(
+        Exception, match=f"offsets 0 to {start - 1} were deleted by retention.*failOnDataLoss=false"
+    ):
+        read(spark, deployment, stream=name, startingOffsets=from_zero).collect()
+    skipped = read(spark, deployment, stream=name, startingOffsets=from_zero, failOnDataLoss="false")
+    assert [r.offset for r in skipped.orderBy("offset").collect()] == list(range(start, 40))
