@@ -189,7 +189,7 @@ class FlightApi(flight.FlightServerBase):
         if not log.log_start_offset <= offset <= log.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {request.stream}/{request.partition}: valid "
-                f"offsets are {log.log_start_offset} to {partition.high_watermark}"
+                f"offsets are {log.log_start_offset} to {log.log_end_offset}"
             )
         return offset
 
@@ -201,7 +201,7 @@ class FlightApi(flight.FlightServerBase):
         for info in streams:
             for p in info.partitions:
                 yield self._flight_info(
-                    info.config["name"], p.partition, p.log_end_offset - p.log_start_offset
+                    info.config["name"], p.partition, p.high_watermark - p.log_start_offset
                 )
 
     def get_flight_info(

@@ -117,6 +117,10 @@ class LocalCoordinator(Coordinator):
         """See :meth:`Coordinator.update_partition`."""
         with self._lock:
             metadata = self.get_stream(stream)
+            if not 0 <= partition < len(metadata.partitions):
+                raise UnknownStreamError(
+                    f"stream {stream!r} has partitions 0 to {len(metadata.partitions) - 1}, not {partition}"
+                )
             current = metadata.partitions[partition]
             if current.version != expected_version:
                 raise ConflictError(

@@ -40,13 +40,12 @@ from pyspark_jetstream.protocol.envelope import (
 )
 from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
-from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
 
 from .producers import ProducerTable
 
 logger = logging.getLogger(__name__)
 
-DISCOVERY_SUBJECT = "_PJS.discover"
 PENDING_MESSAGES_LIMIT = 4_000_000
 PENDING_BYTES_LIMIT = 2 * 1024 * 1024 * 1024
 

@@ -1,8 +1,9 @@
 """Idempotent producers: the sequences a partition has already stored.
 
 A producer id with a sequence number makes a publish idempotent: a sequence
-at or below the producer's last one is a duplicate and is acked with the
-original offsets instead of being stored again.  The table is rebuilt from the
+at or below the producer's last one is a duplicate and is not stored again.
+It is acked as a duplicate with the original offsets when the sequence is one
+of the producer's last ``WINDOW``, and with offsets -1 when it is older.  The table is rebuilt from the
 log's ``producer_id`` and ``sequence`` columns when a partition opens, so it
 survives restarts.
 """

@@ -43,14 +43,13 @@ from pyspark_jetstream.protocol.flight import (
     StreamInfo,
     parse_response_metadata,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
 
 from .connection import BrokerConnection, FetchResult
 from .partitioners import Partitioner, key_hash
 
 logger = logging.getLogger(__name__)
 
-DISCOVERY_SUBJECT = "_PJS.discover"
 Start = str | int | datetime | StartPosition
 
 

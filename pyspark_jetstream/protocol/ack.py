@@ -6,8 +6,9 @@ An ack is a small JSON object (so any NATS client can read it)::
      "correlation_id": "c-17", "error": "ok", "message": ""}
 
 ``error`` is an :class:`~.errors.ErrorCode` value.  ``duplicate`` means the
-producer sequence was stored before: the offsets are the original ones.  On
-an error other than ``duplicate`` the offsets are -1.
+producer sequence was stored before: the offsets are the original ones (or -1
+when the sequence is older than the broker remembers).  On any other error
+the offsets are -1.
 
 When one flush stores several messages for the same ack inbox, their acks
 travel together as one NATS message holding a JSON array of such objects;

@@ -138,7 +138,7 @@ class ReadRequest:
         if unknown:
             raise InvalidArgumentError(f"unknown ticket field(s): {', '.join(unknown)}")
         if not isinstance(data.get("stream"), str):
-            raise InvalidArgumentError("ticket needs a 'stream' string")
+            raise InvalidArgumentError(f"ticket needs a 'stream' string, got {data.get('stream')!r}")
         partition = data.get("partition", 0)
         if not _is_int(partition) or partition < 0:
             raise InvalidArgumentError(f"partition must be a non-negative integer, got {partition!r}")

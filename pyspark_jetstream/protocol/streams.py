@@ -15,6 +15,8 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
+DISCOVERY_SUBJECT = "_PJS.discover"
+"""NATS subject on which every broker answers with its Flight address (JSON)."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 INTERNAL_PREFIX = "__"
 _SUBJECT_TOKEN = re.compile(r"[^\s.*>]+|\*|>")
