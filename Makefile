@@ -24,5 +24,8 @@ lint: bootstrap
 test: lint
 	$(PY) -m pytest
 
+# The benchmarks, quick sizes (drop --quick for the sizes bench/RESULTS.md names).
 bench: bootstrap
-	$(PY) bench/log_bench.py
+	$(PY) bench/log_bench.py --quick
+	$(PY) bench/broker_bench.py --quick
+	$(PY) bench/spark_bench.py --quick
