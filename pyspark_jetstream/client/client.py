@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -125,6 +126,8 @@ class Client:
         self.broker = broker
         self.timeout = timeout
         self._window = asyncio.Semaphore(max_pending)
+        self._deadlines: deque[tuple[float, str, str]] = deque()
+        self._sweeper: asyncio.Future[None] | None = None
         self._broker = BrokerConnection(broker, timeout=timeout)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
@@ -163,6 +166,8 @@ class Client:
 
     async def close(self) -> None:
         """Fail pending acks, close the connections."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for future in self._acks.values():
             if not future.done():
                 future.set_exception(UnavailableError("client closed before the ack arrived"))
@@ -336,16 +341,12 @@ class Client:
         await self._window.acquire()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Ack] = loop.create_future()
-        # Every ack future ends: with the ack, or with a timeout naming what is missing.
-        expiry = loop.call_later(self.timeout, self._expire, correlation_id, subject)
-
-        def settled(_: asyncio.Future[Ack]) -> None:
-            expiry.cancel()
-            self._acks.pop(correlation_id, None)
-            self._window.release()
-
-        future.add_done_callback(settled)
+        future.add_done_callback(self._release_window)
         self._acks[correlation_id] = future
+        # Every ack future ends: with the ack, or when the sweeper finds it overdue.
+        self._deadlines.append((loop.time() + self.timeout, correlation_id, subject))
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
@@ -353,15 +354,27 @@ class Client:
             raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
         return future
 
-    def _expire(self, correlation_id: str, subject: str) -> None:
-        future = self._acks.get(correlation_id)
-        if future is not None and not future.done():
-            future.set_exception(
-                RequestTimeoutError(
-                    f"no ack for message {correlation_id} on {subject!r} within {self.timeout:g}s: "
-                    "is a broker leading that partition?"
+    def _release_window(self, _: asyncio.Future[Ack]) -> None:
+        self._window.release()
+
+    async def _sweep(self) -> None:
+        """Fail acks that are overdue, oldest first (deadlines arrive in order)."""
+        loop = asyncio.get_running_loop()
+        while self._deadlines:
+            deadline, correlation_id, subject = self._deadlines[0]
+            if deadline > loop.time():
+                await asyncio.sleep(deadline - loop.time())
+                continue
+            self._deadlines.popleft()
+            future = self._acks.pop(correlation_id, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    RequestTimeoutError(
+                        f"no ack for message {correlation_id} on {subject!r} within {self.timeout:g}s: "
+                        "is a broker leading that partition?"
+                    )
                 )
-            )
+        self._sweeper = None
 
     async def _await_ack(self, future: asyncio.Future[Ack], timeout: float | None) -> Ack:
         try:
