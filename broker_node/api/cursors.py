@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import threading
 
-import pyarrow as pa
-
 from broker_node.log import Log
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -60,14 +58,9 @@ class CursorTable:
     def rebuild(cls, log: Log) -> CursorTable:
         """Replay the cursor stream: the newest value per key wins."""
         table = cls()
-        offset = log.log_start_offset
-        while offset < log.log_end_offset:
-            batches = log.read(offset, max_bytes=16 * 1024 * 1024)
-            if not batches:
-                break
-            rows = pa.Table.from_batches(batches)
+        for batch in log.scan():
             for key, value in zip(
-                rows.column("key").to_pylist(), rows.column("value").to_pylist(), strict=True
+                batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True
             ):
                 if key is None:
                     continue
@@ -75,5 +68,4 @@ class CursorTable:
                     table._cursors.pop(key, None)
                 else:
                     table._cursors[key] = int(value)
-            offset = batches[-1].column(0)[-1].as_py() + 1
         return table

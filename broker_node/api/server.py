@@ -123,10 +123,8 @@ class FlightApi(flight.FlightServerBase):
                 f"{request.stream}/{request.partition}: {exc}; valid offsets are "
                 f"{exc.log_start_offset} to {high_watermark}"
             ) from None
-        if batches:
-            next_offset = batches[-1].column(0)[-1].as_py() + 1
-        else:
-            next_offset = max(start, high_watermark) if start < high_watermark else start
+        # Past the last row sent; with nothing sent, past any compaction gap up to the HW.
+        next_offset = batches[-1].column(0)[-1].as_py() + 1 if batches else max(start, high_watermark)
         metadata = response_metadata(
             next_offset=next_offset,
             high_watermark=high_watermark,

@@ -119,8 +119,10 @@ class PartitionIngest:
             logger.warning(
                 "refusing a %d-byte message on %s: over max_message_bytes=%d", size, self._name, limit
             )
-            await self._ack_error(
-                target, ErrorCode.TOO_LARGE, f"message is {size} bytes, over max_message_bytes={limit}"
+            await self._ack(
+                target,
+                error=ErrorCode.TOO_LARGE,
+                message=f"message is {size} bytes, over max_message_bytes={limit}",
             )
             return
         if self._records and self._bytes + size > self.settings.max_batch_bytes:
@@ -158,7 +160,7 @@ class PartitionIngest:
         except LogError as exc:
             logger.exception("failed to append %d messages to %s", len(records), self._name)
             for target in targets:
-                await self._ack_error(target, _error_code(exc), str(exc))
+                await self._ack(target, error=_error_code(exc), message=str(exc))
             return
         # One NATS message per ack inbox per flush: a producer pipelining many
         # messages gets their acks together.
@@ -184,24 +186,23 @@ class PartitionIngest:
         except LogError as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
                 logger.exception("failed to append a batch to %s", self._name)
-            await self._ack_error(target, _error_code(exc), str(exc))
+            await self._ack(target, error=_error_code(exc), message=str(exc))
             return
         if producer is not None and sequence is not None:
             self.producers.record(producer, sequence, offsets.start, offsets[-1])
         await self._ack(target, offsets.start, offsets[-1])
 
     async def _ack(
-        self, target: _AckTarget | None, first: int, last: int, error: ErrorCode = ErrorCode.OK
+        self,
+        target: _AckTarget | None,
+        first: int = -1,
+        last: int = -1,
+        error: ErrorCode = ErrorCode.OK,
+        message: str = "",
     ) -> None:
         if target is None:
             return
-        ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error)
-        await self.nc.publish(target.subject, encode_ack(ack))
-
-    async def _ack_error(self, target: _AckTarget | None, error: ErrorCode, message: str) -> None:
-        if target is None:
-            return
-        ack = Ack(self.config.name, self.partition.number, -1, -1, target.correlation_id, error, message)
+        ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error, message)
         await self.nc.publish(target.subject, encode_ack(ack))
 
     async def close(self) -> None:

@@ -50,18 +50,11 @@ class ProducerTable:
     def rebuild(cls, log: Log) -> ProducerTable:
         """Read the whole log and remember what every producer stored."""
         table = cls()
-        offset = log.log_start_offset
-        end = log.log_end_offset
-        while offset < end:
-            batches = log.read(offset, max_bytes=64 * 1024 * 1024)
-            if not batches:
-                break
-            for batch in batches:
-                producers = batch.column("producer_id")
-                if producers.null_count < len(producers):
-                    stamped = pc.and_(pc.is_valid(producers), pc.is_valid(batch.column("sequence")))
-                    table._learn(batch.filter(stamped))
-            offset = batches[-1].column(0)[-1].as_py() + 1
+        for batch in log.scan(max_bytes=64 * 1024 * 1024):
+            producers = batch.column("producer_id")
+            if producers.null_count < len(producers):
+                stamped = pc.and_(pc.is_valid(producers), pc.is_valid(batch.column("sequence")))
+                table._learn(batch.filter(stamped))
         return table
 
     def _learn(self, batch: pa.RecordBatch) -> None:

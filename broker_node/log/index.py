@@ -93,6 +93,10 @@ class SegmentIndex:
         self.max_timestamps.append(entry.max_timestamp)
         self.bases.append(entry.base_offset)
 
+    def end(self, empty: int) -> int:
+        """Byte position just past the last batch, or ``empty`` when there is none."""
+        return self.positions[-1] + self.sizes[-1] if len(self.bases) else empty
+
     def entry(self, i: int) -> BatchEntry:
         """Return batch ``i``'s entry."""
         return BatchEntry(

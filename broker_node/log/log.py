@@ -23,13 +23,14 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_jetstream.protocol.arrays import constant_ints
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 
 from .checkpoint import read_checkpoint, write_checkpoint
@@ -236,8 +237,8 @@ class Log:
             batch = pa.RecordBatch.from_arrays(
                 [
                     self._offsets(base, count),
-                    _repeat(TIMESTAMP_TYPE, "q", now, count),
-                    _repeat(pa.int32(), "i", epoch, count),
+                    constant_ints(now, count, TIMESTAMP_TYPE),
+                    constant_ints(epoch, count, pa.int32()),
                     *inputs,
                 ],
                 schema=LOG_SCHEMA,
@@ -391,6 +392,20 @@ class Log:
                     str(segment.path), lost, "this and later offsets of the segment are unreadable"
                 )
         return out
+
+    def scan(self, *, max_bytes: int = 16 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
+        """Every stored batch from the log start to the log end as of the call, in order.
+
+        Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
+        state kept beside the log (producer sequences, cursors).
+        """
+        offset, end = self.log_start_offset, self.log_end_offset
+        while offset < end:
+            batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            if not batches:
+                return  # the rest is a compaction gap
+            yield from batches
+            offset = batches[-1].column(0)[-1].as_py() + 1
 
     def offset_for_timestamp(self, timestamp: datetime | float) -> int:
         """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none.
@@ -557,10 +572,6 @@ class Log:
                 if latest is None or index.epochs[i] > latest:
                     self._epochs.assign(index.epochs[i], index.bases[i])
         self._epochs.truncate_from_start(self.log_start_offset)
-
-
-def _repeat(arrow_type: pa.DataType, code: str, value: int, count: int) -> pa.Array:
-    return pa.Array.from_buffers(arrow_type, count, [None, pa.py_buffer(array(code, [value]) * count)])
 
 
 def _row_of(batch: pa.RecordBatch, offset: int, base: int, gapless: bool) -> int:

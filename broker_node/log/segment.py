@@ -163,7 +163,7 @@ class Segment:
             )
         else:
             index, consistent = SegmentIndex(base_offset), False  # lost: rebuild from the data
-        index_end = index.positions[-1] + index.sizes[-1] if len(index) else len(header)
+        index_end = index.end(len(header))
         if active:
             segment._recover_active(index, consistent, file_size)
             segment.open_for_append()
@@ -201,7 +201,7 @@ class Segment:
                     break
                 good += 1
             index.truncate(good)
-        end = index.positions[-1] + index.sizes[-1] if len(index) else self.size
+        end = index.end(self.size)
         if end != file_size or not consistent:
             logger.warning(
                 "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
@@ -284,7 +284,7 @@ class Segment:
         index, consistent = decode_index(
             self.base_offset, offset_tmp.read_bytes(), time_tmp.read_bytes(), header_size
         )
-        end = index.positions[-1] + index.sizes[-1] if len(index) else header_size
+        end = index.end(header_size)
         view = self._buffer(file_size) if file_size > header_size else None
         matches = (
             consistent

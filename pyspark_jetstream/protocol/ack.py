@@ -84,20 +84,20 @@ def _json_string(text: str) -> str:
 
 def decode_acks(payload: bytes) -> list[Ack]:
     """Parse one ack or an array of them, strictly."""
-    try:
-        data = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"not an ack: {exc}") from None
+    data = _json(payload)
     return [_ack_from(item) for item in (data if isinstance(data, list) else [data])]
 
 
 def decode_ack(payload: bytes) -> Ack:
     """Parse a single ack strictly; raises ``InvalidArgumentError`` if it is not one."""
+    return _ack_from(_json(payload))
+
+
+def _json(payload: bytes) -> object:
     try:
-        data = json.loads(payload)
+        return json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"not an ack: {exc}") from None
-    return _ack_from(data)
 
 
 def _ack_from(data: object) -> Ack:

@@ -15,6 +15,6 @@ def constant_strings(value: str, n: int) -> pa.Array:
 
 
 def constant_ints(value: int, n: int, arrow_type: pa.DataType) -> pa.Array:
-    """``n`` copies of ``value`` as an ``int32`` or ``int64`` array."""
-    code = {pa.int32(): "i", pa.int64(): "q"}[arrow_type]
+    """``n`` copies of ``value`` as an array of a 32- or 64-bit integer-like type (int, timestamp)."""
+    code = {32: "i", 64: "q"}[arrow_type.bit_width]
     return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(array(code, [value]) * n)])

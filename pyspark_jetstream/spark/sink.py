@@ -46,13 +46,8 @@ IN_FLIGHT_CHUNKS = 8
 """Chunks a task publishes ahead of their acks (each up to ``maxBatchBytes``)."""
 SEQUENCE_BITS = 20
 """Chunks one task may publish per micro-batch and log partition: 2**20."""
-_TYPES = {
-    "key": pa.binary(),
-    "value": pa.binary(),
-    "headers": HEADER_TYPE,
-    "partition": pa.int32(),
-    "subject": pa.string(),
-}
+_PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
+"""Input columns that travel in the envelope, and their types there."""
 
 
 def check_input_schema(schema: StructType, options: SinkOptions) -> None:
@@ -143,8 +138,8 @@ class _Publishing:
         """Split ``batch`` by destination subject; rows keep their order within each."""
         names = {n.lower(): n for n in batch.schema.names}
         columns = {}
-        for name, arrow_type in _TYPES.items():
-            if name in names and name not in ("partition", "subject"):
+        for name, arrow_type in _PAYLOAD_TYPES.items():
+            if name in names:
                 columns[name] = batch.column(names[name]).cast(arrow_type)
         payload = pa.record_batch(columns)
         if "subject" in names:

@@ -273,3 +273,14 @@ def test_fsync_policies_store_the_same_data(tmp_path):
         with Log.open(path) as log:
             assert len(rows(log)) == 9
     assert LogConfig(fsync="always").fsync is FsyncPolicy.ALWAYS  # type: ignore[arg-type]
+
+
+def test_scan_yields_everything_stored_across_segments_and_gaps(tmp_path):
+    with Log.open(tmp_path, LogConfig(segment_bytes=2_000)) as log:
+        for i in range(30):
+            log.append([Record(b"%d" % i, key=b"k%d" % (i % 3))])
+        log.high_watermark = log.log_end_offset
+        assert log.compact() > 0
+        scanned = [o for b in log.scan(max_bytes=1) for o in b.column("offset").to_pylist()]
+        assert scanned == [r[0] for r in rows(log)]
+        assert scanned[-3:] == [27, 28, 29] and len(scanned) < 30
