@@ -13,7 +13,7 @@ With N messages of 100 bytes (5,000,000; ``--quick``: 1,000,000), local[2]:
 Each figure is the median of 3 runs.  Prints a table; the last line is one
 JSON object.
 
-    python bench/spark_bench.py [--quick]
+    python bench/spark_bench.py [--quick] [--compression none|lz4|zstd]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
+from pyspark_jetstream.protocol.schema import COMPRESSIONS
 from pyspark_jetstream.spark import jetstream_session
 from pyspark_jetstream.spark.reading import BASE_SCHEMA
 
@@ -108,6 +109,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="1,000,000 messages; finishes within 180 s")
+    parser.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default="none",
+        help="codec of the benchmark's streams (default: none, the streams' default)",
+    )
     args = parser.parse_args()
     n = 1_000_000 if args.quick else 5_000_000
     per_partition = n // 2
@@ -119,7 +126,7 @@ def main() -> None:
     results: dict[str, float] = {}
     try:
         with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=120) as client:
-            client.create_stream("bench", "bench", partitions=2)
+            client.create_stream("bench", "bench", partitions=2, compression=args.compression)
             payload = pa.table({"value": pa.array([b"x" * 100] * CHUNK, pa.binary())})
             for p in range(2):
                 for _ in range(per_partition // CHUNK):
@@ -172,7 +179,7 @@ def main() -> None:
             write_samples: dict[str, list[float]] = {}
             for i in range(RUNS):
                 sink_stream = f"bench-out-{i}"
-                client.create_stream(sink_stream, sink_stream, partitions=2)
+                client.create_stream(sink_stream, sink_stream, partitions=2, compression=args.compression)
                 write_samples.setdefault("jetstream", []).append(
                     timed(
                         stream_into(
@@ -204,7 +211,7 @@ def main() -> None:
     )
     results["read_ratio_to_parquet"] = results["read_rows_per_s"] / results["parquet_read_rows_per_s"]
     results["sink_ratio_to_parquet"] = results["sink_rows_per_s"] / results["parquet_write_rows_per_s"]
-    print(f"{n:,} messages of 100 bytes, local[2], medians of {RUNS} runs")
+    print(f"{n:,} messages of 100 bytes, local[2], compression {args.compression}, medians of {RUNS} runs")
     print(f"{'measure':<48} {'rows/s':>12} {'ratio':>7} {'target':>7}")
     table = [
         ("read: readStream jetstream -> noop", results["read_rows_per_s"], None, ""),

@@ -242,6 +242,7 @@ class Broker:
             retention_messages=config.retention_messages,
             compaction=config.compaction,
             max_message_bytes=config.max_message_bytes,
+            compression=config.compression,
         )
 
     async def _maintain(self) -> None:

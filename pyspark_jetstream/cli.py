@@ -18,6 +18,7 @@ from typing import Any
 from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import StreamInfo
+from pyspark_jetstream.protocol.schema import COMPRESSIONS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--compaction", action="store_true", help="keep the newest message per key")
     create.add_argument("--segment-bytes", type=int)
     create.add_argument("--max-message-bytes", type=int)
+    create.add_argument(
+        "--compression", choices=COMPRESSIONS, default="none", help="codec for stored batches"
+    )
     create.add_argument(
         "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
     )
@@ -128,6 +132,7 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         "retention_bytes": args.retention_bytes,
         "retention_messages": args.retention_messages,
         "compaction": args.compaction,
+        "compression": args.compression,
         "ack_reply": not args.no_ack_reply,
     }
     if args.segment_bytes is not None:

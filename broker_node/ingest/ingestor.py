@@ -268,6 +268,7 @@ class Ingestor:
                 await self.nc.publish(msg.reply, json.dumps(self._discovery()).encode())
 
         self._discovery_sub = await self.nc.subscribe(DISCOVERY_SUBJECT, cb=answer)
+        await self.nc.flush()  # the server knows the subscription before anyone can ask
 
     async def sync(
         self, leading: dict[tuple[str, int], tuple[Partition, StreamConfig, ProducerTable]]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pyspark_jetstream.protocol.schema import COMPRESSIONS
+
 MiB = 1024 * 1024
 
 
@@ -54,6 +56,10 @@ class LogConfig:
     """Largest accepted message: key + value + header keys and values."""
     max_batch_bytes: int = 16 * MiB
     """Largest accepted appended batch, as stored (Arrow IPC framing included)."""
+    compression: str = "none"
+    """Codec for stored batches: ``none``, ``lz4`` or ``zstd`` (batches under
+    ``COMPRESS_MIN_BYTES`` are always stored plain).  Reads decompress, so they
+    no longer hand out memory-mapped data; see conf/log.toml for the trade."""
     fsync: FsyncPolicy = FsyncPolicy.NEVER
     fsync_interval: float = 1.0
     """Seconds between fsyncs under ``FsyncPolicy.INTERVAL``."""
@@ -74,6 +80,9 @@ class LogConfig:
                 _non_negative(name, value)
         if not isinstance(self.compaction, bool):
             raise ValueError(f"compaction must be true or false, got {self.compaction!r}")
+        if self.compression not in COMPRESSIONS:
+            choices = ", ".join(COMPRESSIONS)
+            raise ValueError(f"compression must be one of {choices}, got {self.compression!r}")
         if not isinstance(self.fsync, FsyncPolicy):
             object.__setattr__(self, "fsync", _fsync_policy(self.fsync))
 

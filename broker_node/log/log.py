@@ -46,7 +46,7 @@ from .errors import (
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
 from .records import Records, to_input_columns
-from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
+from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class Log:
                 ],
                 schema=LOG_SCHEMA,
             )
-            frame = batch.serialize()
+            frame = encode_frame(batch, self.config.compression)
             if frame.size > self.config.max_batch_bytes:
                 raise RecordTooLargeError(
                     f"batch of {count} messages is {frame.size} bytes stored, over "
@@ -454,7 +454,7 @@ class Log:
             if k < len(last.index) and last.index.bases[k] < offset:
                 partial = last.batch(k)
                 kept.append(partial.filter(pc.less(partial.column(0), offset)))
-            last.rewrite(kept)
+            last.rewrite(kept, self.config.compression)
             last.open_for_append()
             if last.next_offset < offset:  # the cut fell in a compaction gap
                 self._roll(offset)
@@ -530,7 +530,7 @@ class Log:
                     (segment.batch(i) for i in range(len(segment.index))), latest, horizon
                 )
                 if gone:
-                    segment.rewrite(kept)
+                    segment.rewrite(kept, self.config.compression)
                     removed += gone
             self._last_timestamp = self._newest_timestamp()
             return removed

@@ -19,6 +19,11 @@ segment may still grow), so any Arrow reader can open it:
       M    flatbuffer Message    (RecordBatch header), padded
       B    body                  column buffers, 8-byte aligned
 
+  The body's buffers may be compressed (Arrow IPC ``BodyCompression``,
+  LZ4_FRAME or ZSTD, recorded in the frame's own header) when the stream's
+  ``compression`` setting asked for it at the time of writing; batches of
+  less than :data:`COMPRESS_MIN_BYTES` are always written plain.  Frames of
+  different codecs may sit in one segment; readers need no setting to read them.
   Offsets increase strictly within and across frames; after compaction they
   may have gaps.  Every row of a frame has the same leader epoch.
 
@@ -69,6 +74,30 @@ OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 TEMP_SUFFIX = ".tmp"
 _CONTINUATION = 0xFFFFFFFF
+
+
+COMPRESS_MIN_BYTES = 16 * 1024
+"""Batches smaller than this (uncompressed) are stored plain: too little to gain."""
+
+_WRITE_OPTIONS = {
+    codec: pa.ipc.IpcWriteOptions(compression=codec, use_threads=False) for codec in ("lz4", "zstd")
+}
+_SCHEMA_MESSAGE_SIZE = LOG_SCHEMA.serialize().size
+
+
+def encode_frame(batch: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
+    """The frame (encapsulated IPC record-batch message) that stores ``batch``.
+
+    ``compression`` is ``none``, ``lz4`` or ``zstd``; small batches stay plain.
+    """
+    if compression == "none" or batch.nbytes < COMPRESS_MIN_BYTES:
+        return batch.serialize()
+    # RecordBatch.serialize takes no IPC options: write a one-batch stream and
+    # keep its record-batch message, which follows the schema message.
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, LOG_SCHEMA, options=_WRITE_OPTIONS[compression])
+    writer.write_batch(batch)
+    return sink.getvalue().slice(_SCHEMA_MESSAGE_SIZE)
 
 
 def segment_name(base_offset: int) -> str:
@@ -395,8 +424,10 @@ class Segment:
         for path in (self.path, self.offset_index_path, self.time_index_path):
             path.unlink(missing_ok=True)
 
-    def rewrite(self, batches: Iterable[pa.RecordBatch]) -> None:
+    def rewrite(self, batches: Iterable[pa.RecordBatch], compression: str = "none") -> None:
         """Replace the segment's contents with ``batches`` (log schema, offsets in order).
+
+        Batches are stored with ``compression`` (see :func:`encode_frame`).
 
         Crash-safe: the new data file and both new index files are written
         and fsynced under temporary names, then the data file is renamed over
@@ -416,7 +447,7 @@ class Segment:
                 for batch in batches:
                     if batch.num_rows == 0:
                         continue
-                    frame = batch.serialize()
+                    frame = encode_frame(batch, compression)
                     base, last, epoch, max_ts = batch_bounds(batch)
                     f.write(frame)
                     index.add(

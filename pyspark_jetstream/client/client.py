@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import heapq
 import itertools
 import json
 import logging
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -126,8 +127,10 @@ class Client:
         self.broker = broker
         self.timeout = timeout
         self._window = asyncio.Semaphore(max_pending)
-        self._deadlines: deque[tuple[float, str, str]] = deque()
+        # (deadline, correlation id, subject, seconds): a heap, soonest first.
+        self._deadlines: list[tuple[float, str, str, float]] = []
         self._sweeper: asyncio.Future[None] | None = None
+        self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
         self._broker = BrokerConnection(broker, timeout=timeout)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
@@ -189,7 +192,7 @@ class Client:
         Options are those of :class:`~pyspark_jetstream.protocol.streams.StreamConfig`:
         ``partitions``, ``replication_factor``, ``group``, ``retention_age``,
         ``retention_bytes``, ``retention_messages``, ``compaction``,
-        ``segment_bytes``, ``max_message_bytes``, ``ack_reply``.
+        ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``.
         """
         try:
             config = StreamConfig(name=name, subject=subject, **options)
@@ -267,8 +270,9 @@ class Client:
             ack_policy=ack_policy,
             producer_id=producer_id,
             sequence=sequence,
+            timeout=timeout,
         )
-        return None if future is None else await self._await_ack(future, timeout)
+        return None if future is None else await self._await_ack(future)
 
     async def publish_async(
         self,
@@ -283,13 +287,19 @@ class Client:
         ack_policy: AckPolicy = AckPolicy.LEADER,
         producer_id: str | None = None,
         sequence: int | None = None,
+        timeout: float | None = None,
     ) -> asyncio.Future[Ack] | None:
-        """Publish without waiting: returns a future for the ack (pipelining), or ``None``."""
+        """Publish without waiting: returns a future for the ack (pipelining), or ``None``.
+
+        The future fails with ``RequestTimeoutError`` if no ack comes within
+        ``timeout`` seconds (default: the client's timeout).
+        """
         pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
         target = await self._subject(stream, key, partition, partitioner, subject)
         return await self._send(
             target,
             ack_policy,
+            timeout,
             value=value,
             key=key,
             headers=pairs,
@@ -316,10 +326,14 @@ class Client:
         """
         batch = _as_batch(data)
         target = await self._subject(stream, None, partition, key_hash, subject)
-        future = await self._send(target, ack_policy, batch=batch, producer_id=producer_id, sequence=sequence)
-        return None if future is None else await self._await_ack(future, timeout)
+        future = await self._send(
+            target, ack_policy, timeout, batch=batch, producer_id=producer_id, sequence=sequence
+        )
+        return None if future is None else await self._await_ack(future)
 
-    async def _send(self, subject: str, ack_policy: AckPolicy, **fields: Any) -> asyncio.Future[Ack] | None:
+    async def _send(
+        self, subject: str, ack_policy: AckPolicy, timeout: float | None, **fields: Any
+    ) -> asyncio.Future[Ack] | None:
         wants_ack = ack_policy is not AckPolicy.NONE
         correlation_id = str(next(self._ids)) if wants_ack else ""
         payload = encode(
@@ -344,9 +358,12 @@ class Client:
         future.add_done_callback(self._release_window)
         self._acks[correlation_id] = future
         # Every ack future ends: with the ack, or when the sweeper finds it overdue.
-        self._deadlines.append((loop.time() + self.timeout, correlation_id, subject))
+        seconds = timeout or self.timeout
+        heapq.heappush(self._deadlines, (loop.time() + seconds, correlation_id, subject, seconds))
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())
+        elif self._deadlines[0][1] == correlation_id:
+            self._sooner.set()
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
@@ -358,31 +375,30 @@ class Client:
         self._window.release()
 
     async def _sweep(self) -> None:
-        """Fail acks that are overdue, oldest first (deadlines arrive in order)."""
+        """Fail acks that are overdue, soonest deadline first."""
         loop = asyncio.get_running_loop()
         while self._deadlines:
-            deadline, correlation_id, subject = self._deadlines[0]
+            deadline, correlation_id, subject, seconds = self._deadlines[0]
             if deadline > loop.time():
-                await asyncio.sleep(deadline - loop.time())
+                self._sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._sooner.wait(), deadline - loop.time())
                 continue
-            self._deadlines.popleft()
+            heapq.heappop(self._deadlines)
             future = self._acks.pop(correlation_id, None)
             if future is not None and not future.done():
                 future.set_exception(
                     RequestTimeoutError(
-                        f"no ack for message {correlation_id} on {subject!r} within {self.timeout:g}s: "
+                        f"no ack for message {correlation_id} on {subject!r} within {seconds:g}s: "
                         "is a broker leading that partition?"
                     )
                 )
         self._sweeper = None
 
-    async def _await_ack(self, future: asyncio.Future[Ack], timeout: float | None) -> Ack:
-        try:
-            ack = await asyncio.wait_for(future, timeout or self.timeout)
-        except TimeoutError:
-            raise RequestTimeoutError(
-                f"no ack within {timeout or self.timeout:g}s: is a broker leading that partition?"
-            ) from None
+    @staticmethod
+    async def _await_ack(future: asyncio.Future[Ack]) -> Ack:
+        """The ack, or the error it carries (the sweeper fails the future on timeout)."""
+        ack = await future
         if not ack.ok:
             raise error_from_code(ack.error.value, f"{ack.stream}/{ack.partition}: {ack.message}")
         return ack

@@ -1,4 +1,4 @@
-"""Arrow arrays of one repeated value, built from buffers (no Python list of n items)."""
+"""Arrow arrays of one repeated value, built in Arrow (no Python list of n items)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import pyarrow as pa
 
 def constant_strings(value: str, n: int) -> pa.Array:
     """``n`` copies of ``value`` as a ``string`` array."""
-    raw = value.encode()
-    offsets = array("i", range(0, (n + 1) * len(raw), len(raw))) if raw else array("i", [0]) * (n + 1)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 def constant_ints(value: int, n: int, arrow_type: pa.DataType) -> pa.Array:

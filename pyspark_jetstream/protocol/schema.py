@@ -33,6 +33,9 @@ import pyarrow as pa
 FORMAT_VERSION = 1
 """Version of the log schema and segment layout; stored in every segment."""
 
+COMPRESSIONS: tuple[str, ...] = ("none", "lz4", "zstd")
+"""Codecs a stream may store its batches with (Arrow IPC buffer compression)."""
+
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidArgumentError
+from .schema import COMPRESSIONS
 
 DISCOVERY_SUBJECT = "_PJS.discover"
 """NATS subject on which every broker answers with its Flight address (JSON)."""
@@ -84,6 +85,8 @@ class StreamConfig:
     compaction: bool = False
     segment_bytes: int = 64 * 1024 * 1024
     max_message_bytes: int = 1024 * 1024
+    compression: str = "none"
+    """How stored batches are compressed: ``none``, ``lz4`` or ``zstd``."""
     ack_reply: bool = True
     """Ack plain NATS messages that carry a reply subject, on that subject."""
 
@@ -98,6 +101,10 @@ class StreamConfig:
             raise InvalidArgumentError(
                 f"stream {self.name!r}: a subject ending in '>' ({self.subject!r}) already "
                 "matches every partition subject; give it one partition"
+            )
+        if self.compression not in COMPRESSIONS:
+            raise InvalidArgumentError(
+                f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}"
             )
         if self.group is not None:
             validate_stream_name(self.group)

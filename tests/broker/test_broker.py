@@ -63,7 +63,9 @@ def test_long_poll_wakes_on_new_data(client):
 
     def wait() -> None:
         started = time.monotonic()
-        result["fetch"] = client.fetch("lp", start="latest", max_wait=60)
+        # From offset 0 (the empty stream's end), not "latest": that would be
+        # resolved when the request arrives, which may be after the publish.
+        result["fetch"] = client.fetch("lp", start=0, max_wait=60)
         result["waited"] = time.monotonic() - started
 
     waiter = threading.Thread(target=wait)
@@ -97,11 +99,11 @@ def test_subscribe_follows_new_messages(client):
 def test_tail_survives_stream_renewals_without_gaps(client):
     """A short follow window forces reconnects: nothing published between them is lost."""
     client.create_stream("tail", "tail")
-    client.publish("tail", b"existing")
+    existing = client.publish("tail", b"existing")
     got: list[bytes] = []
 
     async def consume() -> None:
-        async for batch in client._client.tail("tail", start="latest", follow=0.3):
+        async for batch in client._client.tail("tail", start=existing.last_offset + 1, follow=0.3):
             got.extend(batch.column("value").to_pylist())
             if len(got) == 5:
                 return
@@ -140,6 +142,26 @@ def test_any_flight_client_can_read_and_list(client, broker):
     actions = {a.type for a in raw.list_actions()}
     assert {"create_stream", "describe_stream", "set_cursor", "fetch_cursor", "status"} <= actions
     raw.close()
+
+
+def test_compressed_streams_store_less_and_read_the_same(client, broker):
+    values = [b'{"sensor":"s-%03d","temp":%d}' % (i % 100, i % 40) for i in range(5_000)]
+    tables = {}
+    for codec in ("none", "lz4", "zstd"):
+        client.create_stream(f"c-{codec}", f"c-{codec}", compression=codec)
+        assert client.describe_stream(f"c-{codec}").config["compression"] == codec
+        client.publish_batch(f"c-{codec}", pa.table({"value": values}))
+        client.publish(f"c-{codec}", b"one more")
+        tables[codec] = client.fetch(f"c-{codec}").to_table()
+    for codec, table in tables.items():
+        assert table.column("offset").to_pylist() == list(range(5_001))
+        assert table.column("value").to_pylist() == [*values, b"one more"]
+        assert set(table.column("subject").to_pylist()) == {f"c-{codec}"}
+
+    def stored(codec: str) -> int:
+        return sum(f.stat().st_size for f in (broker.data_dir / "streams" / f"c-{codec}").rglob("*.arrows"))
+
+    assert stored("zstd") < stored("lz4") < stored("none") / 3
 
 
 def test_creation_is_idempotent_and_conflicts_say_what_differs(client):
@@ -317,12 +339,28 @@ def test_a_delete_interrupted_by_a_crash_leaves_no_data_behind(tmp_path, nats_se
 
 
 def test_unacked_publishes_expire_and_free_the_window(broker):
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as admin:
+        admin.create_stream("after", "after")
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=1.0, max_pending=1) as client:
         for _ in range(2):  # nobody listens on this subject: no ack will come
-            with pytest.raises(RequestTimeoutError, match="no ack"):
+            with pytest.raises(RequestTimeoutError, match="no ack .* within 1s"):
                 client.publish("any", b"x", subject="nobody.listens")
-        client.create_stream("after", "after")
-        assert client.publish("after", b"ok").ok
+        assert client.publish("after", b"ok", timeout=30).ok
+
+
+def test_a_publish_waits_as_long_as_its_own_timeout(broker):
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=1.0) as client:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError, match="within 2.5s"):
+            client.publish("any", b"x", subject="nobody.listens", timeout=2.5)
+        assert time.monotonic() - started >= 2.5  # not cut short by the client's 1 s default
+        # A later, shorter deadline is not held up by an earlier, longer one.
+        slow = client._run(client._client.publish_async("any", b"slow", subject="nobody.listens", timeout=60))
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError, match="within 0.5s"):
+            client.publish("any", b"fast", subject="nobody.listens", timeout=0.5)
+        assert time.monotonic() - started < 30
+        assert not slow.done()
 
 
 def test_unencodable_publishes_do_not_leak_the_window(broker):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -25,7 +26,18 @@ def jetstream(broker, *args: str, check: bool = True) -> subprocess.CompletedPro
 def test_stream_publish_tail_cursor_status(broker):
     assert (
         "stream orders on orders with 2 partition(s)"
-        in jetstream(broker, "stream", "create", "orders", "--subject", "orders", "--partitions", "2").stdout
+        in jetstream(
+            broker,
+            "stream",
+            "create",
+            "orders",
+            "--subject",
+            "orders",
+            "--partitions",
+            "2",
+            "--compression",
+            "lz4",
+        ).stdout
     )
     out = jetstream(broker, "publish", "orders", "hello", "--partition", "1", "--header", "a=b").stdout
     assert "stored in orders/1 at offset 0" in out
@@ -39,7 +51,8 @@ def test_stream_publish_tail_cursor_status(broker):
     status = jetstream(broker, "status").stdout
     assert "etl" in status and "lag" in status
     assert "orders" in jetstream(broker, "stream", "list").stdout
-    assert "high watermark" in jetstream(broker, "stream", "describe", "orders").stdout
+    described = jetstream(broker, "stream", "describe", "orders").stdout
+    assert "high watermark" in described and re.search(r"^compression +lz4$", described, re.M)
 
 
 @pytest.mark.parametrize(

@@ -11,21 +11,32 @@ import pytest
 from broker_node.log import CorruptSegmentError, Log, LogConfig, Record
 from broker_node.log.index import OFFSET_ENTRY
 from broker_node.log.segment import header_bytes
+from pyspark_jetstream.protocol.schema import COMPRESSIONS
 
 from .helpers import rows
 
 SEGMENT_SIZES = [4_000, 64_000, 1_000_000]
 
 
-def _fill(path, segment_bytes, seed):
-    """Append random batches; return the rows and, for the active segment, each batch's frame end."""
+def _fill(path, segment_bytes, seed, compression="none"):
+    """Append random batches; return the rows and, for the active segment, each batch's frame end.
+
+    With a codec, batches are large and compressible enough to be stored compressed.
+    """
     rng = random.Random(seed)
-    with Log.open(path, LogConfig(segment_bytes=segment_bytes)) as log:
+    with Log.open(path, LogConfig(segment_bytes=segment_bytes, compression=compression)) as log:
         for _ in range(rng.randint(5, 60)):
-            n = rng.randint(1, 30)
-            log.append(
-                [Record(rng.randbytes(rng.randint(0, 200)), key=rng.choice([None, b"k"])) for _ in range(n)]
-            )
+            if compression == "none":
+                n = rng.randint(1, 30)
+                log.append(
+                    [
+                        Record(rng.randbytes(rng.randint(0, 200)), key=rng.choice([None, b"k"]))
+                        for _ in range(n)
+                    ]
+                )
+            else:
+                n = rng.randint(100, 300)
+                log.append([Record(b"%d" % rng.randrange(100) * 40, key=b"k") for _ in range(n)])
         active = log._segments[-1]
         ends = [
             (active.index.positions[i] + active.index.sizes[i], active.index.lasts[i] + 1)
@@ -54,8 +65,9 @@ def _check_prefix(path, expected, end):
 
 @pytest.mark.parametrize("segment_bytes", SEGMENT_SIZES)
 @pytest.mark.parametrize("seed", range(8))
-def test_cut_active_segment_at_random_byte(tmp_path, segment_bytes, seed):
-    expected, active, ends, base = _fill(tmp_path, segment_bytes, seed)
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_cut_active_segment_at_random_byte(tmp_path, segment_bytes, seed, compression):
+    expected, active, ends, base = _fill(tmp_path, segment_bytes, seed, compression)
     rng = random.Random(1000 + seed)
     cut = rng.randint(0, active.stat().st_size)
     os.truncate(active, cut)
@@ -64,8 +76,9 @@ def test_cut_active_segment_at_random_byte(tmp_path, segment_bytes, seed):
 
 @pytest.mark.parametrize("segment_bytes", SEGMENT_SIZES)
 @pytest.mark.parametrize("seed", range(8))
-def test_flip_bits_in_active_segment_tail(tmp_path, segment_bytes, seed):
-    expected, active, ends, base = _fill(tmp_path, segment_bytes, seed)
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_flip_bits_in_active_segment_tail(tmp_path, segment_bytes, seed, compression):
+    expected, active, ends, base = _fill(tmp_path, segment_bytes, seed, compression)
     rng = random.Random(2000 + seed)
     data = bytearray(active.read_bytes())
     tail_start = max(len(header_bytes(base)), len(data) - 3000)
