@@ -329,11 +329,13 @@ class Log:
 
         The first row of the first batch is ``start_offset`` (or the next
         stored offset after a compaction gap); batches are zero-copy slices of
-        the memory-mapped segments.  Reading stops before ``upper_bound``
+        the memory-mapped segments (of memory, for batches stored compressed,
+        which are decompressed).  Reading stops before ``upper_bound``
         (default: the log end offset; pass the high watermark to read only
         committed data), after ``max_records`` rows, or before the batch that
-        would take the stored bytes read past ``max_bytes`` -- but at least
-        one batch is returned when any data is in range, however large.
+        would take the bytes read past ``max_bytes`` (a batch counts its
+        stored size, or its decompressed size if larger) -- but at least one
+        batch is returned when any data is in range, however large.
 
         ``start_offset`` equal to the log end offset (or at/after
         ``upper_bound``) gives an empty list.  Outside
@@ -372,6 +374,9 @@ class Log:
                 if out and max_bytes is not None and stored_bytes + index.sizes[i] > max_bytes:
                     return out
                 batch = segment.batch(i)
+                size = max(index.sizes[i], batch.nbytes)  # larger if it was stored compressed
+                if out and max_bytes is not None and stored_bytes + size > max_bytes:
+                    return out
                 gapless = index.counts[i] == index.lasts[i] - index.bases[i] + 1
                 lo = _row_of(batch, offset, index.bases[i], gapless)
                 hi = _row_of(batch, end, index.bases[i], gapless) if index.lasts[i] >= end else batch.num_rows
@@ -380,7 +385,7 @@ class Log:
                 if hi > lo:
                     out.append(batch.slice(lo, hi - lo))
                     rows += hi - lo
-                stored_bytes += index.sizes[i]
+                stored_bytes += size
                 if max_records is not None and rows >= max_records:
                     return out
                 offset = index.lasts[i] + 1

@@ -76,6 +76,10 @@ TEMP_SUFFIX = ".tmp"
 _CONTINUATION = 0xFFFFFFFF
 
 
+RECENT_FRAMES = 16
+RECENT_BYTES = 256 * 1024
+"""How many of its newest frames (and bytes) the active segment keeps in memory."""
+
 COMPRESS_MIN_BYTES = 16 * 1024
 """Batches smaller than this (uncompressed) are stored plain: too little to gain."""
 
@@ -152,6 +156,10 @@ class Segment:
         self.offset_index_path = stem.with_suffix(OFFSET_INDEX_SUFFIX)
         self.time_index_path = stem.with_suffix(TIME_INDEX_SUFFIX)
         self._verified = bytearray(len(index))
+        self._recent: dict[int, pa.Buffer] = {}
+        """The frames last appended, by batch number: a consumer at the end of the
+        log reads them from memory instead of re-mapping the growing file."""
+        self._recent_bytes = 0
         self._map: pa.MemoryMappedFile | None = None
         self._view: pa.Buffer | None = None
         self._files: tuple[BinaryIO, BinaryIO, BinaryIO] | None = None
@@ -277,6 +285,18 @@ class Segment:
         self.index = index
         self.size = size
         self._verified = bytearray([1 if verified else 0]) * len(index)
+        self._forget_recent()
+
+    def _remember(self, i: int, frame: pa.Buffer) -> None:
+        self._recent[i] = frame
+        self._recent_bytes += frame.size
+        while len(self._recent) > RECENT_FRAMES or self._recent_bytes > RECENT_BYTES:
+            oldest = next(iter(self._recent))
+            self._recent_bytes -= self._recent.pop(oldest).size
+
+    def _forget_recent(self) -> None:
+        self._recent.clear()
+        self._recent_bytes = 0
 
     def _write_index_files(self) -> None:
         self._write_index_temps(self.index)
@@ -399,6 +419,7 @@ class Segment:
         self.index.add(entry)
         self._verified.append(1)
         self.size += entry.size
+        self._remember(n, frame)
 
     def fsync(self) -> None:
         """Force the data and index files to disk."""
@@ -408,6 +429,7 @@ class Segment:
 
     def seal(self) -> None:
         """Stop appending: this segment is now closed."""
+        self._forget_recent()
         if self._files is not None:
             for f in self._files:
                 f.close()
@@ -476,8 +498,10 @@ class Segment:
     def batch(self, i: int) -> pa.RecordBatch:
         """Batch ``i``, memory-mapped (no copy) and checked against its checksum once."""
         index = self.index
-        position, size = index.positions[i], index.sizes[i]
-        frame = self._buffer(position + size).slice(position, size)
+        frame = self._recent.get(i)
+        if frame is None:
+            position, size = index.positions[i], index.sizes[i]
+            frame = self._buffer(position + size).slice(position, size)
         if not self._verified[i]:
             crc = crc32(frame)
             if crc != index.crcs[i]:

@@ -9,7 +9,6 @@ in a worker thread so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import heapq
 import itertools
@@ -51,6 +50,9 @@ from .connection import BrokerConnection, FetchResult
 from .partitioners import Partitioner, key_hash
 
 logger = logging.getLogger(__name__)
+
+FOLLOW_BUFFER = 16
+"""Batches a follow stream reads ahead of its consumer."""
 
 Start = str | int | datetime | StartPosition
 
@@ -487,14 +489,19 @@ class Client:
     async def _follow(self, request: ReadRequest) -> AsyncIterator[pa.RecordBatch | int]:
         """One follow stream: its resolved start offset, then its batches."""
         loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[pa.RecordBatch | int | JetStreamError | None] = asyncio.Queue()
         # Bounded: a slow consumer makes the reader thread (and the broker's stream) wait.
-        queue: asyncio.Queue[pa.RecordBatch | int | JetStreamError | None] = asyncio.Queue(maxsize=16)
+        room = threading.Semaphore(FOLLOW_BUFFER)
         readers: list[flight.FlightStreamReader] = []
         stopped = threading.Event()
 
         def put(item: pa.RecordBatch | int | JetStreamError | None) -> None:
-            if not stopped.is_set() and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            while not room.acquire(timeout=0.25):
+                if stopped.is_set():
+                    return
+            if not stopped.is_set():
+                # No round trip through the loop: the consumer wakes as soon as it can run.
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def pump() -> None:
             # A thread of its own: it blocks for the whole stream.
@@ -514,7 +521,7 @@ class Client:
                 item = None if stopped.is_set() else exc
             except flight.FlightError as exc:
                 item = None if stopped.is_set() else self._broker.error(exc)
-            except (RuntimeError, concurrent.futures.CancelledError):
+            except RuntimeError:
                 return  # the consumer's loop is gone
             put(item)
 
@@ -522,6 +529,7 @@ class Client:
         thread.start()
         try:
             while (item := await queue.get()) is not None:
+                room.release()
                 if isinstance(item, JetStreamError):
                     raise item
                 yield item
@@ -529,8 +537,6 @@ class Client:
             stopped.set()
             for reader in readers:
                 reader.cancel()
-            while not queue.empty():  # let a pump blocked on a full queue finish
-                queue.get_nowait()
 
     async def subscribe(
         self,

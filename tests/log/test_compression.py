@@ -107,3 +107,13 @@ def test_an_unknown_codec_is_refused_by_name():
         LogConfig(compression="snappy")
     with pytest.raises(InvalidArgumentError, match="compression must be one of none, lz4, zstd, got 'gzip'"):
         StreamConfig(name="s", subject="s", compression="gzip")
+
+
+def test_max_bytes_counts_what_a_read_holds_in_memory(tmp_path):
+    with Log.open(tmp_path, LogConfig(compression="lz4")) as log:
+        for start in range(0, 20_000, 5_000):
+            log.append(readings(5_000, start))
+        (stored, plain), *_ = stored_frames(log)
+        assert 4 * stored < plain  # all four batches would fit by their stored size
+        batches = log.read(0, max_bytes=plain + plain // 2)
+        assert sum(b.num_rows for b in batches) == 5_000
