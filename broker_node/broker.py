@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionStat
 from broker_node.coordination.local import LocalCoordinator
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.ingest.producers import ProducerTable
-from broker_node.log import Log, LogConfig, Record
+from broker_node.log import FsyncPolicy, Log, LogConfig, Record
 from broker_node.log.checkpoint import atomic_write
 from broker_node.nats_server import NatsServer
 from broker_node.replication.partition import Partition
@@ -60,7 +61,7 @@ class Broker:
         self._flight_thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
-        self._maintenance: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._partitions_lock = threading.RLock()
         self._cursor_lock = threading.Lock()
 
@@ -99,7 +100,18 @@ class Broker:
         self._flight_thread = threading.Thread(target=self._flight.serve, name="flight", daemon=True)
         self._flight_thread.start()
         await self._ingestor.answer_discovery()
-        self._maintenance = asyncio.ensure_future(self._maintain())
+        self._background.append(
+            asyncio.ensure_future(
+                self._every(self.config.maintenance_interval, Partition.maintain, "maintenance")
+            )
+        )
+        if self.config.log.fsync is FsyncPolicy.INTERVAL:
+            # Appends fsync when an interval has passed; this covers the end of a burst.
+            self._background.append(
+                asyncio.ensure_future(
+                    self._every(self.config.log.fsync_interval, _sync_if_due, "interval fsync")
+                )
+            )
         atomic_write(
             self.data_dir / RUNTIME_FILE,
             json.dumps(
@@ -121,8 +133,8 @@ class Broker:
     async def close(self) -> None:
         """Stop accepting, store what is pending, checkpoint and close everything."""
         (self.data_dir / RUNTIME_FILE).unlink(missing_ok=True)
-        if self._maintenance is not None:
-            self._maintenance.cancel()
+        for task in self._background:
+            task.cancel()
         if self._ingestor is not None:
             await self._ingestor.close()
         with self._partitions_lock:
@@ -245,16 +257,17 @@ class Broker:
             compression=config.compression,
         )
 
-    async def _maintain(self) -> None:
+    async def _every(self, seconds: float, work: Callable[[Partition], object], what: str) -> None:
+        """Run ``work`` on every partition (in a worker thread) every ``seconds``."""
         while True:
-            await asyncio.sleep(self.config.maintenance_interval)
+            await asyncio.sleep(seconds)
             with self._partitions_lock:
                 partitions = list(self._partitions.values())
             for partition in partitions:
                 try:
-                    await asyncio.to_thread(partition.maintain)
+                    await asyncio.to_thread(work, partition)
                 except Exception:
-                    logger.exception("maintenance of %s/%d failed", partition.stream, partition.number)
+                    logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
 
     # ---- admin ---------------------------------------------------------------------
 
@@ -351,3 +364,7 @@ class Broker:
 def _log_failure(future: concurrent.futures.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("applying a metadata change failed", exc_info=future.exception())
+
+
+def _sync_if_due(partition: Partition) -> None:
+    partition.log.sync_if_due()

@@ -22,8 +22,8 @@ class FsyncPolicy(enum.Enum):
     process, but the last seconds of writes may be lost if the machine itself
     loses power.  Durability then comes from replication.
     ``INTERVAL`` fsyncs at most once every ``fsync_interval`` seconds (checked
-    on each append and by ``flush()``): bounded loss on power failure for one
-    fsync per interval.
+    on each append, and by ``Log.sync_if_due()``, which the broker calls on a
+    timer): bounded loss on power failure for one fsync per interval.
     ``ALWAYS`` fsyncs the segment and its indexes after every append: nothing
     acknowledged is lost, at the price of one or more disk flushes (typically
     0.1 to 10 ms each) per append.

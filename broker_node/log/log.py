@@ -77,6 +77,7 @@ class Log:
         self._iota = pa.array([], pa.int64())
         self._last_timestamp = self._newest_timestamp()
         self._last_fsync = clock()
+        self._unsynced = False  # appended data that no fsync has covered yet
         self._last_hw_checkpoint = clock()
         self._reconcile_epochs()
         saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
@@ -142,7 +143,28 @@ class Log:
             self._check_open()
             self._active.fsync()
             self._last_fsync = self._clock()
+            self._unsynced = False
             self._checkpoint_high_watermark()
+
+    def sync_if_due(self) -> bool:
+        """Under ``FsyncPolicy.INTERVAL``, fsync appends not yet on disk once
+        ``fsync_interval`` has passed since the last fsync; return whether it did.
+
+        Appends check the interval themselves, but the last appends of a burst
+        would wait for the next append: call this on a timer (the broker does,
+        every ``fsync_interval``) so they reach the disk within about one interval.
+        """
+        with self._lock:
+            if self._closed or self.config.fsync is not FsyncPolicy.INTERVAL or not self._unsynced:
+                return False
+            now = self._clock()
+            if now - self._last_fsync < self.config.fsync_interval:
+                return False
+            self._active.fsync()
+            self._last_fsync = now
+            self._unsynced = False
+            logger.debug("interval fsync of %s", self.directory)
+            return True
 
     # ---- offsets ---------------------------------------------------------------
 
@@ -255,7 +277,9 @@ class Log:
             self._maybe_roll(frame.size, last, now)
             active = self._active
             entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
-            active.append(frame, entry, fsync=self._fsync_due())
+            fsync = self._fsync_due()
+            active.append(frame, entry, fsync=fsync)
+            self._unsynced = not fsync
             if self._epochs.latest_epoch is None:
                 self._epochs.assign(epoch, base)
             self._last_timestamp = now

@@ -271,6 +271,24 @@ def test_restart_keeps_streams_data_cursors_and_producer_state(tmp_path, nats_se
     assert broker.stop() == 0
 
 
+def test_interval_fsync_reaches_the_end_of_a_burst(tmp_path, nats_server):
+    broker = BrokerProcess(
+        tmp_path / "b",
+        nats_url=nats_server.url,
+        extra_config='[log]\nfsync = "interval"\nfsync_interval = 0.2\n',
+    ).start()
+    try:
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            client.create_stream("synced", "synced")
+            client.publish("synced", b"last of a burst")
+        partition_dir = broker.data_dir / "streams" / "synced" / "0"
+        wait_until(
+            lambda: f"interval fsync of {partition_dir}" in broker.log_path.read_text(), message="fsync"
+        )
+    finally:
+        assert broker.stop() == 0
+
+
 def test_sigterm_stores_pending_messages_and_exits_cleanly(tmp_path, nats_server):
     broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:

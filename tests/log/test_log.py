@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -273,6 +274,33 @@ def test_fsync_policies_store_the_same_data(tmp_path):
         with Log.open(path) as log:
             assert len(rows(log)) == 9
     assert LogConfig(fsync="always").fsync is FsyncPolicy.ALWAYS  # type: ignore[arg-type]
+
+
+def test_interval_fsync_covers_the_end_of_a_burst(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    clock = FakeClock()
+    with Log.open(tmp_path, LogConfig(fsync="interval", fsync_interval=1.0), clock=clock) as log:
+        log.append(values(1))  # the first append also checkpoints the leader epoch
+        clock.advance(1.0)
+        assert log.sync_if_due()
+        synced.clear()
+        log.append(values(3))  # within the interval of the last fsync: not synced by the append
+        assert synced == []
+        assert not log.sync_if_due()  # nor by the timer, before the interval has passed
+        clock.advance(1.0)
+        assert log.sync_if_due() and synced
+        synced.clear()
+        clock.advance(5.0)
+        assert not log.sync_if_due() and synced == []  # nothing new to sync
+        log.append(values(1))  # an interval has passed: this append syncs itself
+        assert synced
+        assert not log.sync_if_due()
+    with Log.open(tmp_path / "never", LogConfig(fsync="never"), clock=clock) as log:
+        log.append(values(1))
+        clock.advance(10.0)
+        assert not log.sync_if_due()
 
 
 def test_scan_yields_everything_stored_across_segments_and_gaps(tmp_path):
