@@ -155,13 +155,10 @@ class Log:
         every ``fsync_interval``) so they reach the disk within about one interval.
         """
         with self._lock:
-            if self._closed or self.config.fsync is not FsyncPolicy.INTERVAL or not self._unsynced:
-                return False
-            now = self._clock()
-            if now - self._last_fsync < self.config.fsync_interval:
+            # Only INTERVAL leaves data unsynced that an interval can make due.
+            if self._closed or not self._unsynced or not self._fsync_due():
                 return False
             self._active.fsync()
-            self._last_fsync = now
             self._unsynced = False
             logger.debug("interval fsync of %s", self.directory)
             return True
@@ -397,6 +394,8 @@ class Log:
                     return out
                 if out and max_bytes is not None and stored_bytes + index.sizes[i] > max_bytes:
                     return out
+                # The check above spares decompressing a batch that is over the
+                # limit by its stored size already; this one counts its size in memory.
                 batch = segment.batch(i)
                 size = max(index.sizes[i], batch.nbytes)  # larger if it was stored compressed
                 if out and max_bytes is not None and stored_bytes + size > max_bytes:

@@ -61,7 +61,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_jetstream.protocol.schema import FORMAT_VERSION, LOG_SCHEMA
+from pyspark_jetstream.protocol.schema import COMPRESSIONS, FORMAT_VERSION, LOG_SCHEMA
 
 from .checkpoint import fsync_dir
 from .errors import CorruptSegmentError, LogStorageError
@@ -84,7 +84,9 @@ COMPRESS_MIN_BYTES = 16 * 1024
 """Batches smaller than this (uncompressed) are stored plain: too little to gain."""
 
 _WRITE_OPTIONS = {
-    codec: pa.ipc.IpcWriteOptions(compression=codec, use_threads=False) for codec in ("lz4", "zstd")
+    codec: pa.ipc.IpcWriteOptions(compression=codec, use_threads=False)
+    for codec in COMPRESSIONS
+    if codec != "none"
 }
 _SCHEMA_MESSAGE_SIZE = LOG_SCHEMA.serialize().size
 
@@ -496,7 +498,11 @@ class Segment:
         return bisect.bisect_left(self.index.lasts, offset)
 
     def batch(self, i: int) -> pa.RecordBatch:
-        """Batch ``i``, memory-mapped (no copy) and checked against its checksum once."""
+        """Batch ``i``, checked against its checksum once.
+
+        Memory-mapped (no copy), or one of the newest frames kept in memory;
+        a frame stored compressed is decompressed.
+        """
         index = self.index
         frame = self._recent.get(i)
         if frame is None:

@@ -379,6 +379,7 @@ def test_a_publish_waits_as_long_as_its_own_timeout(broker):
             client.publish("any", b"fast", subject="nobody.listens", timeout=0.5)
         assert time.monotonic() - started < 30
         assert not slow.done()
+    assert isinstance(slow.exception(), UnavailableError)  # closing the client ends it
 
 
 def test_unencodable_publishes_do_not_leak_the_window(broker):
