@@ -33,16 +33,18 @@ from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
     AckPolicy,
+    BatchTooLargeError,
     Envelope,
     EnvelopeError,
     decode,
     looks_like_envelope,
+    producer_position,
 )
 from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
 
-from .producers import ProducerTable
+from .producers import ProducerTable, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +91,11 @@ class PartitionIngest:
         envelope = None
         if looks_like_envelope(data):
             try:
-                envelope = decode(data)
+                envelope = decode(data, max_batch_bytes=self.partition.log.config.max_batch_bytes)
+            except BatchTooLargeError as exc:
+                logger.warning("refusing an envelope on %s for %s: %s", msg.subject, self._name, exc)
+                await self._ack(self._ack_target(exc.header), error=ErrorCode.TOO_LARGE, message=str(exc))
+                return
             except EnvelopeError as exc:
                 logger.debug(
                     "payload on %s is not a valid envelope (%s); storing it as plain", msg.subject, exc
@@ -100,17 +106,24 @@ class PartitionIngest:
             target = _AckTarget(msg.reply, "") if self.config.ack_reply and msg.reply else None
             await self._add(record, target)
             return
-        target = (
-            _AckTarget(envelope.ack_inbox, envelope.correlation_id)
-            if envelope.ack_inbox and envelope.ack_policy is not AckPolicy.NONE
-            else None
-        )
         if envelope.batch is None and envelope.producer_id is None:
             record = Record(envelope.value, key=envelope.key, headers=envelope.headers, subject=msg.subject)
-            await self._add(record, target)
+            await self._add(record, self._ack_target(envelope))
         else:
             await self.flush()
-            await self._store_alone(envelope, msg.subject, target)
+            await self._store_alone(envelope, msg.subject)
+
+    def _targeted(self, envelope: Envelope) -> bool:
+        """Whether this partition is the one the envelope names (or it names none)."""
+        return envelope.stream is None or (
+            envelope.stream == self.config.name and envelope.partition == self.partition.number
+        )
+
+    def _ack_target(self, envelope: Envelope) -> _AckTarget | None:
+        """Where to ack: only the targeted partition acks; other streams store a silent copy."""
+        if not envelope.ack_inbox or envelope.ack_policy is AckPolicy.NONE or not self._targeted(envelope):
+            return None
+        return _AckTarget(envelope.ack_inbox, envelope.correlation_id)
 
     async def _add(self, record: Record, target: _AckTarget | None) -> None:
         size = record_size(record)
@@ -174,12 +187,21 @@ class PartitionIngest:
         for subject, acks in by_subject.items():
             await self.nc.publish(subject, encode_acks(acks))
 
-    async def _store_alone(self, envelope: Envelope, subject: str, target: _AckTarget | None) -> None:
-        producer, sequence = envelope.producer_id, envelope.sequence
+    async def _store_alone(self, envelope: Envelope, subject: str) -> None:
+        target = self._ack_target(envelope)
+        producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
         if producer is not None and sequence is not None:
-            earlier = self.producers.duplicate_of(producer, sequence)
-            if earlier is not None:
-                await self._ack(target, *earlier, error=ErrorCode.DUPLICATE)
+            check = self.producers.check(producer, epoch, sequence, target=self._targeted(envelope))
+            if check.verdict is Verdict.DUPLICATE:
+                await self._ack(target, check.first, check.last, error=ErrorCode.DUPLICATE)
+                return
+            if check.verdict is not Verdict.STORE:
+                code = (
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE
+                    if check.verdict is Verdict.OUT_OF_ORDER
+                    else ErrorCode.PRODUCER_FENCED
+                )
+                await self._ack(target, error=code, message=check.reason)
                 return
         try:
             offsets = self.partition.append(_envelope_table(envelope, subject))
@@ -189,7 +211,7 @@ class PartitionIngest:
             await self._ack(target, error=_error_code(exc), message=str(exc))
             return
         if producer is not None and sequence is not None:
-            self.producers.record(producer, sequence, offsets.start, offsets[-1])
+            self.producers.record(producer, epoch, sequence, offsets.start, offsets[-1])
         await self._ack(target, offsets.start, offsets[-1])
 
     async def _ack(
@@ -325,5 +347,6 @@ def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
     columns["subject"] = constant_strings(subject, n)
     if envelope.producer_id is not None and envelope.sequence is not None:
         columns["producer_id"] = constant_strings(envelope.producer_id, n)
-        columns["sequence"] = constant_ints(envelope.sequence, n, pa.int64())
+        position = producer_position(envelope.producer_epoch, envelope.sequence)
+        columns["sequence"] = constant_ints(position, n, pa.int64())
     return pa.table(columns)

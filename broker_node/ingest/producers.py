@@ -1,50 +1,118 @@
-"""Idempotent producers: the sequences a partition has already stored.
+"""Idempotent producers: what each producer has stored in a partition, and what it may store next.
 
-A producer id with a sequence number makes a publish idempotent: a sequence
-at or below the producer's last one is a duplicate and is not stored again.
-It is acked as a duplicate with the original offsets when the sequence is one
-of the producer's last ``WINDOW``, and with offsets -1 when it is older.  The table is rebuilt from the
-log's ``producer_id`` and ``sequence`` columns when a partition opens, so it
-survives restarts.
+A producer numbers its messages with an ``epoch`` and a ``sequence`` (see
+:mod:`pyspark_jetstream.protocol.envelope`).  In the partition a message
+targets, the rules are Kafka's, so that nothing is acked that was not stored:
+
+* a new epoch (or a producer not seen before) starts at sequence 0;
+* in the current epoch, the next sequence is the last stored one plus one;
+* a sequence at or below the last stored one was stored (sequences are
+  contiguous), so it is acked as a duplicate, with its offsets while it is one
+  of the producer's last :data:`WINDOW`, with offsets -1 when older;
+* a gap (the message before it failed or is still in flight) is refused as
+  out of order, and nothing is stored: the producer resends in order;
+* an epoch older than the stored one is refused as fenced (a zombie).
+
+Other partitions that listen on the same subject store their copy with the
+lenient rule: anything after the producer's last stored position is stored,
+repeats are dropped, nothing is refused (they send no ack).
+
+The table is rebuilt from the log's ``producer_id`` and ``sequence`` columns
+(``sequence`` holds ``epoch << 32 | sequence``), so it survives restarts.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_node.log import Log
+from pyspark_jetstream.protocol.envelope import producer_position, split_position
 
 WINDOW = 8
-"""Sequences remembered per producer, with their offsets (Kafka keeps 5)."""
-UNKNOWN = (-1, -1)
+"""Sequences remembered per producer with their offsets (Kafka keeps 5)."""
+
+
+class Verdict(enum.Enum):
+    """What to do with a producer's message."""
+
+    STORE = "store"
+    DUPLICATE = "duplicate"
+    OUT_OF_ORDER = "out_of_order"
+    FENCED = "fenced"
+
+
+class Check(NamedTuple):
+    """A verdict, with the original offsets of a duplicate or the reason for a refusal."""
+
+    verdict: Verdict
+    first: int = -1
+    last: int = -1
+    reason: str = ""
+
+
+@dataclass
+class _Producer:
+    position: int
+    """``epoch << 32 | sequence`` of the last stored message."""
+    window: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    """``(position, first offset, last offset)`` of the last stored messages."""
 
 
 class ProducerTable:
-    """Last sequences per producer id, each with the offsets it was stored at."""
+    """The last stored position of every producer in one partition."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, deque[tuple[int, int, int]]] = {}
+        self._producers: dict[str, _Producer] = {}
 
-    def duplicate_of(self, producer_id: str, sequence: int) -> tuple[int, int] | None:
-        """Offsets of an earlier store of this sequence, ``UNKNOWN`` if too old, else ``None``."""
-        seen = self._seen.get(producer_id)
-        if not seen or sequence > seen[-1][0]:
-            return None
-        for stored, first, last in seen:
-            if stored == sequence:
-                return first, last
-        return UNKNOWN
+    def __len__(self) -> int:
+        return len(self._producers)
 
-    def record(self, producer_id: str, sequence: int, first: int, last: int) -> None:
-        """Remember that ``sequence`` was stored at offsets ``first``..``last``."""
-        seen = self._seen.setdefault(producer_id, deque(maxlen=WINDOW))
-        if seen and seen[-1][0] == sequence:  # one sequence written in several batches
-            seen[-1] = (sequence, seen[-1][1], last)
-        else:
-            seen.append((sequence, first, last))
+    def check(self, producer_id: str, epoch: int, sequence: int, *, target: bool = True) -> Check:
+        """Judge ``(epoch, sequence)`` of ``producer_id``: see the module docstring.
+
+        ``target`` is whether this partition is the one the message names
+        (strict rules) or one storing a fan-out copy (lenient rules).
+        """
+        position = producer_position(epoch, sequence)
+        known = self._producers.get(producer_id)
+        if known is not None and position <= known.position:
+            if target and epoch < split_position(known.position)[0]:
+                return Check(
+                    Verdict.FENCED,
+                    reason=f"producer {producer_id!r} already wrote with epoch "
+                    f"{split_position(known.position)[0]}, newer than {epoch}",
+                )
+            for stored, first, last in known.window:
+                if stored == position:
+                    return Check(Verdict.DUPLICATE, first, last)
+            return Check(Verdict.DUPLICATE)
+        if not target:
+            return Check(Verdict.STORE)
+        last_epoch, last_sequence = split_position(known.position) if known else (-1, -1)
+        expected = last_sequence + 1 if epoch == last_epoch else 0
+        if sequence != expected:
+            where = f"in epoch {epoch}" if epoch == last_epoch else f"to start epoch {epoch}"
+            return Check(
+                Verdict.OUT_OF_ORDER,
+                reason=f"producer {producer_id!r} sent sequence {sequence}, but sequence {expected} "
+                f"comes next {where}; nothing was stored: resend from sequence {expected}",
+            )
+        return Check(Verdict.STORE)
+
+    def record(self, producer_id: str, epoch: int, sequence: int, first: int, last: int) -> None:
+        """Remember that ``(epoch, sequence)`` was stored at offsets ``first``..``last``."""
+        position = producer_position(epoch, sequence)
+        known = self._producers.get(producer_id)
+        if known is None:
+            known = self._producers[producer_id] = _Producer(position)
+        known.position = max(known.position, position)
+        known.window.append((position, first, last))
 
     @classmethod
     def rebuild(cls, log: Log) -> ProducerTable:
@@ -70,8 +138,8 @@ class ProducerTable:
             .aggregate([("offset", "min"), ("offset", "max")])
             .sort_by([("offset_min", "ascending")])
         )
-        for producer, sequence, first, last in zip(
+        for producer, position, first, last in zip(
             *(grouped.column(c).to_pylist() for c in ("producer_id", "sequence", "offset_min", "offset_max")),
             strict=True,
         ):
-            self.record(producer, sequence, first, last)
+            self.record(producer, *split_position(position), first, last)

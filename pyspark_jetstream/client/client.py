@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats
 import pyarrow as pa
@@ -28,7 +28,7 @@ from nats.errors import Error as NatsError
 from pyarrow import flight
 
 from pyspark_jetstream.protocol.ack import Ack, decode_acks
-from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, encode
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, EnvelopeError, encode
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -45,6 +45,7 @@ from pyspark_jetstream.protocol.flight import (
     parse_response_metadata,
 )
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
+from pyspark_jetstream.protocol.subjects import subject_matches
 
 from .connection import BrokerConnection, FetchResult
 from .partitioners import Partitioner, key_hash
@@ -241,7 +242,7 @@ class Client:
 
     async def publish(
         self,
-        stream: str,
+        stream: str | None,
         value: bytes | None,
         *,
         key: bytes | None = None,
@@ -251,6 +252,7 @@ class Client:
         subject: str | None = None,
         ack_policy: AckPolicy = AckPolicy.LEADER,
         producer_id: str | None = None,
+        producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
     ) -> Ack | None:
@@ -258,8 +260,18 @@ class Client:
 
         The partition is ``partition``, else ``partitioner(key, partitions)``;
         ``subject`` overrides the partition's subject (needed for streams on
-        wildcard subjects).  A negative ack raises the matching error; a
-        repeated producer sequence returns an ack with ``duplicate`` set.
+        wildcard subjects; the partition is then the one whose subject it
+        matches).  Only the named stream's partition acks, even when other
+        streams listen on the same subject.  ``stream=None`` with a
+        ``subject`` publishes without naming a stream: every stream storing
+        the message acks it, and the first ack wins.
+
+        A negative ack raises the matching error.  With ``producer_id``,
+        ``producer_epoch`` and ``sequence`` the publish is idempotent: each
+        epoch's sequences start at 0 and go up by one; a repeat returns an ack
+        with ``duplicate`` set; a gap raises ``OutOfOrderSequenceError``
+        (nothing stored: resend from the sequence it names); an epoch older
+        than one stored raises ``ProducerFencedError``.
         """
         future = await self.publish_async(
             stream,
@@ -271,6 +283,7 @@ class Client:
             subject=subject,
             ack_policy=ack_policy,
             producer_id=producer_id,
+            producer_epoch=producer_epoch,
             sequence=sequence,
             timeout=timeout,
         )
@@ -278,7 +291,7 @@ class Client:
 
     async def publish_async(
         self,
-        stream: str,
+        stream: str | None,
         value: bytes | None,
         *,
         key: bytes | None = None,
@@ -288,6 +301,7 @@ class Client:
         subject: str | None = None,
         ack_policy: AckPolicy = AckPolicy.LEADER,
         producer_id: str | None = None,
+        producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
     ) -> asyncio.Future[Ack] | None:
@@ -297,7 +311,7 @@ class Client:
         ``timeout`` seconds (default: the client's timeout).
         """
         pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
-        target = await self._subject(stream, key, partition, partitioner, subject)
+        target = await self._target(stream, key, partition, partitioner, subject)
         return await self._send(
             target,
             ack_policy,
@@ -305,47 +319,83 @@ class Client:
             value=value,
             key=key,
             headers=pairs,
-            producer_id=producer_id,
-            sequence=sequence,
+            **_producer(producer_id, producer_epoch, sequence),
         )
 
     async def publish_batch(
         self,
-        stream: str,
+        stream: str | None,
         data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
         *,
-        partition: int = 0,
+        partition: int | None = None,
         subject: str | None = None,
         ack_policy: AckPolicy = AckPolicy.LEADER,
         producer_id: str | None = None,
+        producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
     ) -> Ack | None:
         """Publish many messages as one Arrow batch in one envelope, stored as one batch.
 
         ``data`` has a ``value`` column and optionally ``key`` and ``headers``
-        (or is a list of dicts with those keys).  All go to one partition.
+        (or is a list of dicts with those keys).  All go to one partition:
+        ``partition`` (default 0), or the one ``subject`` belongs to.
+        Idempotence as for :meth:`publish`.
         """
-        batch = _as_batch(data)
-        target = await self._subject(stream, None, partition, key_hash, subject)
-        future = await self._send(
-            target, ack_policy, timeout, batch=batch, producer_id=producer_id, sequence=sequence
+        future = await self.publish_batch_async(
+            stream,
+            data,
+            partition=partition,
+            subject=subject,
+            ack_policy=ack_policy,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            sequence=sequence,
+            timeout=timeout,
         )
         return None if future is None else await self._await_ack(future)
 
-    async def _send(
-        self, subject: str, ack_policy: AckPolicy, timeout: float | None, **fields: Any
+    async def publish_batch_async(
+        self,
+        stream: str | None,
+        data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
+        *,
+        partition: int | None = None,
+        subject: str | None = None,
+        ack_policy: AckPolicy = AckPolicy.LEADER,
+        producer_id: str | None = None,
+        producer_epoch: int = 0,
+        sequence: int | None = None,
+        timeout: float | None = None,
     ) -> asyncio.Future[Ack] | None:
+        """:meth:`publish_batch` without waiting: a future for the ack, or ``None``."""
+        batch = _as_batch(data)
+        if partition is None and subject is None:
+            partition = 0
+        target = await self._target(stream, None, partition, key_hash, subject)
+        return await self._send(
+            target, ack_policy, timeout, batch=batch, **_producer(producer_id, producer_epoch, sequence)
+        )
+
+    async def _send(
+        self, target: _Target, ack_policy: AckPolicy, timeout: float | None, **fields: Any
+    ) -> asyncio.Future[Ack] | None:
+        subject = target.subject
         wants_ack = ack_policy is not AckPolicy.NONE
         correlation_id = str(next(self._ids)) if wants_ack else ""
-        payload = encode(
-            Envelope(
-                ack_inbox=self._inbox if wants_ack else None,
-                correlation_id=correlation_id,
-                ack_policy=ack_policy,
-                **fields,
+        try:
+            payload = encode(
+                Envelope(
+                    ack_inbox=self._inbox if wants_ack else None,
+                    correlation_id=correlation_id,
+                    ack_policy=ack_policy,
+                    stream=target.stream,
+                    partition=target.partition,
+                    **fields,
+                )
             )
-        )
+        except EnvelopeError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         if len(payload) > self.nc.max_payload:
             raise MessageTooLargeError(
                 f"the message is {len(payload)} bytes, over the NATS server's max_payload of "
@@ -416,21 +466,36 @@ class Client:
             if future is not None and not future.done():
                 future.set_result(ack)
 
-    async def _subject(
+    async def _target(
         self,
-        stream: str,
+        stream: str | None,
         key: bytes | None,
         partition: int | None,
         partitioner: Partitioner,
         subject: str | None,
-    ) -> str:
-        if subject is not None:
-            return subject
+    ) -> _Target:
+        if stream is None:
+            if subject is None:
+                raise InvalidArgumentError("publish needs a stream, or a subject to publish on")
+            return _Target(subject, None, None)
         config = self._streams.get(stream)
         if config is None:
             info = await self.describe_stream(stream)
             config = StreamConfig.from_json(info.config)
             self._streams[stream] = config
+        if subject is not None:
+            matching = [
+                p
+                for p, pattern in enumerate(config.partition_subjects())
+                if subject_matches(pattern, subject)
+            ]
+            if not matching or (partition is not None and partition not in matching):
+                raise InvalidArgumentError(
+                    f"subject {subject!r} is not one of stream {stream!r}'s"
+                    + (f" partition {partition}" if partition is not None else "")
+                    + f" subjects ({', '.join(config.partition_subjects())})"
+                )
+            return _Target(subject, stream, matching[0] if partition is None else partition)
         number = partitioner(key, config.partitions) if partition is None else partition
         if not 0 <= number < config.partitions:
             raise InvalidArgumentError(
@@ -442,7 +507,7 @@ class Client:
                 f"stream {stream!r} listens on the wildcard subject {config.subject!r}: "
                 "pass subject= with a concrete subject it matches"
             )
-        return target
+        return _Target(target, stream, number)
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -566,6 +631,20 @@ class Client:
 
     async def _action(self, action: ActionType, body: dict[str, Any]) -> Any:
         return await asyncio.to_thread(self._broker.action, action, body)
+
+
+class _Target(NamedTuple):
+    """Where a publish goes: the subject, and the stream partition it targets (if named)."""
+
+    subject: str
+    stream: str | None
+    partition: int | None
+
+
+def _producer(producer_id: str | None, epoch: int, sequence: int | None) -> dict[str, Any]:
+    if (producer_id is None) != (sequence is None):
+        raise InvalidArgumentError("producer_id and sequence go together")
+    return {"producer_id": producer_id, "producer_epoch": epoch, "sequence": sequence}
 
 
 def _as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:

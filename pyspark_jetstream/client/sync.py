@@ -88,16 +88,16 @@ class SyncClient:
         """See :meth:`Client.status`."""
         return self._run(self._client.status())
 
-    def publish(self, stream: str, value: bytes | None, **options: Any) -> Ack | None:
+    def publish(self, stream: str | None, value: bytes | None, **options: Any) -> Ack | None:
         """See :meth:`Client.publish`."""
         return self._run(self._client.publish(stream, value, **options))
 
-    def publish_batch(self, stream: str, data: Any, **options: Any) -> Ack | None:
+    def publish_batch(self, stream: str | None, data: Any, **options: Any) -> Ack | None:
         """See :meth:`Client.publish_batch`."""
         return self._run(self._client.publish_batch(stream, data, **options))
 
     def publish_batch_nowait(
-        self, stream: str, data: Any, **options: Any
+        self, stream: str | None, data: Any, **options: Any
     ) -> concurrent.futures.Future[Ack | None]:
         """Like :meth:`publish_batch`, but returns at once: ``.result()`` waits for the ack."""
         return asyncio.run_coroutine_threadsafe(

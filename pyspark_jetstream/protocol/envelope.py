@@ -3,19 +3,21 @@
 Any NATS payload that does not decode as an envelope is stored as a plain
 message, so a payload is only an envelope if *all* of it parses.
 
-Layout, version 1 (integers little-endian)::
+Layout, version 2 (integers little-endian)::
 
     offset  size  field
     0       4     magic: 0x8E 'J' 'S' 'E'
-    4       1     version: 1
+    4       1     version: 2
     5       1     flags: bit 0 key present, bit 1 value present,
-                  bit 2 payload is an Arrow batch, bit 3 producer present;
-                  other bits zero.  Bits 1 and 2 are exclusive.
+                  bit 2 payload is an Arrow batch, bit 3 producer present,
+                  bit 4 target present; other bits zero.  Bits 1 and 2 are
+                  exclusive.
     6       1     ack policy: 0 NONE, 1 LEADER, 2 ALL
     7       1     reserved: 0
     8       ...   str16  ack inbox        (length 0: no ack requested)
                   str16  correlation id
-                  if producer: str16 producer id, i64 sequence
+                  if target:   str16 stream, u32 partition
+                  if producer: str16 producer id, u32 epoch, u32 sequence
                   if key:      bytes32 key
                   u16 header count, then per header: str16 name, bytes32 value
                   if value:    bytes32 value
@@ -27,7 +29,28 @@ Layout, version 1 (integers little-endian)::
 
 The message must end exactly after the last field.  Neither value nor batch
 means a null value (a tombstone).  There is no checksum: NATS delivers payloads
-intact, and the log checksums what it stores.
+intact, and the log checksums what it stores.  Version 1 (no target, an i64
+sequence and no epoch) is no longer accepted: such payloads are stored plain.
+
+Target
+    The stream and partition the producer publishes to.  Several streams may
+    listen on one subject and each stores its own copy, but only the target
+    partition acks, so a producer always learns the offsets of the stream it
+    named.  Without a target, every partition that stores the message acks it.
+
+Producer
+    An idempotent producer numbers its messages: ``epoch`` (0 to 2**31 - 1)
+    and ``sequence`` (0 to 2**32 - 1).  In the target partition, a new epoch
+    must start at sequence 0 and each next message is the previous sequence
+    plus one; a repeat is acked as a duplicate, a gap is refused as out of
+    order, an older epoch is refused as fenced (see
+    ``broker_node/ingest/producers.py``).  In the log both travel as one
+    int64: ``epoch << 32 | sequence`` (:func:`producer_position`).
+
+Batches
+    The batch's IPC buffers may be compressed; its decoded size is checked
+    against the caller's limit before anything is decompressed
+    (:mod:`.ipc`), so a small payload cannot expand into gigabytes.
 """
 
 from __future__ import annotations
@@ -38,13 +61,17 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from .ipc import decoded_size
+
 MAGIC = b"\x8eJSE"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("<4sBBBB")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_KEY, _VALUE, _BATCH, _PRODUCER = 1, 2, 4, 8
+_EPOCH_SEQUENCE = struct.Struct("<II")
+_KEY, _VALUE, _BATCH, _PRODUCER, _TARGET = 1, 2, 4, 8, 16
+MAX_EPOCH = 2**31 - 1
+MAX_SEQUENCE = 2**32 - 1
 _BATCH_COLUMNS = frozenset({"key", "value", "headers"})
 
 
@@ -66,6 +93,30 @@ class EnvelopeError(ValueError):
     """The payload starts like an envelope but is not a valid one (it is stored as plain)."""
 
 
+class BatchTooLargeError(EnvelopeError):
+    """A well-formed envelope whose batch would decode past the limit: refused, not stored.
+
+    Carries what the ingest needs to tell the producer.
+    """
+
+    def __init__(self, size: int, limit: int, header: Envelope) -> None:
+        super().__init__(f"the batch decodes to {size} bytes, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+        self.header = header
+        """The envelope without its messages: who to ack, and the target."""
+
+
+def producer_position(epoch: int, sequence: int) -> int:
+    """The int64 the log stores for a producer's ``(epoch, sequence)``."""
+    return epoch << 32 | sequence
+
+
+def split_position(position: int) -> tuple[int, int]:
+    """``(epoch, sequence)`` of a stored producer position."""
+    return position >> 32, position & MAX_SEQUENCE
+
+
 class Envelope(NamedTuple):
     """A decoded envelope: one message (``value``) or many (``batch``).
 
@@ -82,6 +133,10 @@ class Envelope(NamedTuple):
     sequence: int | None = None
     batch: pa.RecordBatch | None = None
     """Many messages: columns ``value`` and optionally ``key`` and ``headers``."""
+    stream: str | None = None
+    """The target stream (with ``partition``): only that partition acks."""
+    partition: int | None = None
+    producer_epoch: int = 0
 
     @property
     def message_count(self) -> int:
@@ -95,19 +150,29 @@ def encode(envelope: Envelope) -> bytes:
         raise EnvelopeError("an envelope carries either one value or a batch, not both")
     if (envelope.producer_id is None) != (envelope.sequence is None):
         raise EnvelopeError("producer_id and sequence go together")
+    if (envelope.stream is None) != (envelope.partition is None):
+        raise EnvelopeError("the target stream and partition go together")
     flags = (
         (_KEY if envelope.key is not None else 0)
         | (_VALUE if envelope.value is not None else 0)
         | (_BATCH if envelope.batch is not None else 0)
         | (_PRODUCER if envelope.producer_id is not None else 0)
+        | (_TARGET if envelope.stream is not None else 0)
     )
     parts: list[bytes | memoryview] = [
         _HEADER.pack(MAGIC, VERSION, flags, int(envelope.ack_policy), 0),
         _str16(envelope.ack_inbox or "", "ack inbox"),
         _str16(envelope.correlation_id, "correlation id"),
     ]
+    if envelope.stream is not None:
+        parts += [
+            _str16(envelope.stream, "stream"),
+            _U32.pack(_bounded("partition", envelope.partition, 2**32 - 1)),
+        ]
     if envelope.producer_id is not None:
-        parts += [_str16(envelope.producer_id, "producer id"), _I64.pack(envelope.sequence)]
+        epoch = _bounded("producer epoch", envelope.producer_epoch, MAX_EPOCH)
+        sequence = _bounded("sequence", envelope.sequence, MAX_SEQUENCE)
+        parts += [_str16(envelope.producer_id, "producer id"), _EPOCH_SEQUENCE.pack(epoch, sequence)]
     if envelope.key is not None:
         parts.append(_bytes32(envelope.key))
     if len(envelope.headers) > 0xFFFF:
@@ -128,8 +193,12 @@ def looks_like_envelope(payload: bytes) -> bool:
     return payload[:4] == MAGIC
 
 
-def decode(payload: bytes) -> Envelope:
-    """Parse an envelope; raises ``EnvelopeError`` for anything that is not exactly one."""
+def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
+    """Parse an envelope; raises ``EnvelopeError`` for anything that is not exactly one.
+
+    A batch that would take more than ``max_batch_bytes`` once decoded is
+    refused before it is decompressed.
+    """
     size = len(payload)
     if size < _HEADER.size:
         raise EnvelopeError(f"{size} bytes is too short for an envelope")
@@ -138,7 +207,11 @@ def decode(payload: bytes) -> Envelope:
         raise EnvelopeError("no envelope magic bytes")
     if version != VERSION:
         raise EnvelopeError(f"unsupported envelope version {version}")
-    if flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER) or reserved or (flags & _VALUE and flags & _BATCH):
+    if (
+        flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER | _TARGET)
+        or reserved
+        or (flags & _VALUE and flags & _BATCH)
+    ):
         raise EnvelopeError(f"invalid envelope flags {flags:#04x}")
     if policy >= len(_POLICIES):
         raise EnvelopeError(f"invalid ack policy {policy}")
@@ -151,13 +224,23 @@ def decode(payload: bytes) -> Envelope:
         n = _U16.unpack_from(payload, pos)[0]
         correlation_id = payload[pos + 2 : pos + 2 + n].decode()
         pos += 2 + n
+        stream = partition = None
+        if flags & _TARGET:
+            n = _U16.unpack_from(payload, pos)[0]
+            stream = payload[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            partition = _U32.unpack_from(payload, pos)[0]
+            pos += 4
         producer_id = sequence = None
+        epoch = 0
         if flags & _PRODUCER:
             n = _U16.unpack_from(payload, pos)[0]
             producer_id = payload[pos + 2 : pos + 2 + n].decode()
             pos += 2 + n
-            sequence = _I64.unpack_from(payload, pos)[0]
+            epoch, sequence = _EPOCH_SEQUENCE.unpack_from(payload, pos)
             pos += 8
+            if epoch > MAX_EPOCH:
+                raise EnvelopeError(f"producer epoch {epoch} is over {MAX_EPOCH}")
         key = None
         if flags & _KEY:
             n = _U32.unpack_from(payload, pos)[0]
@@ -182,6 +265,16 @@ def decode(payload: bytes) -> Envelope:
             if flags & _VALUE:
                 value = body
             else:
+                decoded = _batch_size(body)
+                if max_batch_bytes is not None and decoded > max_batch_bytes:
+                    header = Envelope(
+                        ack_inbox=ack_inbox,
+                        correlation_id=correlation_id,
+                        ack_policy=_POLICIES[policy],
+                        stream=stream,
+                        partition=partition,
+                    )
+                    raise BatchTooLargeError(decoded, max_batch_bytes, header)
                 batch = _parse_batch(body)
     except struct.error:
         raise EnvelopeError(f"envelope ends early: {size} bytes") from None
@@ -200,7 +293,16 @@ def decode(payload: bytes) -> Envelope:
         producer_id=producer_id,
         sequence=sequence,
         batch=batch,
+        stream=stream,
+        partition=partition,
+        producer_epoch=epoch,
     )
+
+
+def _bounded(what: str, value: int | None, limit: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise EnvelopeError(f"{what} must be an integer from 0 to {limit}, got {value!r}")
+    return value
 
 
 def _str16(text: str, what: str) -> bytes:
@@ -221,6 +323,13 @@ def _ipc_buffer(batch: pa.RecordBatch) -> pa.Buffer:
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
+
+
+def _batch_size(data: bytes) -> int:
+    try:
+        return decoded_size(data)
+    except ValueError as exc:
+        raise EnvelopeError(f"the batch is not a valid Arrow IPC stream: {exc}") from None
 
 
 def _parse_batch(data: bytes) -> pa.RecordBatch:

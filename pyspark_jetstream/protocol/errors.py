@@ -25,6 +25,8 @@ class ErrorCode(enum.Enum):
     STORAGE = "storage"
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
+    OUT_OF_ORDER_SEQUENCE = "out_of_order_sequence"
+    PRODUCER_FENCED = "producer_fenced"
 
 
 class JetStreamError(Exception):
@@ -82,6 +84,23 @@ class OffsetOutOfRangeError(JetStreamError):
     retriable = True
 
 
+class OutOfOrderSequenceError(JetStreamError):
+    """An idempotent producer skipped a sequence: nothing was stored; resend from the one expected.
+
+    Retriable: the earlier message failed or is still in flight, and resending
+    the messages in order stores each once.
+    """
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+    retriable = True
+
+
+class ProducerFencedError(JetStreamError):
+    """An idempotent producer wrote with an epoch older than one already stored: a zombie."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
 class StorageError(JetStreamError):
     """The broker failed to store or read data."""
 
@@ -115,6 +134,8 @@ ERRORS_BY_CODE: dict[ErrorCode, type[JetStreamError]] = {
         StorageError,
         UnavailableError,
         RequestTimeoutError,
+        OutOfOrderSequenceError,
+        ProducerFencedError,
     )
 }
 

@@ -17,7 +17,7 @@ headers         list<struct<key: string, value: binary>>        yes
 subject         string (the NATS subject it arrived on)         yes
 reply           string (the NATS reply subject, if any)         yes
 producer_id     string (idempotent producer, with sequence)     yes
-sequence        int64                                           yes
+sequence        int64 (producer epoch << 32 | sequence)         yes
 ==============  ==============================================  ========
 
 ``offset``, ``timestamp`` and ``leader_epoch`` are assigned by the log; the

@@ -1,14 +1,20 @@
 """``df.writeStream.format("jetstream")`` and ``df.write.format("jetstream")``.
 
-Each Spark task publishes its rows as Arrow batches in envelopes, with a
-producer id and a sequence number, and waits for the broker's acks.  The
-producer id is the streaming query's id (stable across restarts from the same
-checkpoint) plus the Spark partition; the sequence is the micro-batch id
-shifted left by 20 bits plus the chunk number.  A task that runs again for the
-same micro-batch -- a retried task, or a query restarted from its checkpoint
--- sends the same producer ids and sequences, and the broker stores each
-chunk once: exactly once into the log, as long as the query's output for a
-micro-batch is deterministic (the same rows in the same Spark partitions).
+Each Spark task publishes its rows as Arrow batches in envelopes, as an
+idempotent producer, and waits for the broker's acks.  The producer id is the
+streaming query's id (stable across restarts from the same checkpoint) plus
+the Spark partition; the producer epoch is the micro-batch id and the
+sequence is the chunk number (from 0, per log partition).  A task that runs
+again for the same micro-batch -- a retried task, or a query restarted from
+its checkpoint -- sends the same producer ids, epochs and sequences, and the
+broker stores each chunk once: exactly once into the log, as long as the
+query's output for a micro-batch is deterministic (the same rows in the same
+Spark partitions).
+
+A chunk refused with a retriable error (a storage error, a timeout, a leader
+change) is sent again, in order with the chunks after it: the broker refuses
+a sequence that skips one (out of order), so a chunk never lands after one
+that failed, and a chunk whose ack was lost is acked again as a duplicate.
 
 Input columns: ``value`` (binary or string, required), and optionally
 ``key`` (binary or string), ``headers`` (``array<struct<key:string,
@@ -20,10 +26,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 import uuid
 import zlib
 from collections import deque
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,7 +42,8 @@ from pyspark.sql.types import StructType
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
@@ -44,8 +53,10 @@ logger = logging.getLogger(__name__)
 
 IN_FLIGHT_CHUNKS = 8
 """Chunks a task publishes ahead of their acks (each up to ``maxBatchBytes``)."""
-SEQUENCE_BITS = 20
-"""Chunks one task may publish per micro-batch and log partition: 2**20."""
+SEND_ATTEMPTS = 5
+"""Times a chunk is sent before a retriable error fails the task."""
+RETRY_BACKOFF = 0.2
+"""Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
 
@@ -89,49 +100,28 @@ class _Publishing:
             finally:
                 broker.close()
 
-    def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, sequence_base: int) -> int:
+    def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, epoch: int) -> int:
         context = TaskContext.get()
         task_partition = context.partitionId() if context else 0
         chunkers: dict[str, Chunker] = {}
         numbers: dict[str, int] = {}
-        futures: deque[concurrent.futures.Future[Ack | None]] = deque()
         rows = 0
         with SyncClient(
             nats_urls=list(self.options.nats), broker=self.options.broker, timeout=self.options.timeout
         ) as client:
-
-            def send(subject: str, chunk: pa.RecordBatch) -> None:
-                number = numbers.get(subject, 0)
-                numbers[subject] = number + 1
-                if number >= 1 << SEQUENCE_BITS:
-                    raise InvalidArgumentError(
-                        f"more than {1 << SEQUENCE_BITS} chunks in one task for {subject}"
-                    )
-                if len(futures) >= IN_FLIGHT_CHUNKS:
-                    # Flow control: a broker (and nats-server, which drops slow consumers)
-                    # is never sent more than a few chunks ahead of its acks.
-                    futures.popleft().result()
-                futures.append(
-                    client.publish_batch_nowait(
-                        self.options.stream or subject,
-                        chunk,
-                        subject=subject,
-                        producer_id=producer_id,
-                        sequence=sequence_base + number,
-                    )
-                )
-
+            window = _Window(client, self.options.stream, producer_id, epoch)
             for batch in batches:
                 rows += batch.num_rows
                 for subject, part in self._route(batch, task_partition):
                     chunker = chunkers.setdefault(subject, Chunker(self.options.max_batch_bytes))
                     for chunk in chunker.add(part):
-                        send(subject, chunk)
+                        window.send(subject, numbers.setdefault(subject, 0), chunk)
+                        numbers[subject] += 1
             for subject, chunker in chunkers.items():
                 for chunk in chunker.flush():
-                    send(subject, chunk)
-            for future in futures:
-                future.result()  # raises the broker's error, if any
+                    window.send(subject, numbers.setdefault(subject, 0), chunk)
+                    numbers[subject] += 1
+            window.drain()
         return rows
 
     def _route(self, batch: pa.RecordBatch, task_partition: int) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -178,6 +168,84 @@ class _Publishing:
             return
         for number in pc.unique(targets).to_pylist():
             yield partition_subject(config.subject, number), payload.filter(pc.equal(targets, number))
+
+
+class _Sent(NamedTuple):
+    subject: str
+    sequence: int
+    chunk: pa.RecordBatch
+    ack: concurrent.futures.Future[Ack | None]
+
+
+class _Window:
+    """Chunks published ahead of their acks, resent in order after a retriable failure."""
+
+    def __init__(self, client: SyncClient, stream: str | None, producer_id: str, epoch: int) -> None:
+        self.client = client
+        self.stream = stream
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self._sent: deque[_Sent] = deque()
+
+    def send(self, subject: str, sequence: int, chunk: pa.RecordBatch) -> None:
+        """Publish ``chunk``; first wait for the oldest ack if the window is full."""
+        if len(self._sent) >= IN_FLIGHT_CHUNKS:
+            # Flow control: a broker (and nats-server, which drops slow consumers)
+            # is never sent more than a few chunks ahead of its acks.
+            oldest = self._sent.popleft()
+            if _failure(oldest) is not None:
+                self._recover([oldest, *self._sent])
+                self._sent.clear()
+        self._sent.append(_Sent(subject, sequence, chunk, self._submit(subject, sequence, chunk)))
+
+    def drain(self) -> None:
+        """Wait for every ack, resending what failed; raise what cannot be stored."""
+        sent, self._sent = list(self._sent), deque()
+        if any(_failure(s) is not None for s in sent):
+            self._recover(sent)
+
+    def _submit(
+        self, subject: str, sequence: int, chunk: pa.RecordBatch
+    ) -> concurrent.futures.Future[Ack | None]:
+        if sequence > MAX_SEQUENCE:
+            raise InvalidArgumentError(f"more than {MAX_SEQUENCE + 1} chunks in one task for {subject}")
+        return self.client.publish_batch_nowait(
+            self.stream,
+            chunk,
+            subject=subject,
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            sequence=sequence,
+        )
+
+    def _recover(self, sent: list[_Sent]) -> None:
+        """Every chunk of ``sent`` whose ack failed is sent again, one at a time, in order."""
+        for item in sent:
+            error = _failure(item)
+            attempt = 1
+            while error is not None:
+                if not error.retriable or attempt >= SEND_ATTEMPTS:
+                    raise error
+                logger.warning(
+                    "resending chunk %d of %s to %s (attempt %d): %s",
+                    item.sequence,
+                    self.producer_id,
+                    item.subject,
+                    attempt + 1,
+                    error,
+                )
+                time.sleep(RETRY_BACKOFF * 2 ** (attempt - 1))
+                attempt += 1
+                error = _failure(item._replace(ack=self._submit(item.subject, item.sequence, item.chunk)))
+
+
+def _failure(sent: _Sent) -> JetStreamError | None:
+    """The error the chunk's ack carried (waiting for it), or ``None`` if it is stored."""
+    try:
+        sent.ack.result()
+    except JetStreamError as exc:
+        return exc
+    return None
 
 
 class Chunker:
@@ -235,7 +303,7 @@ class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):
         if query is None or batch_id is None:
             raise InvalidArgumentError("the streaming sink runs only inside a streaming query")
         partition = context.partitionId() if context else 0
-        self._publish(iterator, f"spark-{query}-{partition}", int(batch_id) << SEQUENCE_BITS)
+        self._publish(iterator, f"spark-{query}-{partition}", int(batch_id))
         return WriterCommitMessage()
 
 

@@ -249,7 +249,11 @@ def test_restart_keeps_streams_data_cursors_and_producer_state(tmp_path, nats_se
         for i in range(20):
             client.publish("durable", b"%d" % i, key=b"k%d" % (i % 4), partition=i % 2)
         client.publish_batch(
-            "durable", pa.table({"value": [b"a", b"b"]}), producer_id="spark-q1-p0", sequence=41
+            "durable",
+            pa.table({"value": [b"a", b"b"]}),
+            producer_id="spark-q1-p0",
+            producer_epoch=41,
+            sequence=0,
         )
         client.set_cursor("job", "durable", 1, 6)
         before = client.fetch("durable", 0).to_table()
@@ -264,7 +268,11 @@ def test_restart_keeps_streams_data_cursors_and_producer_state(tmp_path, nats_se
         assert client.fetch("durable", 0).to_table().equals(before)
         assert client.fetch_cursor("job", "durable", 1) == 6
         again = client.publish_batch(
-            "durable", pa.table({"value": [b"a", b"b"]}), producer_id="spark-q1-p0", sequence=41
+            "durable",
+            pa.table({"value": [b"a", b"b"]}),
+            producer_id="spark-q1-p0",
+            producer_epoch=41,
+            sequence=0,
         )
         assert again.duplicate and (again.first_offset, again.last_offset) == (10, 11)
         assert client.publish("durable", b"new", partition=0).first_offset == 12
@@ -362,7 +370,7 @@ def test_unacked_publishes_expire_and_free_the_window(broker):
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=1.0, max_pending=1) as client:
         for _ in range(2):  # nobody listens on this subject: no ack will come
             with pytest.raises(RequestTimeoutError, match="no ack .* within 1s"):
-                client.publish("any", b"x", subject="nobody.listens")
+                client.publish(None, b"x", subject="nobody.listens")
         assert client.publish("after", b"ok", timeout=30).ok
 
 
@@ -370,13 +378,13 @@ def test_a_publish_waits_as_long_as_its_own_timeout(broker):
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=1.0) as client:
         started = time.monotonic()
         with pytest.raises(RequestTimeoutError, match="within 2.5s"):
-            client.publish("any", b"x", subject="nobody.listens", timeout=2.5)
+            client.publish(None, b"x", subject="nobody.listens", timeout=2.5)
         assert time.monotonic() - started >= 2.5  # not cut short by the client's 1 s default
         # A later, shorter deadline is not held up by an earlier, longer one.
-        slow = client._run(client._client.publish_async("any", b"slow", subject="nobody.listens", timeout=60))
+        slow = client._run(client._client.publish_async(None, b"slow", subject="nobody.listens", timeout=60))
         started = time.monotonic()
         with pytest.raises(RequestTimeoutError, match="within 0.5s"):
-            client.publish("any", b"fast", subject="nobody.listens", timeout=0.5)
+            client.publish(None, b"fast", subject="nobody.listens", timeout=0.5)
         assert time.monotonic() - started < 30
         assert not slow.done()
     assert isinstance(slow.exception(), UnavailableError)  # closing the client ends it

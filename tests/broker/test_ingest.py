@@ -13,6 +13,12 @@ from hypothesis import strategies as st
 
 from pyspark_jetstream.client import AckPolicy
 from pyspark_jetstream.protocol.envelope import MAGIC, Envelope, EnvelopeError, decode, encode
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
 
 from .harness import wait_until
 
@@ -237,16 +243,88 @@ def test_batch_over_the_nats_max_payload_is_refused_by_the_client(client):
 
 def test_duplicate_producer_sequences_are_stored_once(client):
     client.create_stream("idem", "idem")
-    first = client.publish("idem", b"a", producer_id="p1", sequence=1)
-    again = client.publish("idem", b"a", producer_id="p1", sequence=1)
-    batch = client.publish_batch("idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=2)
+    first = client.publish("idem", b"a", producer_id="p1", sequence=0)
+    again = client.publish("idem", b"a", producer_id="p1", sequence=0)
+    batch = client.publish_batch("idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=1)
     batch_again = client.publish_batch(
-        "idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=2
+        "idem", pa.table({"value": [b"b", b"c"]}), producer_id="p1", sequence=1
     )
-    other = client.publish("idem", b"a", producer_id="p2", sequence=1)
+    other = client.publish("idem", b"a", producer_id="p2", sequence=0)
     assert not first.duplicate and again.duplicate
     assert not batch.duplicate and (batch.first_offset, batch.last_offset) == (1, 2)
     assert (again.first_offset, again.last_offset) == (first.first_offset, first.last_offset)
     assert batch_again.duplicate and (batch_again.first_offset, batch_again.last_offset) == (1, 2)
     assert other.first_offset == 3
     assert [r["value"] for r in _rows(client, "idem")] == [b"a", b"b", b"c", b"a"]
+
+
+def test_a_refused_sequence_is_never_acked_as_a_duplicate(client):
+    """Sequence 1 refused, then 2 arrives: 2 must not be stored ahead of 1, and a retry of 1 is stored."""
+    client.create_stream("gap", "gap", max_message_bytes=1000)
+    assert not client.publish("gap", b"zero", producer_id="p", sequence=0).duplicate
+    with pytest.raises(MessageTooLargeError):  # stands for any failed store (disk full, ...)
+        client.publish("gap", b"x" * 2000, producer_id="p", sequence=1)
+    with pytest.raises(OutOfOrderSequenceError, match="sequence 1 comes next") as info:
+        client.publish("gap", b"two", producer_id="p", sequence=2)
+    assert info.value.retriable
+    retried = client.publish("gap", b"one", producer_id="p", sequence=1)
+    assert not retried.duplicate and retried.first_offset == 1
+    assert client.publish("gap", b"two", producer_id="p", sequence=2).first_offset == 2
+    assert [r["value"] for r in _rows(client, "gap")] == [b"zero", b"one", b"two"]
+
+
+def test_producer_epochs_start_at_zero_and_fence_older_ones(client):
+    client.create_stream("epochs", "epochs")
+    with pytest.raises(OutOfOrderSequenceError, match="sequence 0 comes next to start epoch 0"):
+        client.publish("epochs", b"late start", producer_id="p", sequence=5)
+    client.publish("epochs", b"e0", producer_id="p", sequence=0)
+    client.publish("epochs", b"e3", producer_id="p", producer_epoch=3, sequence=0)
+    with pytest.raises(ProducerFencedError, match="epoch 3, newer than 0"):
+        client.publish("epochs", b"zombie", producer_id="p", producer_epoch=0, sequence=1)
+    assert client.publish("epochs", b"e3", producer_id="p", producer_epoch=3, sequence=0).duplicate
+    assert [r["value"] for r in _rows(client, "epochs")] == [b"e0", b"e3"]
+
+
+def test_only_the_named_stream_acks_when_streams_share_a_subject(client):
+    client.create_stream("events", "events", partitions=2)
+    client.create_stream("allevents", "events.>")
+    client.create_stream("copy", "events")
+    ack = client.publish("events", b"hello", partition=1)
+    assert (ack.stream, ack.partition, ack.first_offset) == ("events", 1, 0)
+    for _ in range(20):  # acks race: any other stream's ack would win some of these
+        assert client.publish("copy", b"c").stream == "copy"
+        assert client.publish("allevents", b"w", subject="events.1").stream == "allevents"
+        assert client.publish("events", b"x", subject="events.1").stream == "events"
+    # Every stream still stores its copy.
+    assert len(_rows(client, "allevents", expect=41)) == 41
+    assert len(_rows(client, "copy", expect=20)) == 20
+    with pytest.raises(InvalidArgumentError, match="not one of stream 'events'"):
+        client.publish("events", b"x", subject="elsewhere")
+
+
+def test_a_compressed_batch_that_decodes_past_the_limit_is_refused_unread(client, broker):
+    """A few KB of zstd declaring 100 MB: refused by its declared size, never decompressed."""
+    client.create_stream("bomb", "bomb")
+    zeros = pa.record_batch({"value": pa.array([b"\0" * 4_000_000] * 25, pa.binary())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, zeros.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_batch(zeros)
+    bomb = sink.getvalue().to_pybytes()
+    assert len(bomb) < 100_000
+    header = encode(Envelope(batch=pa.record_batch({"value": [b"v"]}), ack_inbox="acks", correlation_id="7"))
+    # Splice the bomb in place of the small batch: same header, new bytes32 body.
+    small = len(header) - header.index(b"\xff\xff\xff\xff") + 4
+    payload = header[: len(header) - small] + len(bomb).to_bytes(4, "little") + bomb
+
+    async def run() -> dict:
+        nc = await nats.connect(broker.nats_url)
+        sub = await nc.subscribe("acks")
+        await nc.publish("bomb", payload)
+        reply = await sub.next_msg(timeout=10)
+        await nc.close()
+        return json.loads(reply.data)
+
+    ack = asyncio.run(run())
+    assert ack["error"] == "too_large" and "decodes to 100000" in ack["message"]
+    assert client.fetch("bomb").num_rows == 0
+    assert client.publish("bomb", b"still serving").first_offset == 0

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pyspark_jetstream.client.partitioners import RoundRobin, key_hash
 from pyspark_jetstream.protocol.ack import Ack, decode_ack, decode_acks, encode_ack, encode_acks
-from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, EnvelopeError, decode, encode
+from pyspark_jetstream.protocol.envelope import (
+    AckPolicy,
+    BatchTooLargeError,
+    Envelope,
+    EnvelopeError,
+    decode,
+    encode,
+    producer_position,
+    split_position,
+)
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -27,7 +37,9 @@ from pyspark_jetstream.protocol.flight import (
     parse_response_metadata,
     response_metadata,
 )
+from pyspark_jetstream.protocol.ipc import decoded_size
 from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name, validate_subject
+from pyspark_jetstream.protocol.subjects import subject_matches, subjects_overlap
 
 TEXT = st.text(max_size=20)
 BYTES = st.binary(max_size=50)
@@ -36,6 +48,7 @@ BYTES = st.binary(max_size=50)
 @st.composite
 def envelopes(draw) -> Envelope:
     with_producer = draw(st.booleans())
+    target = draw(st.one_of(st.none(), st.tuples(TEXT, st.integers(0, 2**32 - 1))))
     batch = None
     value = draw(st.one_of(st.none(), BYTES))
     if draw(st.booleans()):
@@ -50,8 +63,11 @@ def envelopes(draw) -> Envelope:
         correlation_id=draw(TEXT),
         ack_policy=draw(st.sampled_from(AckPolicy)),
         producer_id=draw(TEXT) if with_producer else None,
-        sequence=draw(st.integers(-(2**63), 2**63 - 1)) if with_producer else None,
+        sequence=draw(st.integers(0, 2**32 - 1)) if with_producer else None,
+        producer_epoch=draw(st.integers(0, 2**31 - 1)) if with_producer else 0,
         batch=batch,
+        stream=target[0] if target else None,
+        partition=target[1] if target else None,
     )
 
 
@@ -87,6 +103,66 @@ def test_envelope_encoding_errors_are_clear():
         encode(Envelope(value=b"x", producer_id="p"))
     with pytest.raises(EnvelopeError, match="batch needs a 'value' column"):
         decode(encode(Envelope(batch=pa.record_batch({"v": [b"y"]}))))
+    with pytest.raises(EnvelopeError, match="target stream and partition go together"):
+        encode(Envelope(value=b"x", stream="s"))
+    for field, bad in [("sequence", -1), ("sequence", 2**32), ("producer_epoch", 2**31)]:
+        fields = {"producer_id": "p", "sequence": 0, field: bad}
+        with pytest.raises(EnvelopeError, match="must be an integer from 0 to"):
+            encode(Envelope(value=b"x", **fields))
+
+
+def test_producer_positions_order_by_epoch_then_sequence():
+    assert producer_position(1, 0) > producer_position(0, 2**32 - 1)
+    assert split_position(producer_position(2**31 - 1, 2**32 - 1)) == (2**31 - 1, 2**32 - 1)
+    assert producer_position(2**31 - 1, 2**32 - 1) == 2**63 - 1  # fits the int64 column
+
+
+@pytest.mark.parametrize("codec", [None, "lz4", "zstd"])
+def test_decoded_size_is_read_from_headers_not_by_decompressing(codec):
+    batch = pa.record_batch({"value": pa.array([b"\0" * 100_000] * 40, pa.binary())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as w:
+        w.write_batch(batch)
+        w.write_batch(batch.slice(0, 3))
+    stream = sink.getvalue()
+    expected = batch.nbytes + batch.slice(0, 3).nbytes
+    assert expected <= decoded_size(stream) <= expected + 64  # buffers are padded to 8 bytes
+    envelope = encode(Envelope(batch=batch, ack_inbox="in", correlation_id="c"))
+    with pytest.raises(BatchTooLargeError, match="decodes to") as info:
+        decode(envelope, max_batch_bytes=batch.nbytes - 1)
+    assert info.value.header.ack_inbox == "in" and info.value.header.correlation_id == "c"
+    assert decode(envelope, max_batch_bytes=batch.nbytes + 64).batch.equals(batch)
+
+
+@given(st.binary(max_size=300))
+def test_decoded_size_raises_only_value_error(data):
+    with contextlib.suppress(ValueError):
+        decoded_size(b"\x00" + data)
+        decoded_size(b"\xff\xff\xff\xff" + data)
+
+
+def test_subject_matching_and_overlap():
+    assert subject_matches("a.*.c", "a.b.c") and not subject_matches("a.*.c", "a.b.c.d")
+    assert subject_matches("a.>", "a.b.c") and not subject_matches("a.>", "a")
+    assert subject_matches(">", "x") and not subject_matches("a", "a.b")
+    overlapping = [("a.>", "a.*.b"), (">", "a"), ("a.*", "*.b"), ("a", "a"), ("*", "*")]
+    apart = [("a.>", "a"), ("a.*", "a.b.c"), ("a.b", "a.c"), ("a", "a.b")]
+    for x, y in overlapping:
+        assert subjects_overlap(x, y) and subjects_overlap(y, x), (x, y)
+    for x, y in apart:
+        assert not subjects_overlap(x, y) and not subjects_overlap(y, x), (x, y)
+
+
+PATTERN_TOKENS = st.lists(st.sampled_from(["a", "b", "*", ">"]), min_size=1, max_size=3)
+
+
+@given(PATTERN_TOKENS, PATTERN_TOKENS)
+def test_overlap_agrees_with_matching_on_small_alphabets(x, y):
+    assume(">" not in x[:-1] and ">" not in y[:-1])
+    left, right = ".".join(x), ".".join(y)
+    concrete = [".".join(t) for n in range(1, 5) for t in itertools.product("ab", repeat=n)]
+    witness = any(subject_matches(left, c) and subject_matches(right, c) for c in concrete)
+    assert subjects_overlap(left, right) == witness
 
 
 def test_ack_round_trip_and_strictness():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 import time
@@ -14,7 +15,8 @@ from pyspark.sql.functions import col, udf
 from pyspark.sql.types import BinaryType
 
 from pyspark_jetstream.client.connection import BrokerConnection
-from pyspark_jetstream.spark.sink import Chunker
+from pyspark_jetstream.protocol.errors import RequestTimeoutError
+from pyspark_jetstream.spark.sink import Chunker, _Window
 
 
 def values_of(client, stream: str, partitions: int = 1) -> list[bytes]:
@@ -164,3 +166,36 @@ def test_chunks_depend_only_on_the_rows(sizes, cuts, limit):
     assert chunked(pieces) == whole
     assert [v for chunk in whole for v in chunk] == batch.column("value").to_pylist()
     assert all(len(chunk) == 1 or sum(len(v) + 16 for v in chunk) <= limit for chunk in whole)
+
+
+def test_a_chunk_lost_in_flight_is_resent_in_order_with_those_after_it(deployment, client, name):
+    """Chunk 3 of 10 never reaches the broker the first time: the broker refuses 4 to 7 as out of
+    order (nothing stored past the gap), and the task resends 3 onward, so each chunk is stored
+    exactly once and in order."""
+    client.create_stream(name, name)
+    chunks = [pa.record_batch({"value": [b"%d" % i]}) for i in range(10)]
+    lost = []
+
+    class LosingClient:
+        """A real client whose first publish of chunk 3 is lost on the way (its ack times out)."""
+
+        def publish_batch_nowait(self, stream, chunk, **options):
+            if options["sequence"] == 3 and not lost:
+                lost.append(3)
+                failed = concurrent.futures.Future()
+                failed.set_exception(RequestTimeoutError("no ack for chunk 3 (dropped on purpose)"))
+                return failed
+            return client.publish_batch_nowait(stream, chunk, **options)
+
+    window = _Window(LosingClient(), name, "producer-lost-chunk", epoch=7)
+    for sequence, chunk in enumerate(chunks):
+        window.send(name, sequence, chunk)
+    window.drain()
+    assert lost == [3]
+    assert values_of(client, name) == [b"%d" % i for i in range(10)]
+    # The whole task running again (a Spark retry) stores nothing twice.
+    again = _Window(client, name, "producer-lost-chunk", epoch=7)
+    for sequence, chunk in enumerate(chunks):
+        again.send(name, sequence, chunk)
+    again.drain()
+    assert values_of(client, name) == [b"%d" % i for i in range(10)]
