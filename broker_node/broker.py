@@ -58,7 +58,6 @@ class Broker:
         self._nats_server: NatsServer | None = None
         self._ingestor: Ingestor | None = None
         self._flight: FlightApi | None = None
-        self._flight_thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -96,9 +95,10 @@ class Broker:
         self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
         await self._sync()
         self._cursors = CursorTable.rebuild(self.partition(CURSOR_STREAM, 0).log)
-        # Serve (and let clients find us) only once every partition and cursor is loaded.
-        self._flight_thread = threading.Thread(target=self._flight.serve, name="flight", daemon=True)
-        self._flight_thread.start()
+        # Let clients find us only once every partition and cursor is loaded.  (The
+        # Flight server has served since it was made; FlightServerBase.serve() is not
+        # called because it installs its own SIGTERM handler, which would wait for
+        # every open call to end before the broker even hears of the signal.)
         await self._ingestor.answer_discovery()
         self._background.append(
             asyncio.ensure_future(

@@ -397,3 +397,20 @@ def test_unencodable_publishes_do_not_leak_the_window(broker):
             with pytest.raises(ValueError, match="header name is 70000 bytes"):
                 client.publish("enc", b"x", headers={"h" * 70_000: b"v"})
         assert client.publish("enc", b"fine").first_offset == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_open_follow_reads_at_once(tmp_path, nats_server, sig):
+    """An open follow read (60 s) must not hold up a graceful stop until it expires."""
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("tailed", "tailed")
+        client.publish("tailed", b"x")
+    raw = flight.connect(broker.flight)
+    readers = [raw.do_get(flight.Ticket(ReadRequest("tailed", follow=60).to_ticket())) for _ in range(3)]
+    for reader in readers:
+        assert reader.read_chunk().data.num_rows == 1  # the read is open and parked
+    started = time.monotonic()
+    assert broker.stop(sig, timeout=60) == 0
+    assert time.monotonic() - started < 10
+    raw.close()
