@@ -9,12 +9,16 @@ broker starts, answers reads.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from broker_node.log import Log
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+logger = logging.getLogger(__name__)
+
+MAX_OFFSET = 2**63 - 1
 CURSOR_STREAM = "__cursors"
 CURSOR_STREAM_CONFIG = StreamConfig(
     name=CURSOR_STREAM,
@@ -56,16 +60,45 @@ class CursorTable:
 
     @classmethod
     def rebuild(cls, log: Log) -> CursorTable:
-        """Replay the cursor stream: the newest value per key wins."""
+        """Replay the cursor stream: the newest value per key wins.
+
+        A record that is not a cursor (no key, or a value that is not a
+        decimal offset in range) is skipped and logged, never fatal: anyone
+        may publish to the cursor stream's subject.
+        """
         table = cls()
+        skipped = 0
         for batch in log.scan():
-            for key, value in zip(
-                batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True
+            for offset, key, value in zip(
+                batch.column("offset").to_pylist(),
+                batch.column("key").to_pylist(),
+                batch.column("value").to_pylist(),
+                strict=True,
             ):
-                if key is None:
-                    continue
-                if value is None:
+                if key is not None and value is None:
                     table._cursors.pop(key, None)
-                else:
-                    table._cursors[key] = int(value)
+                    continue
+                position = parse_cursor(value)
+                if key is None or position is None:
+                    skipped += 1
+                    if skipped <= 10:
+                        logger.warning(
+                            "skipping record %d of %s: not a cursor (key %r, value %r)",
+                            offset,
+                            log.directory,
+                            key,
+                            value if value is None else value[:40],
+                        )
+                    continue
+                table._cursors[key] = position
+        if skipped:
+            logger.warning("skipped %d record(s) of %s that are not cursors", skipped, log.directory)
         return table
+
+
+def parse_cursor(value: bytes | None) -> int | None:
+    """The offset a cursor record's value holds, or ``None`` if it holds none."""
+    if value is None or not 1 <= len(value) <= 19 or not value.isdigit():
+        return None
+    position = int(value)
+    return position if position <= MAX_OFFSET else None

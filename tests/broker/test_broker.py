@@ -14,6 +14,7 @@ import pytest
 from pyarrow import flight
 
 from broker_node.broker import RUNTIME_FILE
+from broker_node.log import Log, Record
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -414,3 +415,30 @@ def test_a_stop_signal_ends_open_follow_reads_at_once(tmp_path, nats_server, sig
     assert broker.stop(sig, timeout=60) == 0
     assert time.monotonic() - started < 10
     raw.close()
+
+
+def test_records_in_the_cursor_stream_that_are_not_cursors_are_skipped_at_start(tmp_path, nats_server):
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("c", "c")
+        client.set_cursor("app", "c", 0, 5)
+        client.set_cursor("other", "c", 0, 2)
+    assert broker.stop() == 0
+    # Well-checksummed records that are not cursors, as a stray writer could leave them.
+    with Log.open(broker.data_dir / "streams" / "__cursors" / "0") as log:
+        log.append(
+            [
+                Record(b"not a number", key=b"app/c/0"),
+                Record(b"9" * 30, key=b"other/c/0"),  # past int64
+                Record(b"-3", key=b"other/c/0"),
+                Record(b"4", key=None),
+            ]
+        )
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert client.fetch_cursor("app", "c", 0) == 5
+        assert client.fetch_cursor("other", "c", 0) == 2
+        client.set_cursor("app", "c", 0, 6)
+        assert client.fetch_cursor("app", "c", 0) == 6
+    assert "not a cursor" in broker.log_path.read_text()
+    assert broker.stop() == 0
