@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 RUNTIME_FILE = "broker.json"
 """Written in the data directory once the broker serves: its addresses and pid."""
+NATS_PID_FILE = "nats-server.pid"
+"""The embedded nats-server's pid, so a next start can stop one that outlived its broker."""
+NATS_RESTART_BACKOFF = (0.5, 30.0)
+"""First and longest wait (seconds) before restarting an embedded nats-server that died."""
 SYNC_TIMEOUT = 30.0
 
 
@@ -61,23 +65,44 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._offline: dict[tuple[str, int], str] = {}
+        """Partitions this broker should hold but cannot, and why."""
         self._partitions_lock = threading.RLock()
         self._cursor_lock = threading.Lock()
 
     # ---- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect to (or start) NATS, open every partition, serve Flight."""
+        """Connect to (or start) NATS, open every partition, serve Flight.
+
+        If any step fails, what was already started is stopped again (the
+        embedded nats-server included) before the error is raised.
+        """
         self._loop = asyncio.get_running_loop()
         self._sync_lock = asyncio.Lock()
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         nats_config = self.config.nats
         if nats_config.servers:
             self.nats_urls = list(nats_config.servers)
         else:
-            self._nats_server = NatsServer(host=nats_config.embedded_host, port=nats_config.embedded_port)
-            await asyncio.to_thread(self._nats_server.start)
+            self._nats_server = NatsServer(
+                host=nats_config.embedded_host,
+                port=nats_config.embedded_port,
+                pid_file=self.data_dir / NATS_PID_FILE,
+            )
+            # Launched from the loop's thread, which lives as long as the broker:
+            # the server is killed when the thread that started it ends.
+            self._nats_server.launch()
+            await asyncio.to_thread(self._nats_server.wait_ready)
             self.nats_urls = [self._nats_server.url]
+            self._background.append(asyncio.ensure_future(self._supervise_nats(self._nats_server)))
         self._ingestor = await Ingestor.connect(
             self.nats_urls,
             nats_config,
@@ -129,6 +154,25 @@ class Broker:
             self.flight_address,
             self.nats_urls,
         )
+
+    async def _supervise_nats(self, server: NatsServer) -> None:
+        """Restart the embedded nats-server on its port whenever it dies; the NATS client reconnects."""
+        wait, longest = NATS_RESTART_BACKOFF
+        while True:
+            await asyncio.sleep(0.2 if server.running else wait)
+            if server.running:
+                wait = NATS_RESTART_BACKOFF[0]
+                continue
+            port = server.port or server.requested_port
+            logger.error("the embedded nats-server died; restarting it on port %s", port)
+            server.stop()  # reap it, remove its files
+            server.requested_port = port
+            try:
+                server.launch()
+                await asyncio.to_thread(server.wait_ready)
+            except Exception:
+                logger.exception("cannot restart the embedded nats-server; retrying in %gs", wait)
+                wait = min(wait * 2, longest)
 
     async def close(self) -> None:
         """Stop accepting, store what is pending, checkpoint and close everything."""
@@ -208,12 +252,17 @@ class Broker:
                 if key not in self._partitions:
                     try:
                         opened = await asyncio.to_thread(self._open_partition, config, key[1], state)
-                    except Exception:
+                    except Exception as exc:
                         # One damaged partition must not keep the others from serving.
                         logger.exception("cannot open partition %s/%d; it stays offline", *key)
+                        self._offline[key] = f"cannot be opened: {exc}"
                         continue
+                    self._offline.pop(key, None)
                     with self._partitions_lock:
                         self._partitions[key] = opened
+            for key in list(self._offline):
+                if key not in wanted:
+                    del self._offline[key]
             await self._ingestor.sync(
                 {
                     key: (self._partitions[key], config, self._producers[key])
@@ -272,10 +321,21 @@ class Broker:
     # ---- admin ---------------------------------------------------------------------
 
     def create_stream(self, config: StreamConfig) -> StreamInfo:
-        """Create (or confirm) a stream and start serving it before returning."""
+        """Create (or confirm) a stream and start serving it before returning.
+
+        A new stream whose subscription NATS refuses is deleted again and the
+        refusal raised: nothing half-made stays behind.
+        """
         validate_stream_name(config.name)  # internal names are the broker's own
+        existed = any(m.config.name == config.name for m in self.coordinator.list_streams())
         self.coordinator.create_stream(config)
         self._wait_for_sync()
+        failures = self._ingestor.failures if self._ingestor is not None else {}
+        refused = [reason for (stream, _), reason in sorted(failures.items()) if stream == config.name]
+        if refused and not existed:
+            self.coordinator.delete_stream(config.name)
+            self._wait_for_sync()
+            raise InvalidArgumentError(f"stream {config.name!r} was not created: {refused[0]}")
         return self.describe_stream(config.name)
 
     def delete_stream(self, name: str) -> None:
@@ -353,9 +413,27 @@ class Broker:
             "broker_id": self.config.broker_id,
             "flight": self.flight_address,
             "nats": self.nats_urls,
+            "health": self.health(),
             "streams": [info.to_json() for info in self.list_streams()],
             "cursors": cursors,
         }
+
+    def health(self) -> dict[str, Any]:
+        """Whether the broker can do its job: ``{"ok": bool, "problems": [one line each]}``.
+
+        A problem is anything that stops it ingesting or serving some data:
+        the embedded nats-server down, the NATS connection down, a partition
+        it holds that cannot be opened, a subscription NATS refused.
+        """
+        problems = []
+        if self._nats_server is not None and not self._nats_server.running:
+            problems.append("the embedded nats-server is not running (restarting it)")
+        if self._ingestor is None or not self._ingestor.connected:
+            problems.append(f"not connected to NATS at {', '.join(self.nats_urls)}: nothing is ingested")
+        failures = self._ingestor.failures if self._ingestor is not None else {}
+        for (stream, number), reason in sorted({**self._offline, **failures}.items()):
+            problems.append(f"{stream}/{number}: {reason}")
+        return {"ok": not problems, "problems": problems}
 
     def _discovery(self) -> dict[str, object]:
         return {"broker_id": self.config.broker_id, "flight": self.flight_address}

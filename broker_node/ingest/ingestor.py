@@ -1,258 +1,78 @@
-"""Subscriptions that feed partitions from NATS, and the acks that answer publishers.
+"""The broker's NATS connection: subscriptions for the partitions it leads, and discovery.
 
-Every partition this broker leads has one NATS subscription on its subject
-(in the stream's queue group, if it has a load-balance group).  Messages that
-arrive one at a time are coalesced into one stored batch per flush: a flush
-runs as soon as the subscription's queue is drained (or after
-``max_delay``), or at once when ``max_batch_messages`` or ``max_batch_bytes``
-is reached.  Every message still gets its own ack; the acks of one flush for
-one inbox travel together in one NATS message.  An envelope carrying an Arrow
-batch, or a producer id, is stored as its own batch after the pending ones,
-so the log keeps arrival order.
+One connection per broker.  nats-py reconnects by itself after a network
+failure, but closes the connection for good when the server answers a
+protocol error (a refused subscription, say); the ingestor then opens a new
+connection and subscribes everything again, so ingestion is never silently
+down.  Whether the connection is up is reported by :attr:`Ingestor.connected`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
 
-import nats
-import pyarrow as pa
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig, NatsConfig
-from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
-from broker_node.log.records import record_size
 from broker_node.replication.partition import Partition
-from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
-from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
-from pyspark_jetstream.protocol.envelope import (
-    AckPolicy,
-    BatchTooLargeError,
-    Envelope,
-    EnvelopeError,
-    decode,
-    looks_like_envelope,
-    producer_position,
-)
-from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
-from pyspark_jetstream.protocol.schema import HEADER_TYPE
+from pyspark_jetstream.protocol.errors import UnavailableError
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
 
-from .producers import ProducerTable, Verdict
+from .partition_ingest import PartitionIngest
+from .producers import ProducerTable
 
 logger = logging.getLogger(__name__)
 
 PENDING_MESSAGES_LIMIT = 4_000_000
 PENDING_BYTES_LIMIT = 2 * 1024 * 1024 * 1024
+SUBSCRIBE_TIMEOUT = 5.0
+"""Seconds for NATS to confirm a new subscription."""
 
 
-class _AckTarget(NamedTuple):
-    subject: str
-    correlation_id: str
+async def round_trip(nc: NatsClient) -> None:
+    """Return once the server has processed every command sent so far.
 
-
-class PartitionIngest:
-    """Coalesces one partition's incoming messages into batches and acks them."""
-
-    def __init__(
-        self,
-        nc: NatsClient,
-        partition: Partition,
-        config: StreamConfig,
-        producers: ProducerTable,
-        settings: IngestConfig,
-    ) -> None:
-        self.nc = nc
-        self.partition = partition
-        self.config = config
-        self.producers = producers
-        self.settings = settings
-        self.subscription: Subscription | None = None
-        self._records: list[Record] = []
-        self._targets: list[_AckTarget | None] = []
-        self._bytes = 0
-        self._flush_task: asyncio.Task[None] | None = None
-
-    async def handle(self, msg: Msg) -> None:
-        """Store one NATS message (plain or envelope) and ack it when asked to."""
-        try:
-            await self._handle(msg)
-        except Exception:
-            logger.exception("failed to ingest a message on %s for %s", msg.subject, self._name)
-
-    async def _handle(self, msg: Msg) -> None:
-        data = msg.data
-        envelope = None
-        if looks_like_envelope(data):
-            try:
-                envelope = decode(data, max_batch_bytes=self.partition.log.config.max_batch_bytes)
-            except BatchTooLargeError as exc:
-                logger.warning("refusing an envelope on %s for %s: %s", msg.subject, self._name, exc)
-                await self._ack(self._ack_target(exc.header), error=ErrorCode.TOO_LARGE, message=str(exc))
-                return
-            except EnvelopeError as exc:
-                logger.debug(
-                    "payload on %s is not a valid envelope (%s); storing it as plain", msg.subject, exc
-                )
-        if envelope is None:
-            headers = tuple((k, v.encode()) for k, v in msg.headers.items()) if msg.headers else ()
-            record = Record(data, headers=headers, subject=msg.subject, reply=msg.reply or None)
-            target = _AckTarget(msg.reply, "") if self.config.ack_reply and msg.reply else None
-            await self._add(record, target)
-            return
-        if envelope.batch is None and envelope.producer_id is None:
-            record = Record(envelope.value, key=envelope.key, headers=envelope.headers, subject=msg.subject)
-            await self._add(record, self._ack_target(envelope))
-        else:
-            await self.flush()
-            await self._store_alone(envelope, msg.subject)
-
-    def _targeted(self, envelope: Envelope) -> bool:
-        """Whether this partition is the one the envelope names (or it names none)."""
-        return envelope.stream is None or (
-            envelope.stream == self.config.name and envelope.partition == self.partition.number
-        )
-
-    def _ack_target(self, envelope: Envelope) -> _AckTarget | None:
-        """Where to ack: only the targeted partition acks; other streams store a silent copy."""
-        if not envelope.ack_inbox or envelope.ack_policy is AckPolicy.NONE or not self._targeted(envelope):
-            return None
-        return _AckTarget(envelope.ack_inbox, envelope.correlation_id)
-
-    async def _add(self, record: Record, target: _AckTarget | None) -> None:
-        size = record_size(record)
-        limit = self.config.max_message_bytes
-        if size > limit:
-            logger.warning(
-                "refusing a %d-byte message on %s: over max_message_bytes=%d", size, self._name, limit
-            )
-            await self._ack(
-                target,
-                error=ErrorCode.TOO_LARGE,
-                message=f"message is {size} bytes, over max_message_bytes={limit}",
-            )
-            return
-        if self._records and self._bytes + size > self.settings.max_batch_bytes:
-            await self.flush()  # keep every stored batch within the limit
-        self._records.append(record)
-        self._targets.append(target)
-        self._bytes += size
-        settings = self.settings
-        full = len(self._records) >= settings.max_batch_messages or self._bytes >= settings.max_batch_bytes
-        # Nothing else queued to coalesce with: store now rather than a loop iteration later.
-        idle = (
-            settings.max_delay == 0 and self.subscription is not None and not self.subscription.pending_msgs
-        )
-        if full or idle:
-            await self.flush()
-        elif self._flush_task is None:
-            self._flush_task = asyncio.ensure_future(self._flush_soon())
-
-    async def _flush_soon(self) -> None:
-        await asyncio.sleep(self.settings.max_delay)  # 0: just let the queue drain first
-        self._flush_task = None
-        try:
-            await self.flush()
-        except Exception:
-            logger.exception("flushing %s failed", self._name)
-
-    async def flush(self) -> None:
-        """Store the pending messages as one batch and ack them."""
-        if not self._records:
-            return
-        records, targets = self._records, self._targets
-        self._records, self._targets, self._bytes = [], [], 0
-        try:
-            offsets = self.partition.append(records)
-        except LogError as exc:
-            logger.exception("failed to append %d messages to %s", len(records), self._name)
-            for target in targets:
-                await self._ack(target, error=_error_code(exc), message=str(exc))
-            return
-        # One NATS message per ack inbox per flush: a producer pipelining many
-        # messages gets their acks together.
-        by_subject: dict[str, list[Ack]] = {}
-        stream, number = self.config.name, self.partition.number
-        for offset, target in zip(offsets, targets, strict=True):
-            if target is not None:
-                by_subject.setdefault(target.subject, []).append(
-                    Ack(stream, number, offset, offset, target.correlation_id)
-                )
-        for subject, acks in by_subject.items():
-            await self.nc.publish(subject, encode_acks(acks))
-
-    async def _store_alone(self, envelope: Envelope, subject: str) -> None:
-        target = self._ack_target(envelope)
-        producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
-        if producer is not None and sequence is not None:
-            check = self.producers.check(producer, epoch, sequence, target=self._targeted(envelope))
-            if check.verdict is Verdict.DUPLICATE:
-                await self._ack(target, check.first, check.last, error=ErrorCode.DUPLICATE)
-                return
-            if check.verdict is not Verdict.STORE:
-                code = (
-                    ErrorCode.OUT_OF_ORDER_SEQUENCE
-                    if check.verdict is Verdict.OUT_OF_ORDER
-                    else ErrorCode.PRODUCER_FENCED
-                )
-                await self._ack(target, error=code, message=check.reason)
-                return
-        try:
-            offsets = self.partition.append(_envelope_table(envelope, subject))
-        except LogError as exc:
-            if _error_code(exc) is ErrorCode.STORAGE:
-                logger.exception("failed to append a batch to %s", self._name)
-            await self._ack(target, error=_error_code(exc), message=str(exc))
-            return
-        if producer is not None and sequence is not None:
-            self.producers.record(producer, epoch, sequence, offsets.start, offsets[-1])
-        await self._ack(target, offsets.start, offsets[-1])
-
-    async def _ack(
-        self,
-        target: _AckTarget | None,
-        first: int = -1,
-        last: int = -1,
-        error: ErrorCode = ErrorCode.OK,
-        message: str = "",
-    ) -> None:
-        if target is None:
-            return
-        ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error, message)
-        await self.nc.publish(target.subject, encode_ack(ack))
-
-    async def close(self) -> None:
-        """Stop listening and store what is pending."""
-        if self.subscription is not None:
-            await self.subscription.unsubscribe()
-            self.subscription = None
-        if self._flush_task is not None:
-            self._flush_task.cancel()
-            self._flush_task = None
-        await self.flush()
-
-    @property
-    def _name(self) -> str:
-        return f"{self.config.name}/{self.partition.number}"
+    Two flushes: nats-py writes a flush's PING ahead of commands still in its
+    buffer, so only the second PING surely follows them.
+    """
+    await nc.flush(timeout=SUBSCRIBE_TIMEOUT)  # type: ignore[arg-type]
+    await nc.flush(timeout=SUBSCRIBE_TIMEOUT)  # type: ignore[arg-type]
 
 
 class Ingestor:
     """The broker's NATS connection and its subscriptions, in line with the partitions it leads."""
 
     def __init__(
-        self, nc: NatsClient, settings: IngestConfig, discovery: Callable[[], dict[str, object]]
+        self,
+        urls: list[str],
+        nats_config: NatsConfig,
+        settings: IngestConfig,
+        discovery: Callable[[], dict[str, object]],
+        name: str,
     ) -> None:
-        self.nc = nc
+        self.urls = urls
+        self.nats_config = nats_config
         self.settings = settings
+        self.name = name
+        self.nc = NatsClient()
         self._discovery = discovery
+        self._answering = False
         self._ingests: dict[tuple[str, int], PartitionIngest] = {}
+        self._failures: dict[tuple[str, int], str] = {}
         self._discovery_sub: Subscription | None = None
+        self._errors: list[str] = []
+        """Errors the server sent (the last few), to tell which subscription it refused."""
+        self._drops = 0
+        """Connections lost so far: a server that closes the connection over a SUB says no that way."""
+        self._closing = False
+        self._reopening: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -263,90 +83,167 @@ class Ingestor:
         discovery: Callable[[], dict[str, object]],
         name: str,
     ) -> Ingestor:
-        """Connect to NATS, reconnecting as configured."""
-
-        async def on_error(exc: Exception) -> None:
-            logger.warning("NATS error: %s", exc)
-
+        """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails."""
+        ingestor = cls(urls, nats_config, settings, discovery, name)
         try:
-            nc = await nats.connect(
-                servers=urls,
-                name=name,
-                reconnect_time_wait=nats_config.reconnect_wait,
-                max_reconnect_attempts=nats_config.max_reconnect_attempts,
-                connect_timeout=5,
-                allow_reconnect=True,
-                error_cb=on_error,
-            )
+            await ingestor._connect(ingestor.nc)
         except Exception as exc:
             raise UnavailableError(f"cannot connect to NATS at {', '.join(urls)}: {exc}") from exc
-        return cls(nc, settings, discovery)
+        return ingestor
+
+    async def _connect(self, nc: NatsClient) -> None:
+        await nc.connect(
+            servers=self.urls,
+            name=self.name,
+            reconnect_time_wait=self.nats_config.reconnect_wait,  # type: ignore[arg-type]
+            max_reconnect_attempts=self.nats_config.max_reconnect_attempts,
+            connect_timeout=5,
+            allow_reconnect=True,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnect,
+            closed_cb=self._on_closed,
+        )
+
+    async def _on_disconnect(self) -> None:
+        self._drops += 1
+        if not self._closing:
+            logger.warning("lost the connection to NATS; reconnecting")
+
+    async def _on_error(self, exc: Exception) -> None:
+        logger.warning("NATS error: %s", exc)
+        self._errors = [*self._errors[-7:], str(exc)]
+
+    async def _on_closed(self) -> None:
+        self._replace_if_closed()
+
+    def _replace_if_closed(self) -> None:
+        if self.nc.is_closed and not self._closing and self._reopening is None:
+            logger.error("the NATS connection was closed (%s); opening a new one", self.nc.last_error)
+            self._reopening = asyncio.ensure_future(self._reopen())
+
+    async def _reopen(self) -> None:
+        """A new connection with every subscription the closed one had (failed ones excepted)."""
+        wait = max(self.nats_config.reconnect_wait, 0.1)
+        while not self._closing:
+            nc = NatsClient()
+            try:
+                await self._connect(nc)
+                for ingest in self._ingests.values():
+                    ingest.nc = nc
+                    ingest.subscription = await self._subscribe(nc, ingest)
+                if self._answering:
+                    self._discovery_sub = await self._subscribe_discovery(nc)
+                await round_trip(nc)
+                self.nc = nc
+            except Exception:
+                logger.exception("cannot reopen the NATS connection; retrying in %gs", wait)
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                await asyncio.sleep(wait)
+                continue
+            logger.info("NATS connection reopened with %d subscription(s)", len(self._ingests))
+            break
+        self._reopening = None
+
+    async def _current(self) -> NatsClient:
+        """The connection to use: a closed one is replaced first (waiting for that)."""
+        self._replace_if_closed()
+        if self._reopening is not None:
+            await asyncio.shield(self._reopening)
+        return self.nc
 
     async def answer_discovery(self) -> None:
         """Answer discovery requests (where this broker serves Flight): call once it serves."""
+        self._answering = True  # from now on, a reopened connection answers too
+        nc = await self._current()
+        try:
+            self._discovery_sub = await self._subscribe_discovery(nc)
+            await round_trip(nc)  # the server knows the subscription before anyone can ask
+        except NatsError:
+            await self._current()  # closed meanwhile: the new connection answers
 
+    async def _subscribe_discovery(self, nc: NatsClient) -> Subscription:
         async def answer(msg: Msg) -> None:
             if msg.reply:
-                await self.nc.publish(msg.reply, json.dumps(self._discovery()).encode())
+                await nc.publish(msg.reply, json.dumps(self._discovery()).encode())
 
-        self._discovery_sub = await self.nc.subscribe(DISCOVERY_SUBJECT, cb=answer)
-        await self.nc.flush()  # the server knows the subscription before anyone can ask
+        return await nc.subscribe(DISCOVERY_SUBJECT, cb=answer)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the NATS connection is up (it reconnects by itself when it is not)."""
+        return bool(self.nc.is_connected)
+
+    @property
+    def failures(self) -> dict[tuple[str, int], str]:
+        """Partitions whose subscription NATS refused, with the reason."""
+        return dict(self._failures)
 
     async def sync(
         self, leading: dict[tuple[str, int], tuple[Partition, StreamConfig, ProducerTable]]
-    ) -> None:
-        """Subscribe for partitions newly led here; unsubscribe those no longer led."""
+    ) -> dict[tuple[str, int], str]:
+        """Subscribe for partitions newly led here; unsubscribe those no longer led.
+
+        Each new subscription is confirmed by a round trip to the server
+        before the next, so one NATS refuses (it may even close the connection
+        over it) is removed again and reported, and never takes the others
+        down.  A refused subscription is not tried again until the broker
+        restarts (trying would cost every partition a reconnect).  Returns
+        the partitions whose subscription failed, with the reason.
+        """
         for key in sorted(set(self._ingests) - set(leading)):
             await self._ingests.pop(key).close()
-        for key in sorted(set(leading) - set(self._ingests)):
+        for key in list(self._failures):
+            if key not in leading:
+                del self._failures[key]
+        for key in sorted(set(leading) - set(self._ingests) - set(self._failures)):
             partition, config, producers = leading[key]
-            ingest = PartitionIngest(self.nc, partition, config, producers, self.settings)
-            ingest.subscription = await self.nc.subscribe(
-                partition_subject(config.subject, partition.number),
-                queue=config.group or "",
-                cb=ingest.handle,
-                pending_msgs_limit=PENDING_MESSAGES_LIMIT,
-                pending_bytes_limit=PENDING_BYTES_LIMIT,
-            )
+            nc = await self._current()
+            ingest = PartitionIngest(nc, partition, config, producers, self.settings)
+            errors, drops, last_error = len(self._errors), self._drops, nc.last_error
+            try:
+                ingest.subscription = await self._subscribe(nc, ingest)
+                # The server answers a refused SUB with -ERR before the PONG, and may
+                # close the connection over it: then nats-py notes the error
+                # (last_error) and the round trip can end without any PONG.
+                await round_trip(nc)
+                if len(self._errors) != errors:
+                    raise UnavailableError(self._errors[-1])
+                if nc.last_error is not last_error:
+                    raise UnavailableError(str(nc.last_error))
+                if self._drops != drops or not nc.is_connected:
+                    raise UnavailableError("the server closed the connection")
+            except Exception as exc:  # noqa: BLE001 - nats-py raises several unrelated types
+                subject = partition_subject(config.subject, partition.number)
+                reason = f"NATS did not accept the subscription on {subject!r}: {exc or type(exc).__name__}"
+                logger.error("%s/%d cannot ingest: %s", *key, reason)
+                self._failures[key] = reason
+                if ingest.subscription is not None:
+                    with contextlib.suppress(Exception):
+                        await ingest.subscription.unsubscribe()
+                continue
             self._ingests[key] = ingest
-        await self.nc.flush()
+        return self.failures
+
+    @staticmethod
+    async def _subscribe(nc: NatsClient, ingest: PartitionIngest) -> Subscription:
+        config = ingest.config
+        return await nc.subscribe(
+            partition_subject(config.subject, ingest.partition.number),
+            queue=config.group or "",
+            cb=ingest.handle,
+            pending_msgs_limit=PENDING_MESSAGES_LIMIT,
+            pending_bytes_limit=PENDING_BYTES_LIMIT,
+        )
 
     async def close(self) -> None:
         """Unsubscribe everything, storing pending messages first."""
+        self._closing = True
+        if self._reopening is not None:
+            self._reopening.cancel()
         if self._discovery_sub is not None:
-            await self._discovery_sub.unsubscribe()
+            with contextlib.suppress(Exception):  # the connection may be closed already
+                await self._discovery_sub.unsubscribe()
         for key in sorted(self._ingests):
             await self._ingests.pop(key).close()
         await self.nc.close()
-
-
-def _error_code(exc: LogError) -> ErrorCode:
-    """The ack error for a failed append."""
-    if isinstance(exc, RecordTooLargeError):
-        return ErrorCode.TOO_LARGE
-    if isinstance(exc, InvalidRecordsError):
-        return ErrorCode.INVALID_ARGUMENT
-    return ErrorCode.STORAGE
-
-
-def _envelope_table(envelope: Envelope, subject: str) -> pa.Table:
-    """An envelope's messages as an Arrow table in the log's input columns."""
-    if envelope.batch is None:
-        headers = [[{"key": k, "value": v} for k, v in envelope.headers] or None]
-        batch = pa.record_batch(
-            {
-                "key": pa.array([envelope.key], pa.binary()),
-                "value": pa.array([envelope.value], pa.binary()),
-                "headers": pa.array(headers, HEADER_TYPE),
-            }
-        )
-    else:
-        batch = envelope.batch
-    n = batch.num_rows
-    columns = {name: batch.column(name) for name in batch.schema.names}
-    columns["subject"] = constant_strings(subject, n)
-    if envelope.producer_id is not None and envelope.sequence is not None:
-        columns["producer_id"] = constant_strings(envelope.producer_id, n)
-        position = producer_position(envelope.producer_epoch, envelope.sequence)
-        columns["sequence"] = constant_ints(position, n, pa.int64())
-    return pa.table(columns)

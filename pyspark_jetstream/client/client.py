@@ -223,6 +223,11 @@ class Client:
         result: dict[str, Any] = await self._action(ActionType.STATUS, {})
         return result
 
+    async def health(self) -> dict[str, Any]:
+        """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""
+        result: dict[str, Any] = await self._action(ActionType.HEALTH, {})
+        return result
+
     async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
         """Store ``consumer``'s position (the next offset it will read) in the log."""
         await self._action(

@@ -88,6 +88,10 @@ class SyncClient:
         """See :meth:`Client.status`."""
         return self._run(self._client.status())
 
+    def health(self) -> dict[str, Any]:
+        """See :meth:`Client.health`."""
+        return self._run(self._client.health())
+
     def publish(self, stream: str | None, value: bytes | None, **options: Any) -> Ack | None:
         """See :meth:`Client.publish`."""
         return self._run(self._client.publish(stream, value, **options))

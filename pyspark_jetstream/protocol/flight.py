@@ -56,6 +56,7 @@ class ActionType(enum.Enum):
     SET_CURSOR = "set_cursor"
     FETCH_CURSOR = "fetch_cursor"
     STATUS = "status"
+    HEALTH = "health"
 
 
 @dataclass(frozen=True, slots=True)
