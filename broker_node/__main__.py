@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from broker_node.broker import Broker
+from broker_node.broker import Broker, rebuild
 from broker_node.config import ConfigError, load_broker_config
 from pyspark_jetstream.protocol.errors import JetStreamError
 
@@ -34,12 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="broker TOML file (default: built-in defaults)")
     parser.add_argument("--data-dir", help="override [broker] data_dir")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--rebuild-metadata",
+        action="store_true",
+        help="write a lost or unreadable metadata.json again from the partitions' own records, then exit",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         config = load_broker_config(args.config, data_dir=args.data_dir)
+        if args.rebuild_metadata:
+            for line in rebuild(config):
+                print(f"jetstream broker: {line}")
+            return 0
         asyncio.run(run(Broker(config)))
     except (ConfigError, JetStreamError, OSError) as exc:
         print(f"jetstream broker: {exc}", file=sys.stderr)

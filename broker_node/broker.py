@@ -25,13 +25,20 @@ from broker_node.api.cursors import CURSOR_STREAM, CURSOR_STREAM_CONFIG, CursorT
 from broker_node.api.server import FlightApi
 from broker_node.config import BrokerConfig
 from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionState, StreamMetadata
-from broker_node.coordination.local import LocalCoordinator
+from broker_node.coordination.errors import MetadataError
+from broker_node.coordination.local import RECOVERY_HINT, LocalCoordinator, rebuild_metadata
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.ingest.producers import ProducerTable
 from broker_node.log import FsyncPolicy, Log, LogConfig, Record
 from broker_node.log.checkpoint import atomic_write
 from broker_node.nats_server import NatsServer
 from broker_node.replication.partition import Partition
+from broker_node.replication.records import (
+    partition_directories,
+    partition_record,
+    read_record,
+    write_record,
+)
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import PartitionInfo, StreamInfo
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
@@ -65,6 +72,8 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._strays: dict[str, str] = {}
+        """Partition directories the metadata does not know, and why they are kept."""
         self._offline: dict[tuple[str, int], str] = {}
         """Partitions this broker should hold but cannot, and why."""
         self._partitions_lock = threading.RLock()
@@ -115,7 +124,8 @@ class Broker:
         host = flight_config.advertised_host or flight_config.host
         self.flight_address = f"grpc://{host}:{self._flight.port}"
         self.coordinator.start(BrokerInfo(self.config.broker_id, self.flight_address))
-        self._remove_orphans()
+        self._check_data()
+        self._clean_up()
         self.coordinator.add_listener(self._on_metadata_change)
         self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
         await self._sync()
@@ -217,21 +227,55 @@ class Broker:
         future.add_done_callback(_log_failure)
         return future
 
-    def _remove_orphans(self) -> None:
-        """Delete partition directories the metadata no longer has (a delete that crashed midway)."""
-        wanted = {
+    def _check_data(self) -> None:
+        """Refuse to start when the metadata knows no stream but the data directory holds some.
+
+        That is lost metadata (a missing file, a wrong ZooKeeper chroot), and
+        starting would serve nothing and tempt someone to clean up.
+        """
+        if self.coordinator.list_streams():
+            return
+        deleted = self.coordinator.deleted_stream_ids()
+        names = set()
+        for directory in partition_directories(self.data_dir / "streams"):
+            record = read_record(directory)
+            if record is None:
+                names.add(f"{directory.parent.name!r} (without partition.json)")
+            elif record["stream_id"] not in deleted:
+                names.add(repr(record["stream"]))
+        found = sorted(names)
+        if found:
+            raise MetadataError(
+                f"the metadata ({self.coordinator.describe()}) has no streams, but "
+                f"{self.data_dir / 'streams'} holds partitions of {', '.join(found)}. {RECOVERY_HINT}"
+            )
+
+    def _clean_up(self) -> None:
+        """Remove partition directories of deleted streams; note any the metadata does not know.
+
+        Only a directory whose ``partition.json`` names a deleted stream id
+        is removed: absent or unreadable metadata never deletes data.
+        """
+        deleted = self.coordinator.deleted_stream_ids()
+        known = {
             (m.config.name, str(p))
             for m in self.coordinator.list_streams()
             for p in range(m.config.partitions)
         }
-        root = self.data_dir / "streams"
-        for stream_dir in sorted(root.iterdir()) if root.exists() else []:
-            for partition_dir in sorted(stream_dir.iterdir()):
-                if (stream_dir.name, partition_dir.name) not in wanted:
-                    logger.warning("removing %s: its stream or partition was deleted", partition_dir)
-                    shutil.rmtree(partition_dir)
-            if not any(stream_dir.iterdir()):
+        strays = {}
+        for directory in partition_directories(self.data_dir / "streams"):
+            record = read_record(directory)
+            if record is not None and record["stream_id"] in deleted:
+                logger.warning("removing %s: its stream was deleted", directory)
+                shutil.rmtree(directory)
+            elif (directory.parent.name, directory.name) not in known:
+                strays[str(directory)] = (
+                    "not in the metadata; kept untouched (move it away, or rebuild the metadata)"
+                )
+        for stream_dir in self.data_dir.joinpath("streams").glob("*"):
+            if stream_dir.is_dir() and not any(stream_dir.iterdir()):
                 stream_dir.rmdir()
+        self._strays = strays
 
     def _wait_for_sync(self) -> None:
         """From a Flight thread: apply metadata changes before answering."""
@@ -243,15 +287,15 @@ class Broker:
         async with self._sync_lock:
             me = self.config.broker_id
             wanted = {
-                (m.config.name, p): (m.config, state)
+                (m.config.name, p): (m, state)
                 for m in self.coordinator.list_streams()
                 for p, state in enumerate(m.partitions)
                 if me in state.replicas
             }
-            for key, (config, state) in wanted.items():
+            for key, (metadata, state) in wanted.items():
                 if key not in self._partitions:
                     try:
-                        opened = await asyncio.to_thread(self._open_partition, config, key[1], state)
+                        opened = await asyncio.to_thread(self._open_partition, metadata, key[1], state)
                     except Exception as exc:
                         # One damaged partition must not keep the others from serving.
                         logger.exception("cannot open partition %s/%d; it stays offline", *key)
@@ -265,11 +309,11 @@ class Broker:
                     del self._offline[key]
             await self._ingestor.sync(
                 {
-                    key: (self._partitions[key], config, self._producers[key])
-                    for key, (config, state) in wanted.items()
+                    key: (self._partitions[key], metadata.config, self._producers[key])
+                    for key, (metadata, state) in wanted.items()
                     if key in self._partitions
                     and state.leader == me
-                    and not config.name.startswith(INTERNAL_PREFIX)
+                    and not metadata.config.name.startswith(INTERNAL_PREFIX)
                 }
             )
             with self._partitions_lock:
@@ -279,12 +323,26 @@ class Broker:
             for key, partition in gone:
                 partition.close()
                 self._producers.pop(key, None)
-                shutil.rmtree(self._partition_dir(*key), ignore_errors=True)
-                logger.info("deleted partition %s/%d", *key)
+                logger.info("closed partition %s/%d", *key)
+            if gone:
+                await asyncio.to_thread(self._clean_up)
 
-    def _open_partition(self, config: StreamConfig, number: int, state: PartitionState) -> Partition:
-        log = Log.open(self._partition_dir(config.name, number), self._log_config(config))
+    def _open_partition(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition:
+        config = metadata.config
+        directory = self._partition_dir(config.name, number)
+        record = read_record(directory)
+        if record is not None and record["stream_id"] != metadata.stream_id:
+            if record["stream_id"] not in self.coordinator.deleted_stream_ids():
+                raise MetadataError(
+                    f"{directory} holds partition {number} of another stream named {config.name!r} "
+                    f"(id {record['stream_id']}) that the metadata does not know: move it away "
+                    "to reuse the name"
+                )
+            logger.warning("removing %s: it holds a deleted stream of the same name", directory)
+            shutil.rmtree(directory)
+        log = Log.open(directory, self._log_config(config))
         try:
+            write_record(directory, partition_record(metadata, number))
             self._producers[(config.name, number)] = ProducerTable.rebuild(log)
             return Partition(config.name, number, log, state)
         except BaseException:
@@ -323,15 +381,17 @@ class Broker:
     def create_stream(self, config: StreamConfig) -> StreamInfo:
         """Create (or confirm) a stream and start serving it before returning.
 
-        A new stream whose subscription NATS refuses is deleted again and the
-        refusal raised: nothing half-made stays behind.
+        A new stream that cannot be served (NATS refuses its subscription, or
+        its directory holds another stream's data) is deleted again and the
+        reason raised: nothing half-made stays behind.
         """
         validate_stream_name(config.name)  # internal names are the broker's own
         existed = any(m.config.name == config.name for m in self.coordinator.list_streams())
         self.coordinator.create_stream(config)
         self._wait_for_sync()
         failures = self._ingestor.failures if self._ingestor is not None else {}
-        refused = [reason for (stream, _), reason in sorted(failures.items()) if stream == config.name]
+        problems = {**self._offline, **failures}
+        refused = [reason for (stream, _), reason in sorted(problems.items()) if stream == config.name]
         if refused and not existed:
             self.coordinator.delete_stream(config.name)
             self._wait_for_sync()
@@ -433,10 +493,24 @@ class Broker:
         failures = self._ingestor.failures if self._ingestor is not None else {}
         for (stream, number), reason in sorted({**self._offline, **failures}.items()):
             problems.append(f"{stream}/{number}: {reason}")
+        problems += [f"{directory}: {reason}" for directory, reason in sorted(self._strays.items())]
         return {"ok": not problems, "problems": problems}
 
     def _discovery(self) -> dict[str, object]:
         return {"broker_id": self.config.broker_id, "flight": self.flight_address}
+
+
+def rebuild(config: BrokerConfig) -> list[str]:
+    """Rebuild the single-broker metadata from the partitions' records; what it found, line by line."""
+    data_dir = Path(config.data_dir).resolve()
+    records = [
+        record
+        for directory in partition_directories(data_dir / "streams")
+        if (record := read_record(directory)) is not None
+    ]
+    if not records:
+        raise MetadataError(f"no partition under {data_dir / 'streams'} has a partition.json to rebuild from")
+    return rebuild_metadata(data_dir, records, config.broker_id)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

@@ -12,14 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark_jetstream.protocol.errors import JetStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from .errors import ConflictError
 
-class ConflictError(JetStreamError):
-    """A compare-and-set lost: the metadata changed since it was read."""
-
-    retriable = True
+__all__ = ["BrokerInfo", "ConflictError", "Coordinator", "PartitionState", "StreamMetadata"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +61,16 @@ class PartitionState:
 
 @dataclass(frozen=True, slots=True)
 class StreamMetadata:
-    """A stream's configuration and its partitions' leadership."""
+    """A stream's configuration and its partitions' leadership.
+
+    ``stream_id`` is unique to this incarnation of the stream: a stream
+    deleted and created again under the same name gets a new one, so data
+    on disk can always be told apart from a namesake's.
+    """
 
     config: StreamConfig
     partitions: tuple[PartitionState, ...]
+    stream_id: str
 
 
 Listener = Callable[[], None]
@@ -99,7 +102,19 @@ class Coordinator(abc.ABC):
 
     @abc.abstractmethod
     def delete_stream(self, name: str) -> None:
-        """Delete a stream; ``UnknownStreamError`` if there is none."""
+        """Delete a stream; ``UnknownStreamError`` if there is none.
+
+        The stream's id joins :meth:`deleted_stream_ids` in the same write
+        that removes the stream, so its data may go from then on.
+        """
+
+    @abc.abstractmethod
+    def deleted_stream_ids(self) -> frozenset[str]:
+        """Ids of deleted streams: data on disk under one of these may be removed, nothing else."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the metadata lives, for messages (a file path, ZooKeeper hosts and chroot)."""
 
     @abc.abstractmethod
     def get_stream(self, name: str) -> StreamMetadata:

@@ -1,10 +1,23 @@
 """Single-broker coordinator: metadata in one JSON file beside the data.
 
-Layout of ``<data_dir>/metadata.json`` (written atomically)::
+Layout of ``<data_dir>/metadata.json`` (written atomically: temp file, fsync,
+rename), format version 2::
 
-    {"version": 1,
-     "streams": {"<name>": {"config": {...StreamConfig...},
-                            "partitions": [{...PartitionState...}, ...]}}}
+    {"version": 2,
+     "streams": {"<name>": {"id": "<stream id>",
+                            "config": {...StreamConfig...},
+                            "partitions": [{...PartitionState...}, ...]}},
+     "deleted": ["<stream id>", ...]}
+
+``deleted`` lists the ids of deleted streams (tombstones): a partition
+directory whose ``partition.json`` names one of them may be removed, and
+nothing else ever is.  A version 1 file (no ids, no tombstones) is read and
+upgraded: its streams get ids at the next write.
+
+A missing file is a first start; an empty or unreadable one is an error that
+names the file, because starting empty would treat every stream on disk as
+unknown.  :func:`rebuild_metadata` writes the file again from the partitions'
+own ``partition.json`` records.
 """
 
 from __future__ import annotations
@@ -12,10 +25,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from pathlib import Path
+from typing import Any
 
 from broker_node.log.checkpoint import atomic_write
 from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
     NotEnoughReplicasError,
     StreamExistsError,
     UnknownStreamError,
@@ -23,11 +39,22 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .base import BrokerInfo, ConflictError, Coordinator, Listener, PartitionState, StreamMetadata
+from .errors import MetadataError
 
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
-METADATA_VERSION = 1
+METADATA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+RECOVERY_HINT = (
+    "Nothing was deleted. Restore the file from a backup, or rebuild it from the partitions' own "
+    "records with: python -m broker_node --config <your config> --rebuild-metadata"
+)
+
+
+def new_stream_id() -> str:
+    """A fresh, unique stream id."""
+    return uuid.uuid4().hex
 
 
 class LocalCoordinator(Coordinator):
@@ -37,27 +64,26 @@ class LocalCoordinator(Coordinator):
         self._path = Path(data_dir) / METADATA_FILE
         self._lock = threading.RLock()
         self._streams: dict[str, StreamMetadata] = {}
+        self._deleted: set[str] = set()
         self._broker: BrokerInfo | None = None
         self._listeners: list[Listener] = []
 
     def start(self, broker: BrokerInfo) -> None:
-        """Load the metadata file (if any) and register ``broker``."""
+        """Load the metadata file (if any) and register ``broker``.
+
+        Raises ``MetadataError`` naming the file if it is empty or unreadable.
+        """
         self._broker = broker
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if self._path.exists():
-            document = json.loads(self._path.read_text(encoding="utf-8"))
-            if document.get("version") != METADATA_VERSION:
-                raise ValueError(f"{self._path} has unknown metadata version {document.get('version')!r}")
-            self._streams = {
-                name: StreamMetadata(
-                    StreamConfig.from_json(entry["config"]),
-                    tuple(PartitionState.from_json(p) for p in entry["partitions"]),
-                )
-                for name, entry in document["streams"].items()
-            }
+            self._streams, self._deleted = _load(self._path)
 
     def close(self) -> None:
         """Nothing to release: every change is already on disk."""
+
+    def describe(self) -> str:
+        """See :meth:`Coordinator.describe`."""
+        return str(self._path)
 
     def brokers(self) -> list[BrokerInfo]:
         """Just this broker."""
@@ -83,7 +109,9 @@ class LocalCoordinator(Coordinator):
                 )
             me = brokers[0].broker_id
             metadata = StreamMetadata(
-                config, tuple(PartitionState(me, (me,), (me,)) for _ in range(config.partitions))
+                config,
+                tuple(PartitionState(me, (me,), (me,)) for _ in range(config.partitions)),
+                new_stream_id(),
             )
             self._streams[config.name] = metadata
             self._save()
@@ -93,10 +121,17 @@ class LocalCoordinator(Coordinator):
     def delete_stream(self, name: str) -> None:
         """See :meth:`Coordinator.delete_stream`."""
         with self._lock:
-            if self._streams.pop(name, None) is None:
+            gone = self._streams.pop(name, None)
+            if gone is None:
                 raise UnknownStreamError(f"no stream named {name!r}")
+            self._deleted.add(gone.stream_id)
             self._save()
         self._notify()
+
+    def deleted_stream_ids(self) -> frozenset[str]:
+        """See :meth:`Coordinator.deleted_stream_ids`."""
+        with self._lock:
+            return frozenset(self._deleted)
 
     def get_stream(self, name: str) -> StreamMetadata:
         """See :meth:`Coordinator.get_stream`."""
@@ -131,24 +166,17 @@ class LocalCoordinator(Coordinator):
             )
             partitions = list(metadata.partitions)
             partitions[partition] = stored
-            self._streams[stream] = StreamMetadata(metadata.config, tuple(partitions))
+            self._streams[stream] = StreamMetadata(metadata.config, tuple(partitions), metadata.stream_id)
             self._save()
         self._notify()
         return stored
 
     def add_listener(self, listener: Listener) -> None:
-        """See :meth:`Coordinator.add_listener`."""
+        """See :meth:`Coordinator.add_listener`: called on the thread that made the change."""
         self._listeners.append(listener)
 
     def _save(self) -> None:
-        document = {
-            "version": METADATA_VERSION,
-            "streams": {
-                name: {"config": m.config.to_json(), "partitions": [p.to_json() for p in m.partitions]}
-                for name, m in sorted(self._streams.items())
-            },
-        }
-        atomic_write(self._path, json.dumps(document, indent=1).encode())
+        _write(self._path, self._streams, self._deleted)
 
     def _notify(self) -> None:
         for listener in self._listeners:
@@ -156,3 +184,104 @@ class LocalCoordinator(Coordinator):
                 listener()
             except Exception:
                 logger.exception("metadata listener failed")
+
+
+def _write(path: Path, streams: dict[str, StreamMetadata], deleted: set[str]) -> None:
+    document = {
+        "version": METADATA_VERSION,
+        "streams": {
+            name: {
+                "id": m.stream_id,
+                "config": m.config.to_json(),
+                "partitions": [p.to_json() for p in m.partitions],
+            }
+            for name, m in sorted(streams.items())
+        },
+        "deleted": sorted(deleted),
+    }
+    atomic_write(path, json.dumps(document, indent=1).encode())
+
+
+def _load(path: Path) -> tuple[dict[str, StreamMetadata], set[str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MetadataError(f"cannot read the metadata file {path}: {exc}. {RECOVERY_HINT}") from None
+    if not text.strip():
+        raise MetadataError(f"the metadata file {path} is empty. {RECOVERY_HINT}")
+    try:
+        document = json.loads(text)
+        if not isinstance(document, dict):
+            raise ValueError(f"a JSON {type(document).__name__}, not an object")
+        version = document.get("version")
+        if version not in _READABLE_VERSIONS:
+            raise ValueError(f"unknown format version {version!r} (this broker reads {_READABLE_VERSIONS})")
+        streams = {
+            name: _stream(name, entry) for name, entry in _mapping(document.get("streams", {})).items()
+        }
+        deleted = {str(i) for i in document.get("deleted", [])}
+    except (ValueError, TypeError, KeyError, InvalidArgumentError, RecursionError) as exc:
+        raise MetadataError(f"the metadata file {path} is not valid: {exc}. {RECOVERY_HINT}") from None
+    return streams, deleted
+
+
+def _stream(name: str, entry: Any) -> StreamMetadata:
+    entry = _mapping(entry)
+    config = StreamConfig.from_json(entry["config"])
+    if config.name != name:
+        raise ValueError(f"stream {name!r} holds the config of {config.name!r}")
+    return StreamMetadata(
+        config,
+        tuple(PartitionState.from_json(p) for p in entry["partitions"]),
+        str(entry.get("id") or new_stream_id()),  # version 1 had no ids
+    )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def rebuild_metadata(data_dir: Path, records: list[dict[str, Any]], broker_id: str) -> list[str]:
+    """Write ``<data_dir>/metadata.json`` from partition records; return what it says, line by line.
+
+    ``records`` are the ``partition.json`` contents of every partition
+    directory (see ``broker_node.replication.partition``).  The file must not
+    exist or must be unreadable; a readable one is never overwritten.
+    """
+    path = Path(data_dir) / METADATA_FILE
+    if path.exists():
+        try:
+            _load(path)
+        except MetadataError:
+            pass
+        else:
+            raise MetadataError(f"{path} is readable; it is not rebuilt (move it away to rebuild it)")
+    by_stream: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_stream.setdefault(record["stream_id"], []).append(record)
+    streams: dict[str, StreamMetadata] = {}
+    report = []
+    for stream_id, parts in sorted(by_stream.items()):
+        config = StreamConfig.from_json(parts[0]["config"])
+        if config.name in streams:
+            raise MetadataError(
+                f"two streams named {config.name!r} ({streams[config.name].stream_id} and {stream_id}) "
+                "are on disk; move one away and rebuild again"
+            )
+        found = sorted(p["partition"] for p in parts)
+        me = broker_id
+        streams[config.name] = StreamMetadata(
+            config, tuple(PartitionState(me, (me,), (me,)) for _ in range(config.partitions)), stream_id
+        )
+        missing = sorted(set(range(config.partitions)) - set(found))
+        report.append(
+            f"stream {config.name!r} on {config.subject!r}: {config.partitions} partition(s)"
+            + (f", partitions {missing} had no data and start empty" if missing else "")
+        )
+    if path.exists():
+        path.replace(path.with_name(path.name + ".unreadable"))
+        report.append(f"the unreadable file was kept as {path.name}.unreadable")
+    _write(path, streams, set())
+    return report

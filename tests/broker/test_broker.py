@@ -351,10 +351,11 @@ def test_a_delete_interrupted_by_a_crash_leaves_no_data_behind(tmp_path, nats_se
         client.create_stream("gone", "gone")
         client.publish("gone", b"old data")
     broker.stop()
-    # The crash: the metadata change is on disk, the data directory is not yet removed.
+    # The crash: the metadata change (stream gone, its id a tombstone) is on disk,
+    # the data directory is not yet removed.
     metadata_path = broker.data_dir / "metadata.json"
     metadata = json.loads(metadata_path.read_text())
-    del metadata["streams"]["gone"]
+    metadata["deleted"].append(metadata["streams"].pop("gone")["id"])
     metadata_path.write_text(json.dumps(metadata))
     assert (broker.data_dir / "streams" / "gone" / "0").exists()
     broker.start()

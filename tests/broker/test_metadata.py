@@ -1,0 +1,127 @@
+"""Damaged or lost metadata never deletes data: the broker refuses clearly, and can rebuild it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+
+from .harness import BrokerProcess
+
+
+def _broker_with_data(tmp_path, nats_server):
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("orders", "orders", partitions=2, compression="lz4")
+        client.create_stream("audit", "audit.>")
+        for i in range(10):
+            client.publish("orders", b"%d" % i, partition=i % 2)
+        client.publish("audit", b"a", subject="audit.x")
+        client.set_cursor("app", "orders", 1, 3)
+    assert broker.stop() == 0
+    return broker
+
+
+def _segments(broker) -> list[str]:
+    return sorted(str(p.relative_to(broker.data_dir)) for p in broker.data_dir.glob("streams/*/*/*.arrows"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "complaint"),
+    [
+        ("missing", "has no streams, but"),
+        ("empty", "is empty"),
+        ("garbage", "is not valid: Expecting property name"),
+        ("wrong type", "is not valid: a JSON list"),
+        ("future version", "unknown format version 99"),
+    ],
+)
+def test_damaged_metadata_refuses_to_start_and_deletes_nothing(tmp_path, nats_server, damage, complaint):
+    broker = _broker_with_data(tmp_path, nats_server)
+    before = _segments(broker)
+    path = broker.data_dir / "metadata.json"
+    {
+        "missing": path.unlink,
+        "empty": lambda: path.write_text(""),
+        "garbage": lambda: path.write_text("{ not json"),
+        "wrong type": lambda: path.write_text("[]"),
+        "future version": lambda: path.write_text('{"version": 99}'),
+    }[damage]()
+    with pytest.raises(Exception, match="exited with code 1") as info:
+        broker.start()
+    message = str(info.value)
+    assert complaint in message and "metadata" in message
+    assert "Nothing was deleted" in message and "--rebuild-metadata" in message
+    assert "Traceback" not in broker.log_tail()
+    assert _segments(broker) == before
+
+
+def test_lost_metadata_is_rebuilt_from_the_partitions_own_records(tmp_path, nats_server):
+    broker = _broker_with_data(tmp_path, nats_server)
+    (broker.data_dir / "metadata.json").write_text("{ damaged")
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "stream 'orders' on 'orders': 2 partition(s)" in rebuilt.stdout
+    assert (broker.data_dir / "metadata.json.unreadable").read_text() == "{ damaged"
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert client.describe_stream("orders").config["compression"] == "lz4"
+        assert client.fetch("orders", 0).num_rows + client.fetch("orders", 1).num_rows == 10
+        assert client.fetch("audit").num_rows == 1
+        assert client.fetch_cursor("app", "orders", 1) == 3
+        assert client.publish("orders", b"new", partition=0).first_offset == 5
+    assert broker.stop() == 0
+    again = subprocess.run(
+        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 1 and "is readable; it is not rebuilt" in again.stderr
+
+
+def test_a_directory_the_metadata_does_not_know_is_kept_and_reported(tmp_path, nats_server):
+    broker = _broker_with_data(tmp_path, nats_server)
+    # The metadata loses one stream (no tombstone): its data must stay.
+    path = broker.data_dir / "metadata.json"
+    metadata = json.loads(path.read_text())
+    del metadata["streams"]["audit"]
+    path.write_text(json.dumps(metadata))
+    broker.start()
+    try:
+        assert (broker.data_dir / "streams" / "audit" / "0" / "partition.json").exists()
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            problems = client.health()["problems"]
+            assert any("streams/audit/0: not in the metadata; kept untouched" in p for p in problems)
+            # Its name cannot be reused while the old data is there.
+            with pytest.raises(InvalidArgumentError, match="holds partition 0 of another stream"):
+                client.create_stream("audit", "audit.>")
+            assert "audit" not in [s.config["name"] for s in client.list_streams()]
+            assert client.fetch("orders", 0).num_rows == 5
+    finally:
+        assert broker.stop() == 0
+    assert (broker.data_dir / "streams" / "audit" / "0").exists()
+
+
+def test_deleting_and_recreating_a_stream_starts_it_empty(tmp_path, nats_server):
+    broker = _broker_with_data(tmp_path, nats_server)
+    broker.start()
+    try:
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            client.delete_stream("audit")
+            assert not (broker.data_dir / "streams" / "audit").exists()
+            client.create_stream("audit", "audit.>")
+            assert client.fetch("audit").num_rows == 0
+            assert client.health()["ok"]
+    finally:
+        assert broker.stop() == 0
