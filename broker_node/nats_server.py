@@ -119,7 +119,7 @@ class NatsServer:
             args += ["-c", str(config_file)]
         # Its own session, so a Ctrl-C meant for the parent does not stop it first.
         self._process = subprocess.Popen(
-            [*_DIE_WITH_PARENT, *args], stdin=subprocess.DEVNULL, start_new_session=True
+            [*die_with_parent_prefix(), *args], stdin=subprocess.DEVNULL, start_new_session=True
         )
         if self.pid_file is not None:
             self.pid_file.write_text(f"{self._process.pid}\n")
@@ -195,7 +195,7 @@ class NatsServer:
             return "(no log)"
 
 
-def _die_with_parent_prefix() -> list[str]:
+def die_with_parent_prefix() -> list[str]:
     """A command prefix that makes the child be killed when its parent (thread) ends.
 
     util-linux's ``setpriv --pdeathsig`` sets Linux's parent-death signal and
@@ -204,9 +204,6 @@ def _die_with_parent_prefix() -> list[str]:
     """
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform == "linux" else []
-
-
-_DIE_WITH_PARENT = _die_with_parent_prefix()
 
 
 def pid_alive(pid: int) -> bool:

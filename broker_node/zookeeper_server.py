@@ -1,0 +1,201 @@
+"""Running a ZooKeeper server process: the one a local cluster, the tests and the benchmarks start.
+
+The server is Debian's ``zookeeper`` package (``/usr/share/java/zookeeper.jar``),
+run as a standalone server on a chosen or free port with its own data
+directory, and no system service.  It is ready once it answers the ``ruok``
+four-letter command with ``imok``.  Like :mod:`.nats_server`, it dies with the
+thread that started it (``setpriv --pdeathsig``), so a killed test run leaves
+no server behind.
+
+Fault helpers send real signals: :meth:`ZooKeeperServer.kill` (SIGKILL),
+:meth:`ZooKeeperServer.pause` / :meth:`ZooKeeperServer.resume` (SIGSTOP /
+SIGCONT); :meth:`ZooKeeperServer.start` again restarts it on the same port and
+data directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .nats_server import die_with_parent_prefix
+
+logger = logging.getLogger(__name__)
+
+ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
+"""Debian's ZooKeeper server and a logger binding (without one it logs nothing)."""
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+
+class ZooKeeperError(RuntimeError):
+    """Java or the ZooKeeper package is missing, or the server did not start."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper server child process."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        data_dir: str | Path | None = None,
+        tick_time: float = 0.5,
+        max_session_timeout: float = 60.0,
+        heap: str = "256m",
+    ) -> None:
+        """``port`` 0 picks a free one.  ``tick_time`` (seconds) sets the shortest
+        session timeout the server grants: twice the tick."""
+        self.host = host
+        self.port = port or free_port(host)
+        self._owned_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="zookeeper-"))
+        self.tick_time = tick_time
+        self.max_session_timeout = max_session_timeout
+        self.heap = heap
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def hosts(self) -> str:
+        """The connect string: ``host:port``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive (paused counts as alive)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file."""
+        return self.data_dir / "zookeeper.log"
+
+    def start(self, timeout: float = 30.0) -> ZooKeeperServer:
+        """Start (or restart) the server and wait until it answers; raise if it does not."""
+        java = shutil.which("java")
+        if java is None:
+            raise ZooKeeperError(
+                "java is not on PATH; ZooKeeper needs Java 17 (apt-get install openjdk-17-jre-headless)"
+            )
+        if not Path(ZOOKEEPER_JARS[0]).exists():
+            raise ZooKeeperError(f"{ZOOKEEPER_JARS[0]} is missing: install Debian's zookeeper package")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "zoo.cfg"
+        tick_ms = max(int(self.tick_time * 1000), 1)
+        config.write_text(
+            f"tickTime={tick_ms}\n"
+            f"dataDir={self.data_dir / 'data'}\n"
+            f"clientPort={self.port}\n"
+            f"clientPortAddress={self.host}\n"
+            f"maxSessionTimeout={int(self.max_session_timeout * 1000)}\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok,srvr,stat,mntr\n"
+            "maxClientCnxns=0\n"
+        )
+        classpath = ":".join(jar for jar in ZOOKEEPER_JARS if Path(jar).exists())
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    *die_with_parent_prefix(),
+                    java,
+                    f"-Xmx{self.heap}",
+                    "-XX:+UseSerialGC",
+                    "-cp",
+                    classpath,
+                    f"-Dzookeeper.log.dir={self.data_dir}",
+                    MAIN_CLASS,
+                    str(config),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise ZooKeeperError(
+                    f"ZooKeeper exited with code {self._process.returncode}: {self._log_tail()}"
+                )
+            if self.four_letter("ruok") == "imok":
+                logger.info("ZooKeeper running at %s", self.hosts)
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise ZooKeeperError(
+            f"ZooKeeper did not start within {timeout:g}s at {self.hosts}: {self._log_tail()}"
+        )
+
+    def four_letter(self, command: str, timeout: float = 1.0) -> str | None:
+        """Send a four-letter command (``ruok``, ``srvr``, ``mntr``); ``None`` if there is no answer."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+                s.sendall(command.encode())
+                chunks = []
+                while chunk := s.recv(65536):
+                    chunks.append(chunk)
+            return b"".join(chunks).decode(errors="replace")
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s); the data directory stays."""
+        self._signal_and_wait(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        self._signal_and_wait(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its sockets."""
+        if self._process is not None:
+            os.kill(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self._process is not None:
+            os.kill(self._process.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop the server and remove a data directory this object made."""
+        self.kill()
+        if self._owned_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _signal_and_wait(self, sig: int) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.kill(process.pid, signal.SIGCONT)  # a paused server must be able to die
+        process.send_signal(sig)
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no log)"
