@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import settings
+
+# Stored metadata with fields nobody reads is an error in tests (brokers started
+# by the tests inherit this); production brokers ignore such fields.
+os.environ["JETSTREAM_STRICT_WIRE"] = "1"
 
 # Examples are checked for results, not speed: on a loaded CI machine one slow
 # example must not fail a test (timings are the benchmarks' business).

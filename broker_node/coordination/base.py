@@ -1,13 +1,26 @@
 """The coordinator interface and the metadata it holds.
 
+A coordinator is where brokers agree on streams, partition leadership and
+who the controller is.  Two implementations: :class:`~.local.LocalCoordinator`
+(one broker, a file) and :class:`~.zookeeper.ZooKeeperCoordinator` (a
+cluster).  ``tests/coordination/test_contract.py`` runs one contract against
+both.
+
 Partition state changes only through :meth:`Coordinator.update_partition`, a
 compare-and-set on the state's ``version``: a writer that lost a race gets
-:class:`ConflictError` and must re-read, never overwrite.
+``ConflictError`` and must re-read, never overwrite; a write whose outcome is
+unknown raises ``CommitStateUnknownError``.
+
+Threads: listeners are called on the coordinator's own thread (the caller's
+thread for the local coordinator, kazoo's event thread for ZooKeeper).  They
+must return quickly and hand real work to the broker's event loop.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,20 +29,33 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .errors import ConflictError
 
-__all__ = ["BrokerInfo", "ConflictError", "Coordinator", "PartitionState", "StreamMetadata"]
+__all__ = [
+    "BrokerInfo",
+    "ConflictError",
+    "Coordinator",
+    "PartitionState",
+    "SessionState",
+    "StreamMetadata",
+    "new_stream_id",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
-    """A live broker and where it serves Flight."""
+    """A live broker: where it serves Flight, and the NATS servers it uses."""
 
     broker_id: str
     flight_address: str
+    nats_urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """Leadership of one partition, versioned for compare-and-set."""
+    """Leadership of one partition, versioned for compare-and-set.
+
+    ``leader`` is ``""`` while no replica can lead (every in-sync replica is
+    down and unclean election is off).
+    """
 
     leader: str
     replicas: tuple[str, ...]
@@ -38,7 +64,7 @@ class PartitionState:
     version: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """Stored form."""
+        """Stored form (the local coordinator's file)."""
         return {
             "leader": self.leader,
             "replicas": list(self.replicas),
@@ -73,28 +99,60 @@ class StreamMetadata:
     stream_id: str
 
 
+def new_stream_id() -> str:
+    """A fresh, unique stream id."""
+    return uuid.uuid4().hex
+
+
+class SessionState(enum.Enum):
+    """This broker's standing with the coordinator."""
+
+    CONNECTED = "connected"
+    """Registered and in touch: leaders may lead."""
+    SUSPENDED = "suspended"
+    """Out of touch, but the session may still be alive: stop acting as leader
+    (others cannot be elected before the session expires), keep the data."""
+    LOST = "lost"
+    """The session expired: everything this broker led may have moved; it
+    registers again when it can."""
+
+
 Listener = Callable[[], None]
+SessionListener = Callable[[SessionState], None]
 
 
 class Coordinator(abc.ABC):
-    """Where brokers agree on streams and partition leadership."""
+    """Where brokers agree on streams, partition leadership and the controller."""
 
     @abc.abstractmethod
     def start(self, broker: BrokerInfo) -> None:
-        """Join as ``broker``; metadata is readable afterwards."""
+        """Join as ``broker``; metadata is readable afterwards.
+
+        Raises ``CoordinationError`` if the broker id is already registered
+        by a live broker, or the coordinator cannot be reached (naming it).
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
         """Leave; the broker's registration ends."""
 
     @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the metadata lives, for messages (a file path, ZooKeeper hosts and chroot)."""
+
+    @abc.abstractmethod
     def brokers(self) -> list[BrokerInfo]:
-        """Live brokers."""
+        """Live brokers, by id."""
+
+    @abc.abstractmethod
+    def controller(self) -> str | None:
+        """The id of the broker that is controller now, if any."""
 
     @abc.abstractmethod
     def create_stream(self, config: StreamConfig) -> StreamMetadata:
         """Create a stream, or return it if one with the same config exists.
 
+        Only on the controller (else ``NotControllerError`` naming it).
         Raises ``StreamExistsError`` listing the differences if the name is
         taken by another config, ``NotEnoughReplicasError`` if the
         replication factor exceeds the live brokers.
@@ -102,7 +160,7 @@ class Coordinator(abc.ABC):
 
     @abc.abstractmethod
     def delete_stream(self, name: str) -> None:
-        """Delete a stream; ``UnknownStreamError`` if there is none.
+        """Delete a stream; ``UnknownStreamError`` if there is none.  Only on the controller.
 
         The stream's id joins :meth:`deleted_stream_ids` in the same write
         that removes the stream, so its data may go from then on.
@@ -111,10 +169,6 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     def deleted_stream_ids(self) -> frozenset[str]:
         """Ids of deleted streams: data on disk under one of these may be removed, nothing else."""
-
-    @abc.abstractmethod
-    def describe(self) -> str:
-        """Where the metadata lives, for messages (a file path, ZooKeeper hosts and chroot)."""
 
     @abc.abstractmethod
     def get_stream(self, name: str) -> StreamMetadata:
@@ -131,9 +185,19 @@ class Coordinator(abc.ABC):
         """Replace a partition's state if its version is still ``expected_version``.
 
         Returns the stored state (version incremented); raises ``ConflictError``
-        otherwise.
+        otherwise, and ``CommitStateUnknownError`` if the outcome is unknown.
         """
 
     @abc.abstractmethod
     def add_listener(self, listener: Listener) -> None:
-        """Call ``listener`` (with no arguments) whenever streams or partitions change."""
+        """Call ``listener`` (no arguments) whenever streams, partitions, brokers or the controller change."""
+
+    def add_session_listener(self, listener: SessionListener) -> None:  # noqa: B027 - optional hook
+        """Call ``listener`` with the new :class:`SessionState` when it changes (never, by default)."""
+
+    def request_controlled_shutdown(self, broker_id: str) -> None:  # noqa: B027 - optional hook
+        """Ask the controller to move leadership away from ``broker_id`` before it stops."""
+
+    def elect_preferred_leaders(self) -> dict[str, Any]:
+        """Move leadership back to each partition's first replica where it is in sync; on the controller."""
+        return {"moved": []}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,15 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .base import BrokerInfo, ConflictError, Coordinator, Listener, PartitionState, StreamMetadata
+from .base import (
+    BrokerInfo,
+    ConflictError,
+    Coordinator,
+    Listener,
+    PartitionState,
+    StreamMetadata,
+    new_stream_id,
+)
 from .errors import MetadataError
 
 logger = logging.getLogger(__name__)
@@ -50,11 +57,6 @@ RECOVERY_HINT = (
     "Nothing was deleted. Restore the file from a backup, or rebuild it from the partitions' own "
     "records with: python -m broker_node --config <your config> --rebuild-metadata"
 )
-
-
-def new_stream_id() -> str:
-    """A fresh, unique stream id."""
-    return uuid.uuid4().hex
 
 
 class LocalCoordinator(Coordinator):
@@ -88,6 +90,10 @@ class LocalCoordinator(Coordinator):
     def brokers(self) -> list[BrokerInfo]:
         """Just this broker."""
         return [self._broker] if self._broker else []
+
+    def controller(self) -> str | None:
+        """This broker: it alone decides."""
+        return self._broker.broker_id if self._broker else None
 
     def create_stream(self, config: StreamConfig) -> StreamMetadata:
         """See :meth:`Coordinator.create_stream`."""

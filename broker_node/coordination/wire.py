@@ -1,0 +1,180 @@
+"""The JSON the coordinators store (znodes, ``metadata.json``) and how it is read.
+
+Every stored object carries ``"version": 1``.  Reading is *tolerant* by
+default: fields this broker does not know (written by a newer broker during a
+rolling upgrade) are ignored with a warning, and a newer version is read as
+far as its known fields go.  With the environment variable
+``JETSTREAM_STRICT_WIRE=1`` (the test suite sets it) unknown fields and
+versions are errors instead, so a field that one writer adds and no reader
+knows cannot slip through unnoticed.  A missing or ill-typed known field is
+always an error (:class:`WireError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .base import BrokerInfo, PartitionState
+from .errors import MetadataError
+
+logger = logging.getLogger(__name__)
+
+WIRE_VERSION = 1
+STRICT_ENV = "JETSTREAM_STRICT_WIRE"
+
+
+class WireError(MetadataError):
+    """Stored metadata that cannot be read; the message names the object and the field."""
+
+
+def strict() -> bool:
+    """Whether unknown fields and versions are errors (tests) or ignored (production)."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def dumps(fields: dict[str, Any]) -> bytes:
+    """Stored bytes of an object: its fields plus the wire version."""
+    return json.dumps({"version": WIRE_VERSION, **fields}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def loads(raw: bytes, what: str, known: set[str]) -> dict[str, Any]:
+    """Parse stored bytes of ``what`` whose fields are ``known`` (``version`` implied)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise WireError(f"{what} is not a JSON object: {raw[:80]!r}")
+    version = data.pop("version", None)
+    if not isinstance(version, int) or version < 1:
+        raise WireError(f"{what} has no valid version field: {version!r}")
+    unknown = sorted(set(data) - known)
+    if version > WIRE_VERSION or unknown:
+        message = (
+            f"{what} has version {version} and unknown field(s) {unknown} (this broker knows {WIRE_VERSION})"
+        )
+        if strict():
+            raise WireError(message)
+        logger.warning("%s: reading the fields it knows", message)
+        for name in unknown:
+            del data[name]
+    missing = sorted(known - set(data))
+    if missing:
+        raise WireError(f"{what} lacks field(s) {', '.join(missing)}")
+    return data
+
+
+def _typed(what: str, data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise WireError(f"{what}: field {name!r} has the wrong type: {value!r}")
+    return value
+
+
+def _names(what: str, data: dict[str, Any], name: str) -> tuple[str, ...]:
+    value = _typed(what, data, name, list)
+    if not all(isinstance(v, str) for v in value):
+        raise WireError(f"{what}: field {name!r} must be a list of broker ids: {value!r}")
+    return tuple(value)
+
+
+# ---- brokers -------------------------------------------------------------------------
+
+
+def broker_to_bytes(broker: BrokerInfo) -> bytes:
+    """A live broker's registration."""
+    return dumps(
+        {"broker_id": broker.broker_id, "flight": broker.flight_address, "nats": list(broker.nats_urls)}
+    )
+
+
+def broker_from_bytes(raw: bytes, what: str = "a broker registration") -> BrokerInfo:
+    """Parse a broker registration."""
+    data = loads(raw, what, {"broker_id", "flight", "nats"})
+    return BrokerInfo(
+        _typed(what, data, "broker_id", str), _typed(what, data, "flight", str), _names(what, data, "nats")
+    )
+
+
+# ---- partitions ----------------------------------------------------------------------
+
+
+def partition_to_bytes(state: PartitionState) -> bytes:
+    """A partition's leadership; its ``version`` is the znode's, not stored."""
+    return dumps(
+        {
+            "leader": state.leader,
+            "replicas": list(state.replicas),
+            "isr": list(state.isr),
+            "leader_epoch": state.leader_epoch,
+        }
+    )
+
+
+def partition_from_bytes(raw: bytes, version: int, what: str = "a partition state") -> PartitionState:
+    """Parse a partition's leadership stored at znode version ``version``."""
+    data = loads(raw, what, {"leader", "replicas", "isr", "leader_epoch"})
+    return PartitionState(
+        leader=_typed(what, data, "leader", str),
+        replicas=_names(what, data, "replicas"),
+        isr=_names(what, data, "isr"),
+        leader_epoch=_typed(what, data, "leader_epoch", int),
+        version=version,
+    )
+
+
+# ---- streams ---------------------------------------------------------------------------
+
+
+def stream_to_bytes(config: StreamConfig, stream_id: str) -> bytes:
+    """A stream's configuration and incarnation id."""
+    return dumps({"id": stream_id, "config": config.to_json()})
+
+
+def stream_from_bytes(raw: bytes, what: str = "a stream") -> tuple[StreamConfig, str]:
+    """Parse a stream's configuration and id (unknown config options are treated like unknown fields)."""
+    data = loads(raw, what, {"id", "config"})
+    config = dict(_typed(what, data, "config", dict))
+    known = {f.name for f in dataclasses.fields(StreamConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        if strict():
+            raise WireError(f"{what} has unknown stream option(s) {unknown}")
+        logger.warning("%s has stream option(s) %s this broker does not know; ignoring them", what, unknown)
+        for name in unknown:
+            del config[name]
+    try:
+        return StreamConfig.from_json(config), _typed(what, data, "id", str)
+    except InvalidArgumentError as exc:
+        raise WireError(f"{what}: {exc}") from None
+
+
+# ---- the controller ----------------------------------------------------------------------
+
+
+def controller_to_bytes(broker_id: str, epoch: int) -> bytes:
+    """Who the controller is, and its epoch."""
+    return dumps({"broker_id": broker_id, "epoch": epoch})
+
+
+def controller_from_bytes(raw: bytes, what: str = "the controller") -> tuple[str, int]:
+    """Parse the controller's registration."""
+    data = loads(raw, what, {"broker_id", "epoch"})
+    return _typed(what, data, "broker_id", str), _typed(what, data, "epoch", int)
+
+
+def epoch_to_bytes(epoch: int) -> bytes:
+    """The controller epoch counter."""
+    return dumps({"epoch": epoch})
+
+
+def epoch_from_bytes(raw: bytes, what: str = "the controller epoch") -> int:
+    """Parse the controller epoch counter."""
+    return int(_typed(what, loads(raw, what, {"epoch"}), "epoch", int))

@@ -1,0 +1,588 @@
+"""The ZooKeeper coordinator: a cluster's metadata in ZooKeeper, through kazoo.
+
+This module is the only importer of kazoo.
+
+Znode layout (under the cluster's chroot, e.g. ``/pyspark-jetstream``;
+values are JSON with a ``version`` field, see :mod:`.wire`)::
+
+    /brokers/<broker id>      ephemeral   {"broker_id", "flight", "nats": [...]}
+    /controller               ephemeral   {"broker_id", "epoch"}: the elected controller
+    /controller_epoch         persistent  {"epoch"}: bumped by every new controller; every
+                                          controller write checks this znode's version, so a
+                                          replaced controller's writes fail (fencing)
+    /streams/<name>           persistent  {"id", "config": {...StreamConfig...}}
+    /streams/<name>/<n>       persistent  {"leader", "replicas", "isr", "leader_epoch"}; the
+                                          znode version is the state's version, and every
+                                          change is a compare-and-set on it
+    /deleted_streams/<id>     persistent  {"name"}: tombstones of deleted streams
+    /admin/shutdown/<id>      ephemeral   a broker asking to be relieved of leadership
+
+A stream and its partition znodes are created, and deleted with its
+tombstone, in one ZooKeeper transaction.
+
+Reads come from a snapshot of the whole tree, reloaded (on a thread of its
+own) whenever a watch fires, and at least every ``RELOAD_EVERY`` seconds.
+Listeners are called on that thread after each reload that changed anything.
+
+Sessions: ``SUSPENDED`` (the connection is lost; the session may live on) and
+``LOST`` (it expired) are passed to session listeners on a worker thread, so a
+leader stops leading before anyone else can be elected (others wait for the
+session to expire).  A broker also keeps a *lease*: the time until which its
+session is surely alive, renewed by a round trip every quarter of the session
+timeout; :meth:`ZooKeeperCoordinator.lease_valid` is false once two thirds of
+the session timeout have passed without one (after a process pause, say).
+After ``LOST`` kazoo opens a new session; the broker registers again and
+reloads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
+
+from pyspark_jetstream.protocol.errors import UnknownStreamError
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from . import wire
+from .base import (
+    BrokerInfo,
+    Coordinator,
+    Listener,
+    PartitionState,
+    SessionListener,
+    SessionState,
+    StreamMetadata,
+    new_stream_id,
+)
+from .controller import Controller, PartitionChange
+from .errors import CommitStateUnknownError, ConflictError, CoordinationError, NotControllerError
+from .settings import ZooKeeperConfig
+
+logger = logging.getLogger(__name__)
+
+BROKERS = "/brokers"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+STREAMS = "/streams"
+DELETED = "/deleted_streams"
+SHUTDOWN = "/admin/shutdown"
+RELOAD_EVERY = 10.0
+"""Seconds between reloads when no watch fires (a safety net, not the mechanism)."""
+CONTROLLER_CALL_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    brokers: dict[str, BrokerInfo] = field(default_factory=dict)
+    controller: str | None = None
+    streams: dict[str, StreamMetadata] = field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
+    shutting_down: frozenset[str] = frozenset()
+
+
+class ZooKeeperCoordinator(Coordinator):
+    """Cluster metadata in ZooKeeper; see the module docstring for the layout."""
+
+    def __init__(
+        self,
+        settings: ZooKeeperConfig,
+        *,
+        internal_streams: Callable[[int], list[StreamConfig]] = lambda live: [],
+    ) -> None:
+        """``internal_streams(live)``: internal streams the controller creates with ``live`` brokers up."""
+        self.settings = settings
+        self._internal = internal_streams
+        self._client: KazooClient | None = None
+        self._broker: BrokerInfo | None = None
+        self._snapshot = _Snapshot()
+        self._listeners: list[Listener] = []
+        self._session_listeners: list[SessionListener] = []
+        self._controller: Controller | None = None
+        self._controller_epoch_version = -1
+        self._reload = threading.Event()
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+        self._lease_until = 0.0
+        self._session_id: int | None = None
+        self._lock = threading.RLock()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self, broker: BrokerInfo) -> None:
+        """Connect (retrying for ``connect_timeout``), register, load metadata, campaign for controller."""
+        self._broker = broker
+        settings = self.settings
+        client = KazooClient(
+            hosts=settings.hosts,
+            timeout=settings.session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
+            logger=logging.getLogger("kazoo.client"),
+        )
+        try:
+            client.start(timeout=settings.connect_timeout)
+        except KazooTimeoutError:
+            client.stop()
+            client.close()
+            raise CoordinationError(
+                f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout:g}s "
+                "(retried with backoff): is it running, and is [zookeeper] hosts right?"
+            ) from None
+        try:
+            client.ensure_path(settings.chroot)
+            client.chroot = settings.chroot  # every path from here on is under the cluster's chroot
+            self._client = client
+            for path in (BROKERS, STREAMS, DELETED, SHUTDOWN):
+                client.ensure_path(path)
+            with contextlib.suppress(NodeExistsError):
+                client.create(CONTROLLER_EPOCH, wire.epoch_to_bytes(0))
+            self._register()
+        except BaseException:
+            self._client = None
+            client.stop()
+            client.close()
+            raise
+        client.add_listener(self._on_state)
+        for target, name in (
+            (self._run_reloads, "zk-metadata"),
+            (self._run_work, "zk-work"),
+            (self._run_lease, "zk-lease"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._snapshot = self._read_snapshot(watch=True)
+        self._work.put(self._campaign)
+
+    def close(self) -> None:
+        """Resign as controller, leave (the broker's registration ends), stop the threads."""
+        self._closed.set()
+        self._reload.set()
+        self._work.put(None)
+        with self._lock:
+            if self._controller is not None:
+                self._controller.stop()
+                self._controller = None
+        if self._client is not None:
+            try:
+                self._client.stop()
+                self._client.close()
+            except KazooException:
+                logger.exception("closing the ZooKeeper connection failed")
+        for thread in self._threads:
+            thread.join(5)
+
+    def describe(self) -> str:
+        """See :meth:`Coordinator.describe`."""
+        return f"ZooKeeper at {self.settings.hosts}{self.settings.chroot}"
+
+    def session(self) -> tuple[int, bytes] | None:
+        """The ZooKeeper session id and password (whoever holds them can expire the session)."""
+        return self._client.client_id if self._client is not None else None
+
+    def lease_valid(self) -> bool:
+        """Whether this broker's session is surely alive now (see the module docstring)."""
+        return time.monotonic() < self._lease_until
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    def brokers(self) -> list[BrokerInfo]:
+        """See :meth:`Coordinator.brokers`."""
+        snapshot = self._snapshot
+        return [snapshot.brokers[b] for b in sorted(snapshot.brokers)]
+
+    def controller(self) -> str | None:
+        """See :meth:`Coordinator.controller`."""
+        return self._snapshot.controller
+
+    def get_stream(self, name: str) -> StreamMetadata:
+        """See :meth:`Coordinator.get_stream`."""
+        try:
+            return self._snapshot.streams[name]
+        except KeyError:
+            raise UnknownStreamError(f"no stream named {name!r}") from None
+
+    def list_streams(self) -> list[StreamMetadata]:
+        """See :meth:`Coordinator.list_streams`."""
+        streams = self._snapshot.streams
+        return [streams[name] for name in sorted(streams)]
+
+    def deleted_stream_ids(self) -> frozenset[str]:
+        """See :meth:`Coordinator.deleted_stream_ids`."""
+        return self._snapshot.deleted
+
+    def refresh(self) -> None:
+        """Reload the snapshot now (after losing a compare-and-set, say) and notify listeners."""
+        self._apply(self._read_snapshot(watch=False))
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def create_stream(self, config: StreamConfig) -> StreamMetadata:
+        """See :meth:`Coordinator.create_stream`: only on the controller."""
+        controller = self._active_controller()
+        created = controller.submit(lambda: controller.create_stream(config, new_stream_id()))
+        result = self._await(created)
+        self.refresh()
+        return result
+
+    def delete_stream(self, name: str) -> None:
+        """See :meth:`Coordinator.delete_stream`: only on the controller."""
+        controller = self._active_controller()
+        self._await(controller.submit(lambda: controller.delete_stream(name)))
+        self.refresh()
+
+    def elect_preferred_leaders(self) -> dict[str, Any]:
+        """See :meth:`Coordinator.elect_preferred_leaders`: only on the controller."""
+        controller = self._active_controller()
+        result = self._await(controller.submit(controller.elect_preferred_leaders))
+        self.refresh()
+        return result
+
+    def update_partition(
+        self, stream: str, partition: int, expected_version: int, state: PartitionState
+    ) -> PartitionState:
+        """See :meth:`Coordinator.update_partition`."""
+        client = self._connected_client()
+        try:
+            stat = client.set(
+                f"{STREAMS}/{stream}/{partition}", wire.partition_to_bytes(state), version=expected_version
+            )
+        except BadVersionError:
+            raise ConflictError(f"{stream}/{partition} changed since version {expected_version}") from None
+        except NoNodeError:
+            raise UnknownStreamError(f"no partition {stream}/{partition}") from None
+        except (ConnectionLoss, OperationTimeoutError, SessionExpiredError) as exc:
+            raise CommitStateUnknownError(
+                f"the write of {stream}/{partition} may or may not have happened: {type(exc).__name__}"
+            ) from None
+        return PartitionState(state.leader, state.replicas, state.isr, state.leader_epoch, stat.version)
+
+    def request_controlled_shutdown(self, broker_id: str) -> None:
+        """See :meth:`Coordinator.request_controlled_shutdown`."""
+        with contextlib.suppress(NodeExistsError):
+            self._connected_client().create(f"{SHUTDOWN}/{broker_id}", b"", ephemeral=True)
+
+    def add_listener(self, listener: Listener) -> None:
+        """See :meth:`Coordinator.add_listener`: called on the ``zk-metadata`` thread."""
+        self._listeners.append(listener)
+
+    def add_session_listener(self, listener: SessionListener) -> None:
+        """See :meth:`Coordinator.add_session_listener`: called on the ``zk-work`` thread."""
+        self._session_listeners.append(listener)
+
+    # ---- the controller's store (used on the controller thread) -------------------------
+
+    def live_brokers(self) -> list[str]:
+        """Fresh read of the registered brokers."""
+        return sorted(self._connected_client().get_children(BROKERS))
+
+    def shutting_down(self) -> set[str]:
+        """Fresh read of the brokers that asked to be relieved of leadership."""
+        return set(self._connected_client().get_children(SHUTDOWN))
+
+    def read_streams(self) -> list[StreamMetadata]:
+        """Fresh read of every stream."""
+        return sorted(self._read_streams(watch=None).values(), key=lambda m: m.config.name)
+
+    def write_partitions(self, changes: list[PartitionChange]) -> None:
+        """Compare-and-set partition states in one transaction fenced by the controller epoch."""
+        self._fenced_commit(
+            lambda t: [
+                t.set_data(
+                    f"{STREAMS}/{c.stream}/{c.partition}",
+                    wire.partition_to_bytes(c.state),
+                    version=c.expected_version,
+                )
+                for c in changes
+            ]
+        )
+
+    def write_new_stream(self, metadata: StreamMetadata) -> None:
+        """Create a stream's znodes in one fenced transaction."""
+        name = metadata.config.name
+
+        def ops(t: Any) -> None:
+            t.create(f"{STREAMS}/{name}", wire.stream_to_bytes(metadata.config, metadata.stream_id))
+            for number, state in enumerate(metadata.partitions):
+                t.create(f"{STREAMS}/{name}/{number}", wire.partition_to_bytes(state))
+
+        self._fenced_commit(ops)
+
+    def write_deletion(self, metadata: StreamMetadata) -> None:
+        """Remove a stream's znodes and write its tombstone, in one fenced transaction."""
+        name = metadata.config.name
+
+        def ops(t: Any) -> None:
+            for number in range(len(metadata.partitions)):
+                t.delete(f"{STREAMS}/{name}/{number}")
+            t.delete(f"{STREAMS}/{name}")
+            t.create(f"{DELETED}/{metadata.stream_id}", wire.dumps({"name": name}))
+
+        self._fenced_commit(ops)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _connected_client(self) -> KazooClient:
+        if self._client is None:
+            raise CoordinationError("the ZooKeeper coordinator is not started")
+        return self._client
+
+    def _active_controller(self) -> Controller:
+        with self._lock:
+            controller = self._controller
+        if controller is None or not controller.running:
+            current = self.controller()
+            raise NotControllerError(
+                f"broker {self._broker.broker_id if self._broker else '?'} is not the controller "
+                f"({'the controller is ' + current if current else 'no controller is elected yet'})",
+                controller=current,
+            )
+        return controller
+
+    @staticmethod
+    def _await(future: concurrent.futures.Future[Any]) -> Any:
+        try:
+            return future.result(CONTROLLER_CALL_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            raise CommitStateUnknownError(
+                f"the controller did not answer within {CONTROLLER_CALL_TIMEOUT:g}s"
+            ) from None
+
+    def _fenced_commit(self, build: Callable[[Any], Any]) -> None:
+        client = self._connected_client()
+        transaction = client.transaction()
+        transaction.check(CONTROLLER_EPOCH, self._controller_epoch_version)
+        build(transaction)
+        try:
+            results = transaction.commit()
+        except (ConnectionLoss, OperationTimeoutError, SessionExpiredError) as exc:
+            raise CommitStateUnknownError(
+                f"a controller write may or may not have happened: {exc!r}"
+            ) from None
+        if isinstance(results[0], BadVersionError):
+            raise NotControllerError("a newer controller epoch exists: this controller is fenced")
+        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if failures:
+            raise ConflictError(f"a controller write lost a race: {failures[0]!r}")
+
+    def _register(self) -> None:
+        """Create this broker's ephemeral znode, waiting out a previous session that still holds it."""
+        client = self._connected_client()
+        assert self._broker is not None
+        path = f"{BROKERS}/{self._broker.broker_id}"
+        deadline = time.monotonic() + 2 * self.settings.session_timeout + 1
+        while True:
+            try:
+                client.create(path, wire.broker_to_bytes(self._broker), ephemeral=True)
+                break
+            except NodeExistsError:
+                try:
+                    _, stat = client.get(path)
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == client.client_id[0]:
+                    break
+                if time.monotonic() > deadline:
+                    raise CoordinationError(
+                        f"broker id {self._broker.broker_id!r} is already registered in {self.describe()} by "
+                        f"a live session (0x{stat.ephemeralOwner:x}): another broker with this id is running"
+                    ) from None
+                time.sleep(0.2)  # a previous run's session that has not expired yet
+        self._session_id = client.client_id[0]
+        self._lease_until = time.monotonic() + self.settings.session_timeout * 2 / 3
+
+    def _campaign(self) -> None:
+        """Try to become controller; otherwise watch the controller znode and try again when it goes."""
+        if self._closed.is_set() or self._client is None or self._broker is None:
+            return
+        client = self._client
+        me = self._broker.broker_id
+        try:
+            client.create(CONTROLLER, wire.controller_to_bytes(me, -1), ephemeral=True)
+        except NodeExistsError:
+            if client.exists(CONTROLLER, watch=self._on_controller_gone) is None:
+                self._work.put(self._campaign)  # gone between the two calls
+            return
+        except KazooException:
+            logger.exception("campaigning for controller failed; trying again on the next change")
+            return
+        try:
+            raw, stat = client.get(CONTROLLER_EPOCH)
+            epoch = wire.epoch_from_bytes(raw) + 1
+            stat = client.set(CONTROLLER_EPOCH, wire.epoch_to_bytes(epoch), version=stat.version)
+            client.set(CONTROLLER, wire.controller_to_bytes(me, epoch))
+        except KazooException:
+            logger.exception("taking up the controller role failed; resigning")
+            with contextlib.suppress(KazooException):
+                client.delete(CONTROLLER)
+            return
+        controller = Controller(self, me, epoch, internal_streams=self._internal)
+        with self._lock:
+            self._controller_epoch_version = stat.version
+            self._controller = controller
+        controller.start()
+        client.exists(CONTROLLER, watch=self._on_controller_gone)
+
+    def _on_controller_gone(self, event: Any) -> None:
+        self._reload.set()
+        self._work.put(self._campaign)
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's connection thread: hand everything to the work thread."""
+        if state == KazooState.SUSPENDED:
+            self._lease_until = 0.0
+            self._work.put(lambda: self._tell_session(SessionState.SUSPENDED))
+        elif state == KazooState.LOST:
+            self._lease_until = 0.0
+            self._work.put(self._on_lost)
+        elif state == KazooState.CONNECTED:
+            self._work.put(self._on_connected)
+
+    def _on_lost(self) -> None:
+        logger.error("ZooKeeper session expired: leadership may have moved; registering again when possible")
+        with self._lock:
+            if self._controller is not None:
+                self._controller.stop()
+                self._controller = None
+        self._tell_session(SessionState.LOST)
+
+    def _on_connected(self) -> None:
+        client = self._client
+        if client is None or self._closed.is_set():
+            return
+        try:
+            if client.client_id[0] != self._session_id:  # a new session: our ephemerals are gone
+                self._register()
+                self._work.put(self._campaign)
+            else:
+                self._lease_until = time.monotonic() + self.settings.session_timeout * 2 / 3
+        except KazooException:
+            logger.exception("registering again after a new ZooKeeper session failed")
+            return
+        self._reload.set()
+        self._tell_session(SessionState.CONNECTED)
+
+    def _tell_session(self, state: SessionState) -> None:
+        for listener in self._session_listeners:
+            try:
+                listener(state)
+            except Exception:
+                logger.exception("session listener failed")
+
+    def _run_work(self) -> None:
+        while (work := self._work.get()) is not None:
+            try:
+                work()
+            except Exception:
+                logger.exception("coordinator work failed")
+
+    def _run_lease(self) -> None:
+        period = self.settings.session_timeout / 4
+        while not self._closed.wait(period):
+            client, broker = self._client, self._broker
+            if client is None or broker is None:
+                continue
+            started = time.monotonic()
+            try:
+                stat = client.exists(f"{BROKERS}/{broker.broker_id}")
+            except KazooException:
+                continue
+            if stat is not None and stat.ephemeralOwner == self._session_id == client.client_id[0]:
+                self._lease_until = started + self.settings.session_timeout * 2 / 3
+
+    def _run_reloads(self) -> None:
+        while not self._closed.is_set():
+            self._reload.wait(RELOAD_EVERY)
+            if self._closed.is_set():
+                return
+            self._reload.clear()
+            try:
+                self._apply(self._read_snapshot(watch=True))
+            except KazooException as exc:
+                logger.warning("reading the metadata from ZooKeeper failed (%s); retrying", exc)
+                self._closed.wait(0.5)
+                self._reload.set()
+
+    def _apply(self, snapshot: _Snapshot) -> None:
+        with self._lock:
+            changed = snapshot != self._snapshot
+            self._snapshot = snapshot
+        if changed:
+            if self._controller is not None and self._controller.running:
+                self._controller.submit(self._controller.reconcile)
+            for listener in self._listeners:
+                try:
+                    listener()
+                except Exception:
+                    logger.exception("metadata listener failed")
+
+    def _on_watch(self, event: Any) -> None:
+        self._reload.set()
+
+    def _read_snapshot(self, *, watch: bool) -> _Snapshot:
+        client = self._connected_client()
+        w = self._on_watch if watch else None
+        brokers = {}
+        for broker_id in client.get_children(BROKERS, watch=w):
+            try:
+                raw, _ = client.get(f"{BROKERS}/{broker_id}")
+                brokers[broker_id] = wire.broker_from_bytes(raw, f"broker znode {broker_id}")
+            except NoNodeError:
+                continue
+            except wire.WireError as exc:
+                logger.error("%s", exc)
+        try:
+            raw, _ = client.get(CONTROLLER, watch=w)
+            controller: str | None = wire.controller_from_bytes(raw)[0]
+        except NoNodeError:
+            controller = None
+            client.exists(CONTROLLER, watch=w)
+        return _Snapshot(
+            brokers=brokers,
+            controller=controller,
+            streams=self._read_streams(watch=w),
+            deleted=frozenset(client.get_children(DELETED, watch=w)),
+            shutting_down=frozenset(client.get_children(SHUTDOWN, watch=w)),
+        )
+
+    def _read_streams(self, watch: Callable[[Any], None] | None) -> dict[str, StreamMetadata]:
+        client = self._connected_client()
+        streams = {}
+        for name in client.get_children(STREAMS, watch=watch):
+            path = f"{STREAMS}/{name}"
+            try:
+                raw, _ = client.get(path)
+                config, stream_id = wire.stream_from_bytes(raw, f"stream znode {name}")
+                states = []
+                for number in range(config.partitions):
+                    raw, stat = client.get(f"{path}/{number}", watch=watch)
+                    states.append(wire.partition_from_bytes(raw, stat.version, f"partition {name}/{number}"))
+            except NoNodeError:
+                continue  # being created or deleted: the next reload sees it whole
+            except wire.WireError as exc:
+                logger.error("skipping stream %s: %s", name, exc)
+                continue
+            streams[name] = StreamMetadata(config, tuple(states), stream_id)
+        return streams

@@ -1,0 +1,183 @@
+"""The ZooKeeper coordinator against a real ZooKeeper: election, fencing, sessions, failover decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker_node.coordination import wire
+from broker_node.coordination.base import BrokerInfo, SessionState
+from broker_node.coordination.errors import CoordinationError, NotControllerError
+from broker_node.coordination.settings import ZooKeeperConfig
+from broker_node.coordination.zookeeper import CONTROLLER_EPOCH, ZooKeeperCoordinator
+from broker_node.zookeeper_server import free_port
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from ..broker.harness import wait_until
+
+
+def broker(n: int) -> BrokerInfo:
+    return BrokerInfo(f"b{n}", f"grpc://127.0.0.1:{1000 + n}", ())
+
+
+@pytest.fixture
+def cluster(zk_settings):
+    """Start coordinators for brokers 1..n; all closed at the end."""
+    started: list[ZooKeeperCoordinator] = []
+
+    def start(*numbers: int, settings=zk_settings) -> list[ZooKeeperCoordinator]:
+        out = []
+        for n in numbers:
+            coordinator = ZooKeeperCoordinator(settings)
+            coordinator.start(broker(n))
+            started.append(coordinator)
+            out.append(coordinator)
+        return out
+
+    yield start
+    for coordinator in started:
+        coordinator.close()
+
+
+def controller_of(coordinators) -> ZooKeeperCoordinator:
+    ids = {c.controller() for c in coordinators}
+    assert len(ids) == 1 and None not in ids, ids
+    (controller,) = ids
+    return next(c for c in coordinators if c._broker.broker_id == controller)
+
+
+def test_one_controller_and_it_fails_over(cluster):
+    coordinators = cluster(1, 2, 3)
+    wait_until(
+        lambda: all(c.controller() for c in coordinators) and len({c.controller() for c in coordinators}) == 1
+    )
+    first = controller_of(coordinators)
+    first.close()
+    rest = [c for c in coordinators if c is not first]
+    started = time.monotonic()
+    wait_until(
+        lambda: (
+            {c.controller() for c in rest} - {first._broker.broker_id, None}
+            and len({c.controller() for c in rest}) == 1
+        ),
+        message="a new controller",
+    )
+    assert time.monotonic() - started < 5
+    second = controller_of(rest)
+    created = second.create_stream(StreamConfig(name="after", subject="after", replication_factor=2))
+    assert len(created.partitions[0].replicas) == 2
+
+
+def test_requests_to_a_broker_that_is_not_controller_name_the_controller(cluster):
+    coordinators = cluster(1, 2)
+    wait_until(
+        lambda: (
+            len({c.controller() for c in coordinators} - {None}) == 1
+            and all(c.controller() for c in coordinators)
+        )
+    )
+    leader = controller_of(coordinators)
+    other = next(c for c in coordinators if c is not leader)
+    with pytest.raises(NotControllerError, match=f"the controller is {leader._broker.broker_id}") as info:
+        other.create_stream(StreamConfig(name="x", subject="x"))
+    assert info.value.controller == leader._broker.broker_id and info.value.retriable
+
+
+def test_replicas_and_leaders_spread_over_the_brokers(cluster):
+    coordinators = cluster(1, 2, 3)
+    wait_until(lambda: all(len(c.brokers()) == 3 and c.controller() for c in coordinators))
+    leader = controller_of(coordinators)
+    created = leader.create_stream(
+        StreamConfig(name="spread", subject="spread", partitions=6, replication_factor=3)
+    )
+    leaders = [p.leader for p in created.partitions]
+    assert sorted(leaders) == ["b1", "b1", "b2", "b2", "b3", "b3"]
+    assert all(len(set(p.replicas)) == 3 and p.isr == p.replicas for p in created.partitions)
+
+
+def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(cluster):
+    coordinators = cluster(1, 2, 3)
+    wait_until(lambda: all(len(c.brokers()) == 3 and c.controller() for c in coordinators))
+    leader = controller_of(coordinators)
+    created = leader.create_stream(StreamConfig(name="fo", subject="fo", partitions=3, replication_factor=2))
+    victim = next(c for c in coordinators if c is not leader)
+    victim_id = victim._broker.broker_id
+    led = [n for n, p in enumerate(created.partitions) if p.leader == victim_id]
+    victim.close()
+    wait_until(
+        lambda: all(
+            p.leader not in ("", victim_id) and victim_id not in p.isr
+            for p in leader.get_stream("fo").partitions
+        ),
+        message="new leaders",
+    )
+    for n in led:
+        before, after = created.partitions[n], leader.get_stream("fo").partitions[n]
+        assert after.leader in before.isr and after.leader_epoch == before.leader_epoch + 1
+    # Every in-sync replica of a partition gone: no leader, and the last ISR is kept.
+    survivor = next(c for c in coordinators if c is not leader and c is not victim)
+    only_on_survivor = survivor.get_stream("fo")
+    survivor_id = survivor._broker.broker_id
+    survivor.close()
+
+    def leaderless_keep_their_isr() -> bool:
+        return all(
+            p.leader == "" and p.isr
+            for p in leader.get_stream("fo").partitions
+            if set(p.replicas) <= {victim_id, survivor_id}
+        )
+
+    wait_until(leaderless_keep_their_isr, message="leaderless partitions keeping their last ISR")
+    assert only_on_survivor
+
+
+def test_a_fenced_controller_cannot_write(cluster, zk_settings):
+    (coordinator,) = cluster(1)
+    wait_until(lambda: coordinator.controller() == "b1")
+    # Another controller epoch begins behind this one's back.
+    client = KazooClient(hosts=zk_settings.hosts + zk_settings.chroot)
+    client.start()
+    raw, stat = client.get(CONTROLLER_EPOCH)
+    client.set(CONTROLLER_EPOCH, wire.epoch_to_bytes(wire.epoch_from_bytes(raw) + 1), version=stat.version)
+    client.stop()
+    client.close()
+    with pytest.raises(NotControllerError, match="fenced"):
+        coordinator.create_stream(StreamConfig(name="late", subject="late"))
+    assert coordinator.list_streams() == []
+
+
+def test_a_broker_id_in_use_is_refused(cluster, zk_settings):
+    cluster(1)
+    with pytest.raises(CoordinationError, match="broker id 'b1' is already registered"):
+        cluster(1, settings=dataclasses.replace(zk_settings, session_timeout=1.0))
+
+
+def test_zookeeper_down_at_start_is_a_clear_error():
+    settings = ZooKeeperConfig(hosts=f"127.0.0.1:{free_port()}", connect_timeout=1.5)
+    started = time.monotonic()
+    with pytest.raises(CoordinationError, match=r"cannot reach ZooKeeper at 127.0.0.1:\d+ within 1.5s"):
+        ZooKeeperCoordinator(settings).start(broker(1))
+    assert time.monotonic() - started < 10
+
+
+def test_an_expired_session_is_reported_and_the_broker_registers_again(cluster, zk_settings):
+    (coordinator,) = cluster(1)
+    states = []
+    coordinator.add_session_listener(states.append)
+    wait_until(lambda: coordinator.controller() == "b1" and coordinator.lease_valid())
+    session_id, password = coordinator.session()
+    # Expire it for real: a second client takes over the session and closes it.
+    thief = KazooClient(hosts=zk_settings.hosts, client_id=(session_id, password))
+    thief.start()
+    thief.stop()
+    thief.close()
+    wait_until(lambda: SessionState.LOST in states, message="the session to be lost")
+    assert not coordinator.lease_valid() or SessionState.CONNECTED in states
+    wait_until(lambda: states[-1] is SessionState.CONNECTED, message="a new session")
+    wait_until(lambda: [b.broker_id for b in coordinator.brokers()] == ["b1"], message="registered again")
+    wait_until(lambda: coordinator.controller() == "b1", message="controller again")
+    wait_until(coordinator.lease_valid, message="the lease to be renewed")
+    assert coordinator.session()[0] != session_id
