@@ -4,6 +4,9 @@ A stream is a named, durable log attached to a NATS subject.  Partition 0
 listens on the stream's subject and partition *N* on ``<subject>.N``.
 Pure functions and frozen value types; the JSON form is what the broker keeps
 in its metadata and what admin actions carry.
+
+Everything is checked here, before a config is stored: a subject the broker
+cannot subscribe to would otherwise be stored and fail on every start.
 """
 
 from __future__ import annotations
@@ -18,9 +21,35 @@ from .schema import COMPRESSIONS
 
 DISCOVERY_SUBJECT = "_PJS.discover"
 """NATS subject on which every broker answers with its Flight address (JSON)."""
+BROKER_SUBJECT_TOKEN = "_PJS"
+"""First token of the broker's own subjects; only internal streams may use it."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 INTERNAL_PREFIX = "__"
-_SUBJECT_TOKEN = re.compile(r"[^\s.*>]+|\*|>")
+
+MAX_SUBJECT_BYTES = 1024
+"""Longest stream subject, in UTF-8 bytes (NATS counts bytes).
+
+nats-server closes a connection that sends a protocol line whose arguments
+are longer than its ``max_control_line`` (4096 bytes by default), and the
+broker would fail the same way on every restart.  The broker subscribes with
+``SUB <subject>.<N> <queue group> <sid>``: at most 1024 + 5 (``.1023``) + 1 +
+200 (group) + 1 + 20 (sid) = 1251 bytes.  A publisher's ``HPUB <subject>
+<reply> <header bytes> <total bytes>`` keeps over 2,000 bytes for its reply
+subject.  The margin also covers servers configured with a lower limit;
+NATS recommends short subjects anyway.
+"""
+MAX_PARTITIONS = 1024
+"""Each partition is a NATS subscription, a directory of open segment files and
+a Spark task; the bound also keeps the partition suffix to 5 bytes (``.1023``)."""
+MAX_GROUP_LENGTH = 200
+"""Longest load-balance group (a NATS queue group name, sent in every SUB line)."""
+_RESERVED_FIRST_TOKENS = {
+    "_INBOX": "NATS request and reply inboxes",
+    "_R_": "nats-server's replies to imported services",
+    "_GR_": "nats-server's replies across gateways",
+    BROKER_SUBJECT_TOKEN: "the broker's own subjects (discovery, cursors)",
+}
+_SHOWN_LENGTH = 60
 
 
 def validate_stream_name(name: object, *, internal: bool = False) -> str:
@@ -31,36 +60,111 @@ def validate_stream_name(name: object, *, internal: bool = False) -> str:
     starting with ``__`` are reserved for the broker's internal streams.
     """
     if not isinstance(name, str):
-        raise InvalidArgumentError(f"stream name must be a string, got {name!r}")
+        raise InvalidArgumentError(f"stream name must be a string, got {shown(name)}")
     if internal and name.startswith(INTERNAL_PREFIX) and NAME_PATTERN.fullmatch(name[2:]):
         return name
     if not NAME_PATTERN.fullmatch(name) or name in {".", ".."}:
         raise InvalidArgumentError(
-            f"invalid stream name {name!r}: use 1-200 letters, digits, '_', '-' or '.', "
+            f"invalid stream name {shown(name)}: use 1-200 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit"
         )
     return name
 
 
-def validate_subject(subject: object, *, wildcards: bool = True) -> str:
-    """Return ``subject`` if it is a valid NATS subject, else raise naming the problem.
+def validate_group(group: object) -> str:
+    """Return ``group`` if it is a valid load-balance group (a NATS queue group name), else raise."""
+    if not isinstance(group, str) or not NAME_PATTERN.fullmatch(group):
+        raise InvalidArgumentError(
+            f"invalid group {shown(group)}: a load-balance group names a NATS queue group; use "
+            f"1-{MAX_GROUP_LENGTH} letters, digits, '_', '-' or '.', starting with a letter or digit"
+        )
+    return group
 
-    Tokens are separated by ``.``, none empty or containing whitespace;
-    ``*`` matches one token and ``>`` the rest (last token only).
+
+def validate_subject(subject: object, *, wildcards: bool = True) -> str:
+    """Return ``subject`` if it is a valid NATS subject, else raise naming the subject and the rule.
+
+    At most :data:`MAX_SUBJECT_BYTES` bytes of UTF-8; tokens are separated by
+    ``.``, none empty, none with whitespace or control (or other invisible)
+    characters; ``*`` matches one token and ``>`` the rest: both only as whole
+    tokens, ``>`` only as the last one.
     """
     if not isinstance(subject, str) or not subject:
-        raise InvalidArgumentError(f"subject must be a non-empty string, got {subject!r}")
+        raise InvalidArgumentError(f"subject must be a non-empty string, got {shown(subject)}")
+    size = len(subject.encode("utf-8", "surrogatepass"))
+    if size > MAX_SUBJECT_BYTES:
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: {size} bytes, but a subject may be at most "
+            f"{MAX_SUBJECT_BYTES} bytes (UTF-8) so that subscribing to it fits nats-server's "
+            "protocol line limit"
+        )
+    for char in subject:
+        if char.isspace():
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: it contains whitespace ({char!r}), which NATS "
+                "uses to separate a protocol line's arguments"
+            )
+        if not char.isprintable():
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: it contains the control or invisible character "
+                f"{char!r}; NATS subjects are printable text"
+            )
     tokens = subject.split(".")
     for i, token in enumerate(tokens):
-        if not _SUBJECT_TOKEN.fullmatch(token):
+        if not token:
             raise InvalidArgumentError(
-                f"invalid subject {subject!r}: token {i + 1} ({token!r}) is empty or has "
-                "whitespace or a misplaced wildcard"
+                f"invalid subject {shown(subject)}: token {i + 1} is an empty token (a dot at "
+                "either end, or two in a row)"
+            )
+        if len(token) > 1 and ("*" in token or ">" in token):
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: token {i + 1} ({shown(token)}) mixes a wildcard "
+                "with text; use '*' and '>' only as whole tokens"
             )
         if token in {"*", ">"} and not wildcards:
-            raise InvalidArgumentError(f"subject {subject!r} may not contain wildcards here")
+            raise InvalidArgumentError(f"subject {shown(subject)} may not contain wildcards here")
         if token == ">" and i != len(tokens) - 1:
-            raise InvalidArgumentError(f"invalid subject {subject!r}: '>' must be the last token")
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: '>' matches the rest of a subject, so use "
+                "'>' only as the last token"
+            )
+    return subject
+
+
+def validate_stream_subject(subject: object, *, internal: bool = False) -> str:
+    """Return ``subject`` if a stream may listen on it, else raise naming the subject and the rule.
+
+    On top of :func:`validate_subject`: no subject of NATS or JetStream
+    (first token starting with ``$``: ``$SYS``, ``$JS``, ``$KV``, ``$O``,
+    ``$JSC``, ``$NRG``, ``$MQTT``, ...; or ``_INBOX``, ``_R_``, ``_GR_``),
+    none of the broker's own (``_PJS``; an ``internal`` stream may use a
+    literal one other than :data:`DISCOVERY_SUBJECT`), and no subject made only
+    of wildcards other than ``*``: ``>``, ``*.>`` or ``*.*`` would capture the
+    broker's discovery requests and every client's ack inbox.
+    """
+    subject = validate_subject(subject)
+    tokens = subject.split(".")
+    first = tokens[0]
+    if first.startswith("$"):
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: subjects starting with '$' are reserved for NATS "
+            "and JetStream ($SYS, $JS, $KV, $O, ...); choose another first token"
+        )
+    owner = _RESERVED_FIRST_TOKENS.get(first)
+    broker_own = first == BROKER_SUBJECT_TOKEN and internal
+    if owner is not None and not (broker_own and "*" not in tokens and ">" not in tokens):
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: '{first}.' subjects are reserved for {owner}; "
+            "choose another first token"
+        )
+    if subject == DISCOVERY_SUBJECT:
+        raise InvalidArgumentError(f"invalid subject {shown(subject)}: it is reserved for broker discovery")
+    if all(token in {"*", ">"} for token in tokens) and subject != "*":
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: it matches the broker's discovery requests "
+            f"({DISCOVERY_SUBJECT}) and every client's ack inbox (_INBOX.*); start it with a "
+            "literal token"
+        )
     return subject
 
 
@@ -75,10 +179,12 @@ class StreamConfig:
 
     name: str
     subject: str
+    """A NATS subject (:func:`validate_stream_subject`), at most 1024 bytes."""
     partitions: int = 1
+    """1 to 1024."""
     replication_factor: int = 1
     group: str | None = None
-    """Load-balance group: streams in one group share a NATS queue group."""
+    """Load-balance group: streams in one group share a NATS queue group (1-200 characters)."""
     retention_age: float | None = None
     retention_bytes: int | None = None
     retention_messages: int | None = None
@@ -92,8 +198,12 @@ class StreamConfig:
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
-        validate_subject(self.subject)
+        validate_stream_subject(self.subject, internal=self.name.startswith(INTERNAL_PREFIX))
         _positive_int("partitions", self.partitions)
+        if self.partitions > MAX_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be at most {MAX_PARTITIONS}, got {self.partitions!r}"
+            )
         _positive_int("replication_factor", self.replication_factor)
         _positive_int("segment_bytes", self.segment_bytes)
         _positive_int("max_message_bytes", self.max_message_bytes)
@@ -104,10 +214,10 @@ class StreamConfig:
             )
         if self.compression not in COMPRESSIONS:
             raise InvalidArgumentError(
-                f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}"
+                f"compression must be one of {', '.join(COMPRESSIONS)}, got {shown(self.compression)}"
             )
         if self.group is not None:
-            validate_stream_name(self.group)
+            validate_group(self.group)
         for option in ("retention_age", "retention_bytes", "retention_messages"):
             value = getattr(self, option)
             if value is not None and (
@@ -116,7 +226,9 @@ class StreamConfig:
                 raise InvalidArgumentError(f"{option} must be a non-negative number, got {value!r}")
         for option in ("compaction", "ack_reply"):
             if not isinstance(getattr(self, option), bool):
-                raise InvalidArgumentError(f"{option} must be true or false, got {getattr(self, option)!r}")
+                raise InvalidArgumentError(
+                    f"{option} must be true or false, got {shown(getattr(self, option))}"
+                )
 
     def to_json(self) -> dict[str, Any]:
         """The wire/metadata form: a plain dict."""
@@ -147,6 +259,15 @@ class StreamConfig:
     def partition_subjects(self) -> list[str]:
         """The subject of each partition, by partition number."""
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length for an error message."""
+    text = repr(value)
+    if len(text) <= _SHOWN_LENGTH:
+        return text
+    closing = text[-1] if text[-1] in "'\")]}" else ""
+    return f"{text[: _SHOWN_LENGTH - 4]}...{closing}"
 
 
 def _positive_int(name: str, value: object) -> None:
