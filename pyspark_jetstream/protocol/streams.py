@@ -6,12 +6,16 @@ Pure functions and frozen value types; the JSON form is what the broker keeps
 in its metadata and what admin actions carry.
 
 Everything is checked here, before a config is stored: a subject the broker
-cannot subscribe to would otherwise be stored and fail on every start.
+cannot subscribe to would otherwise be stored and fail on every start.  The
+bounds of every number (and the helpers that check them, shared by the log's,
+the broker's and the Spark connector's options) are defined here too, so an
+error always names the option, the value and the accepted range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +29,12 @@ BROKER_SUBJECT_TOKEN = "_PJS"
 """First token of the broker's own subjects; only internal streams may use it."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 INTERNAL_PREFIX = "__"
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+INT64_MAX = 2**63 - 1
+"""Offsets, sizes and counts are Arrow int64 / Spark long: nothing above this fits."""
 
 MAX_SUBJECT_BYTES = 1024
 """Longest stream subject, in UTF-8 bytes (NATS counts bytes).
@@ -43,6 +53,28 @@ MAX_PARTITIONS = 1024
 a Spark task; the bound also keeps the partition suffix to 5 bytes (``.1023``)."""
 MAX_GROUP_LENGTH = 200
 """Longest load-balance group (a NATS queue group name, sent in every SUB line)."""
+MAX_REPLICATION_FACTOR = 16
+MIN_SEGMENT_BYTES = 1 * KiB
+"""Smallest segment.  Production wants megabytes (the default is 64 MiB); below
+about a kilobyte every stored batch gets a segment of its own (three files).
+The floor is not higher because retention and compaction tests roll segments
+every few messages with 1.5-4 KB segments (tests/log, tests/broker, tests/spark)."""
+MAX_SEGMENT_BYTES = 4 * GiB
+"""Largest segment: recovery rescans the active segment after a crash, and
+retention deletes whole segments, so bigger ones mean slower restarts and
+coarser retention."""
+MAX_MESSAGE_BYTES = 64 * MiB
+"""A message arrives as one NATS payload, and nats-server refuses a
+``max_payload`` above its ``max_pending`` (64 MiB by default): no larger
+message can reach the broker."""
+MAX_AGE = 100 * 365 * 24 * 3600
+"""Longest retention or tombstone age: 100 years, in seconds (none means forever)."""
+MIN_TIMESTAMP = -62135596800
+"""0001-01-01T00:00:00Z in seconds: read timestamps span Python's ``datetime``
+(years 1 to 9999), far inside the log's int64 microseconds."""
+MAX_TIMESTAMP = 253402300799
+"""9999-12-31T23:59:59Z in seconds."""
+
 _RESERVED_FIRST_TOKENS = {
     "_INBOX": "NATS request and reply inboxes",
     "_R_": "nats-server's replies to imported services",
@@ -175,7 +207,11 @@ def partition_subject(subject: str, partition: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamConfig:
-    """Everything that defines a stream; creating the same config twice is a no-op."""
+    """Everything that defines a stream; creating the same config twice is a no-op.
+
+    Every field is checked on construction (ranges inclusive); see the
+    constants above for why each bound is where it is.
+    """
 
     name: str
     subject: str
@@ -183,14 +219,20 @@ class StreamConfig:
     partitions: int = 1
     """1 to 1024."""
     replication_factor: int = 1
+    """1 to 16."""
     group: str | None = None
     """Load-balance group: streams in one group share a NATS queue group (1-200 characters)."""
     retention_age: float | None = None
+    """Seconds, 0 to 100 years; ``None``: no limit."""
     retention_bytes: int | None = None
+    """0 to 2**63 - 1; ``None``: no limit."""
     retention_messages: int | None = None
+    """0 to 2**63 - 1; ``None``: no limit."""
     compaction: bool = False
-    segment_bytes: int = 64 * 1024 * 1024
-    max_message_bytes: int = 1024 * 1024
+    segment_bytes: int = 64 * MiB
+    """1 KiB to 4 GiB."""
+    max_message_bytes: int = 1 * MiB
+    """1 byte to 64 MiB."""
     compression: str = "none"
     """How stored batches are compressed: ``none``, ``lz4`` or ``zstd``."""
     ack_reply: bool = True
@@ -199,14 +241,10 @@ class StreamConfig:
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
         validate_stream_subject(self.subject, internal=self.name.startswith(INTERNAL_PREFIX))
-        _positive_int("partitions", self.partitions)
-        if self.partitions > MAX_PARTITIONS:
-            raise InvalidArgumentError(
-                f"partitions must be at most {MAX_PARTITIONS}, got {self.partitions!r}"
-            )
-        _positive_int("replication_factor", self.replication_factor)
-        _positive_int("segment_bytes", self.segment_bytes)
-        _positive_int("max_message_bytes", self.max_message_bytes)
+        bounded_int("partitions", self.partitions, 1, MAX_PARTITIONS)
+        bounded_int("replication_factor", self.replication_factor, 1, MAX_REPLICATION_FACTOR)
+        bounded_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES, unit="bytes")
+        bounded_int("max_message_bytes", self.max_message_bytes, 1, MAX_MESSAGE_BYTES, unit="bytes")
         if self.partitions > 1 and self.subject.endswith(">"):
             raise InvalidArgumentError(
                 f"stream {self.name!r}: a subject ending in '>' ({self.subject!r}) already "
@@ -218,12 +256,12 @@ class StreamConfig:
             )
         if self.group is not None:
             validate_group(self.group)
-        for option in ("retention_age", "retention_bytes", "retention_messages"):
-            value = getattr(self, option)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
-            ):
-                raise InvalidArgumentError(f"{option} must be a non-negative number, got {value!r}")
+        if self.retention_age is not None:
+            bounded_number("retention_age", self.retention_age, 0, MAX_AGE)
+        if self.retention_bytes is not None:
+            bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
+        if self.retention_messages is not None:
+            bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
         for option in ("compaction", "ack_reply"):
             if not isinstance(getattr(self, option), bool):
                 raise InvalidArgumentError(
@@ -261,6 +299,42 @@ class StreamConfig:
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
 
 
+def bounded_int(name: str, value: object, low: int, high: int, *, unit: str = "") -> int:
+    """Return ``value`` if it is an integer from ``low`` to ``high``, else raise naming all three.
+
+    ``unit="bytes"`` shows large limits also as KiB, MiB or GiB.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be {int_range(low, high, unit=unit)}, got {shown(value)}")
+    return value
+
+
+def bounded_number(name: str, value: object, low: float, high: float, *, unit: str = "seconds") -> float:
+    """Return ``value`` if it is a finite number (int or float) from ``low`` to ``high``, else raise."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise InvalidArgumentError(f"{name} must be {number_range(low, high, unit=unit)}, got {shown(value)}")
+    return value
+
+
+def int_range(low: int, high: int, *, unit: str = "") -> str:
+    """``a positive integer up to 1024``, ``an integer from 1024 (1 KiB) to ...``: for messages."""
+    if low == 0:
+        return f"a non-negative integer up to {_limit(high, unit)}"
+    if low == 1:
+        return f"a positive integer up to {_limit(high, unit)}"
+    return f"an integer from {_limit(low, unit)} to {_limit(high, unit)}"
+
+
+def number_range(low: float, high: float, *, unit: str = "seconds") -> str:
+    """``a number of seconds from 0.001 to 3600``: for messages."""
+    return f"a number of {unit} from {_number(low)} to {_number(high)}"
+
+
 def shown(value: object) -> str:
     """``repr(value)``, cut to a readable length for an error message."""
     text = repr(value)
@@ -270,6 +344,13 @@ def shown(value: object) -> str:
     return f"{text[: _SHOWN_LENGTH - 4]}...{closing}"
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+def _limit(value: int, unit: str) -> str:
+    if unit == "bytes":
+        for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+            if value >= size and value % size == 0:
+                return f"{value} ({value // size} {name})"
+    return str(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -18,7 +18,12 @@ import pytest
 from pyarrow import flight
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import (
+    MAX_GROUP_LENGTH,
+    MAX_PARTITIONS,
+    MAX_SUBJECT_BYTES,
+    StreamConfig,
+)
 
 from .harness import wait_until
 
@@ -88,8 +93,6 @@ def _longest_partition_subject() -> tuple[str, str]:
 
 
 def test_the_subject_budget_fits_nats_servers_control_line():
-    from pyspark_jetstream.protocol.streams import MAX_GROUP_LENGTH, MAX_PARTITIONS, MAX_SUBJECT_BYTES
-
     suffix = len(f".{MAX_PARTITIONS - 1}")
     sub_arguments = MAX_SUBJECT_BYTES + suffix + 1 + MAX_GROUP_LENGTH + 1 + len(LONGEST_SID)
     assert sub_arguments <= MAX_CONTROL_LINE
