@@ -337,6 +337,8 @@ def number_range(low: float, high: float, *, unit: str = "seconds") -> str:
 
 def shown(value: object) -> str:
     """``repr(value)``, cut to a readable length for an error message."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr() refuses past 4300 digits
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
     text = repr(value)
     if len(text) <= _SHOWN_LENGTH:
         return text

@@ -148,6 +148,11 @@ def test_errors_show_a_bounded_excerpt_of_huge_values():
     assert len(str(info.value)) < 500
 
 
+def test_huge_integers_are_named_without_printing_them():
+    with pytest.raises(InvalidArgumentError, match="got an integer of 16610 bits"):
+        StreamConfig(name="s", subject="s", partitions=10**5000)
+
+
 def test_validate_offset_bounds_offsets_to_int64():
     assert validate_offset("offset", 0) == 0
     assert validate_offset("offset", INT64_MAX) == INT64_MAX
