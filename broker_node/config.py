@@ -3,7 +3,9 @@
 One TOML file (see ``conf/broker.toml``) holds a table per part of the broker;
 each table maps key by key onto a dataclass.  Unknown keys are errors that
 name the key, the table and the file, never silently ignored.  Durations are
-in seconds.
+in seconds.  Every number is bounded (ranges inclusive, given with each
+option and in ``conf/broker.toml``); an error names the option, the value and
+the range.
 """
 
 from __future__ import annotations
@@ -16,8 +18,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from broker_node.log import LogConfig
+from pyspark_jetstream.protocol.streams import GiB, KiB, bounded_int, bounded_number
 
 T = TypeVar("T")
+
+MAX_PORT = 65535
+MIN_INTERVAL = 0.01
+"""Shortest maintenance interval or reconnect wait: below 10 ms the broker
+would spend its time on the timer, or hammer an unreachable server."""
+MAX_RECONNECT_WAIT = 3600.0
+MAX_MAINTENANCE_INTERVAL = 24 * 3600.0
+"""Retention and compaction at least daily, or disks fill between passes."""
+MAX_RECONNECT_ATTEMPTS = 1_000_000
+MAX_BATCH_MESSAGES = 1_000_000
+MIN_BATCH_BYTES = 1 * KiB
+MAX_BATCH_BYTES = 1 * GiB
+"""The same range as the log's ``max_batch_bytes``, which a coalesced batch must fit."""
+MAX_DELAY = 60.0
+"""``max_delay`` adds up to this much latency to every message."""
 
 
 class ConfigError(ValueError):
@@ -32,10 +50,31 @@ class NatsConfig:
     """NATS URLs to connect to; empty means start an embedded nats-server."""
     embedded_host: str = "127.0.0.1"
     embedded_port: int = 4222
-    """Client port of the embedded server; -1 picks a free one."""
+    """Client port of the embedded server (1 to 65535); -1 picks a free one."""
     reconnect_wait: float = 1.0
+    """Seconds between reconnect attempts (0.01 to 3600)."""
     max_reconnect_attempts: int = -1
-    """-1 reconnects forever."""
+    """0 to 1,000,000; -1 reconnects forever."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.servers, tuple) or not all(isinstance(s, str) and s for s in self.servers):
+            raise ValueError(
+                f"servers must be NATS URLs (strings like nats://host:4222), got {self.servers!r}"
+            )
+        port = self.embedded_port
+        if isinstance(port, bool) or not isinstance(port, int) or not (port == -1 or 1 <= port <= MAX_PORT):
+            raise ValueError(f"embedded_port must be -1 (a free port) or 1 to {MAX_PORT}, got {port!r}")
+        bounded_number("reconnect_wait", self.reconnect_wait, MIN_INTERVAL, MAX_RECONNECT_WAIT)
+        attempts = self.max_reconnect_attempts
+        if (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, int)
+            or not -1 <= attempts <= MAX_RECONNECT_ATTEMPTS
+        ):
+            raise ValueError(
+                f"max_reconnect_attempts must be -1 (forever) or 0 to {MAX_RECONNECT_ATTEMPTS}, "
+                f"got {attempts!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,9 +83,16 @@ class FlightConfig:
 
     host: str = "127.0.0.1"
     port: int = 9292
-    """0 picks a free port."""
+    """0 to 65535; 0 picks a free port."""
     advertised_host: str | None = None
     """Host name clients should use, if not ``host`` (e.g. behind NAT)."""
+
+    def __post_init__(self) -> None:
+        port = self.port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+            raise ValueError(
+                f"port must be an integer from 0 to {MAX_PORT}, got {port!r} (0 picks a free port)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,13 +100,16 @@ class IngestConfig:
     """How messages arriving one at a time are coalesced into batches."""
 
     max_batch_messages: int = 10_000
+    """1 to 1,000,000."""
     max_batch_bytes: int = 8 * 1024 * 1024
+    """1 KiB to 1 GiB."""
     max_delay: float = 0.0
-    """Extra seconds to wait for more messages; 0 flushes as soon as the queue is drained."""
+    """Extra seconds to wait for more messages (0 to 60); 0 flushes as soon as the queue is drained."""
 
     def __post_init__(self) -> None:
-        if self.max_batch_messages < 1 or self.max_batch_bytes < 1 or self.max_delay < 0:
-            raise ValueError(f"invalid ingest settings: {self}")
+        bounded_int("max_batch_messages", self.max_batch_messages, 1, MAX_BATCH_MESSAGES)
+        bounded_int("max_batch_bytes", self.max_batch_bytes, MIN_BATCH_BYTES, MAX_BATCH_BYTES, unit="bytes")
+        bounded_number("max_delay", self.max_delay, 0, MAX_DELAY)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,12 +119,17 @@ class BrokerConfig:
     broker_id: str = "broker-1"
     data_dir: Path = Path("data")
     maintenance_interval: float = 30.0
-    """Seconds between retention and compaction passes."""
+    """Seconds between retention and compaction passes (0.01 to 86400)."""
     nats: NatsConfig = field(default_factory=NatsConfig)
     flight: FlightConfig = field(default_factory=FlightConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     log: LogConfig = field(default_factory=LogConfig)
     """Defaults for every partition's log; a stream's own settings override them."""
+
+    def __post_init__(self) -> None:
+        bounded_number(
+            "maintenance_interval", self.maintenance_interval, MIN_INTERVAL, MAX_MAINTENANCE_INTERVAL
+        )
 
 
 _SECTIONS: dict[str, type] = {

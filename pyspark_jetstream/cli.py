@@ -3,22 +3,30 @@
 Client commands find the deployment through ``--nats`` (default
 ``$JETSTREAM_NATS`` or ``nats://127.0.0.1:4222``) and ask a broker there for
 its Flight address, unless ``--broker`` (or ``$JETSTREAM_BROKER``) gives it.
-Errors print one line and exit 1; usage errors exit 2.
+Every failure prints one line on stderr: errors exit 1, usage errors 2.  What
+the library logs on the way (a failed connect attempt, ...) shows only with
+``--verbose``: the line names the error that ended the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from pyspark_jetstream.client import AckPolicy, SyncClient
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
+from pyspark_jetstream.protocol.streams import number_range
+
+MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 3600.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,24 +38,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.CRITICAL, format="jetstream: %(name)s: %(message)s"
+    )
     try:
         with SyncClient(nats_urls=args.nats, broker=args.broker, timeout=args.timeout) as client:
             args.run(client, args)
+    except UnknownStreamError as exc:
+        _fail(f"{exc}; 'jetstream stream list' shows the streams")
+        return 1
     except JetStreamError as exc:
-        print(f"jetstream: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if args.verbose:
+            raise
+        # A bug or an unforeseen failure: still one line; --verbose shows the traceback.
+        _fail(f"unexpected {type(exc).__name__}: {exc} (run with --verbose for details)")
+        return 1
     return 0
 
 
+def _fail(message: str) -> None:
+    """Print ``message`` as the one line a failure writes to stderr."""
+    print(f"jetstream: {' '.join(message.split())}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (the usage itself is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line and exit 2."""
+        self.exit(2, f"jetstream: {message} (see '{self.prog} --help')\n")
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not MIN_TIMEOUT <= value <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be {number_range(MIN_TIMEOUT, MAX_TIMEOUT)}, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jetstream", description="pyspark-jetstream command line")
+    parser = _Parser(prog="jetstream", description="pyspark-jetstream command line")
     parser.add_argument(
         "--nats", default=os.environ.get("JETSTREAM_NATS", "nats://127.0.0.1:4222"), help="NATS URL"
     )
     parser.add_argument("--broker", default=os.environ.get("JETSTREAM_BROKER"), help="broker Flight address")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    parser.add_argument(
+        "--timeout", type=_timeout, default=10.0, help="seconds to wait for answers (0.1 to 3600)"
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show what the library logs, and tracebacks"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     broker = commands.add_parser("broker", help="run a broker")

@@ -33,9 +33,10 @@ from pyspark_jetstream.protocol.flight import (
     encode_json,
     error_message,
     response_metadata,
+    validate_body_int,
 )
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import StreamConfig, shown
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -282,9 +283,12 @@ def _projected_schema(request: ReadRequest) -> pa.Schema:
 
 
 def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:
+    """Field ``name`` of an action body, of type ``kind``; integers are checked by the protocol's bounds."""
     value = args.get(name)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise InvalidArgumentError(f"{name!r} must be a {kind.__name__}, got {value!r}")
+        raise InvalidArgumentError(f"{name!r} must be a {kind.__name__}, got {shown(value)}")
+    if isinstance(value, int):
+        validate_body_int(name, value)  # an offset must fit int64, a partition the partition range
     return value
 
 

@@ -1,7 +1,11 @@
 """Configuration of one partition's commit log.
 
 All durations are in seconds (float).  ``None`` for a retention limit means
-"no limit of that kind".
+"no limit of that kind".  Every option is bounded (ranges inclusive, given
+with each option); a value outside its range raises ``InvalidArgumentError``
+(a ``ValueError``) naming the option, the value and the range.  Sizes share
+their bounds with a stream's configuration
+(:mod:`pyspark_jetstream.protocol.streams`), which overrides them per stream.
 """
 
 from __future__ import annotations
@@ -10,8 +14,29 @@ import enum
 from dataclasses import dataclass
 
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
+from pyspark_jetstream.protocol.streams import (
+    INT64_MAX,
+    MAX_AGE,
+    MAX_MESSAGE_BYTES,
+    MAX_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    GiB,
+    KiB,
+    MiB,
+    bounded_int,
+    bounded_number,
+)
 
-MiB = 1024 * 1024
+MIN_BATCH_BYTES = 1 * KiB
+MAX_BATCH_BYTES = 1 * GiB
+"""A batch is built in memory as one Arrow IPC frame, whose size the index keeps
+as 32 bits; a gigabyte is far above what NATS (64 MiB payloads) can deliver."""
+MIN_SEGMENT_MAX_AGE = 1.0
+"""Rolling more often than every second only multiplies segment files."""
+MIN_FSYNC_INTERVAL = 0.001
+"""An fsync takes 0.1 to 10 ms: more often than every millisecond is ``always``."""
+MAX_INTERVAL = 3600.0
+"""Longest fsync or checkpoint interval: an hour of possibly unsynced data."""
 
 
 class FsyncPolicy(enum.Enum):
@@ -39,45 +64,51 @@ class LogConfig:
     """How a partition's log stores, rolls, retains and compacts its data."""
 
     segment_bytes: int = 64 * MiB
-    """Roll to a new segment before one would grow past this many bytes."""
+    """Roll to a new segment before one would grow past this many bytes (1 KiB to 4 GiB)."""
     segment_max_age: float = 7 * 24 * 3600.0
-    """Roll a non-empty active segment once its first message is this old."""
+    """Roll a non-empty active segment once its first message is this old (1 s to 100 years)."""
     retention_age: float | None = None
-    """Delete closed segments whose newest message is older than this."""
+    """Delete closed segments whose newest message is older than this (0 to 100 years)."""
     retention_bytes: int | None = None
-    """Delete the oldest closed segments while the log is larger than this."""
+    """Delete the oldest closed segments while the log is larger than this (0 to 2**63 - 1)."""
     retention_messages: int | None = None
-    """Delete the oldest closed segments while the log holds more messages than this."""
+    """Delete the oldest closed segments while the log holds more messages than this (0 to 2**63 - 1)."""
     compaction: bool = False
     """Keep only the newest message per key in closed segments."""
     tombstone_retention: float = 24 * 3600.0
-    """How long compaction keeps a tombstone (a null value) before dropping it."""
+    """How long compaction keeps a tombstone (a null value) before dropping it (0 to 100 years)."""
     max_message_bytes: int = 1 * MiB
-    """Largest accepted message: key + value + header keys and values."""
+    """Largest accepted message: key + value + header keys and values (1 byte to 64 MiB)."""
     max_batch_bytes: int = 16 * MiB
-    """Largest accepted appended batch, as stored (Arrow IPC framing included)."""
+    """Largest accepted appended batch, as stored (Arrow IPC framing included; 1 KiB to 1 GiB)."""
     compression: str = "none"
     """Codec for stored batches: ``none``, ``lz4`` or ``zstd`` (batches under
     ``COMPRESS_MIN_BYTES`` are always stored plain).  Reads decompress, so they
     no longer hand out memory-mapped data; see conf/log.toml for the trade."""
     fsync: FsyncPolicy = FsyncPolicy.NEVER
     fsync_interval: float = 1.0
-    """Seconds between fsyncs under ``FsyncPolicy.INTERVAL``."""
+    """Seconds between fsyncs under ``FsyncPolicy.INTERVAL`` (0.001 to 3600)."""
     high_watermark_checkpoint_interval: float = 1.0
-    """Seconds between checkpoints of the high watermark (also written on flush and close)."""
+    """Seconds between checkpoints of the high watermark, also written on flush and close (0 to 3600)."""
 
     def __post_init__(self) -> None:
-        _positive("segment_bytes", self.segment_bytes)
-        _positive("segment_max_age", self.segment_max_age)
-        _positive("max_message_bytes", self.max_message_bytes)
-        _positive("max_batch_bytes", self.max_batch_bytes)
-        _positive("fsync_interval", self.fsync_interval)
-        _non_negative("tombstone_retention", self.tombstone_retention)
-        _non_negative("high_watermark_checkpoint_interval", self.high_watermark_checkpoint_interval)
-        for name in ("retention_age", "retention_bytes", "retention_messages"):
-            value = getattr(self, name)
-            if value is not None:
-                _non_negative(name, value)
+        # The floor of 1 KiB, not a production size: the log's own tests roll
+        # segments every few messages with 1.5-4 KB segments.
+        bounded_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES, unit="bytes")
+        bounded_number("segment_max_age", self.segment_max_age, MIN_SEGMENT_MAX_AGE, MAX_AGE)
+        bounded_int("max_message_bytes", self.max_message_bytes, 1, MAX_MESSAGE_BYTES, unit="bytes")
+        bounded_int("max_batch_bytes", self.max_batch_bytes, MIN_BATCH_BYTES, MAX_BATCH_BYTES, unit="bytes")
+        bounded_number("fsync_interval", self.fsync_interval, MIN_FSYNC_INTERVAL, MAX_INTERVAL)
+        bounded_number("tombstone_retention", self.tombstone_retention, 0, MAX_AGE)
+        bounded_number(
+            "high_watermark_checkpoint_interval", self.high_watermark_checkpoint_interval, 0, MAX_INTERVAL
+        )
+        if self.retention_age is not None:
+            bounded_number("retention_age", self.retention_age, 0, MAX_AGE)
+        if self.retention_bytes is not None:
+            bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
+        if self.retention_messages is not None:
+            bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
         if not isinstance(self.compaction, bool):
             raise ValueError(f"compaction must be true or false, got {self.compaction!r}")
         if self.compression not in COMPRESSIONS:
@@ -93,13 +124,3 @@ def _fsync_policy(value: object) -> FsyncPolicy:
     except ValueError:
         choices = ", ".join(p.value for p in FsyncPolicy)
         raise ValueError(f"fsync must be one of {choices}, got {value!r}") from None
-
-
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{name} must be zero or a positive number, got {value!r}")

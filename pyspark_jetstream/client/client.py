@@ -99,9 +99,21 @@ async def discover_broker(nats_urls: Sequence[str], *, timeout: float = 10.0) ->
         await nc.close()
 
 
+async def _log_nats_error(error: Exception) -> None:
+    """Log an error nats-py reports (a failed connect attempt, a lost connection, a slow consumer).
+
+    nats-py's default callback logs each with its traceback: four of them for
+    one unreachable server.  A line each is enough; an error that fails a call
+    is raised by that call.
+    """
+    logger.warning("NATS: %s", str(error) or type(error).__name__)
+
+
 async def _connect_nats(urls: list[str], timeout: float) -> NatsClient:
     try:
-        nc: NatsClient = await nats.connect(servers=urls, connect_timeout=timeout, max_reconnect_attempts=3)
+        nc: NatsClient = await nats.connect(
+            servers=urls, connect_timeout=timeout, max_reconnect_attempts=3, error_cb=_log_nats_error
+        )
     except (NatsError, OSError, TimeoutError) as exc:
         raise UnavailableError(
             f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}; "
@@ -154,20 +166,22 @@ class Client:
 
         ``max_pending`` bounds the acks ``publish_async`` leaves outstanding:
         past it, publishing waits for the oldest (a sliding window).  Raises
-        ``UnavailableError`` naming the address that cannot be reached.
+        ``UnavailableError`` naming the address that cannot be reached, and
+        ``InvalidArgumentError`` for a malformed ``broker`` address.
         """
         if not isinstance(max_pending, int) or max_pending < 1:
             raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
         nc = await _connect_nats(urls, timeout)
-        if broker is None:
-            try:
+        try:
+            if broker is None:
                 broker = await _ask_for_broker(nc, urls, timeout)
-            except UnavailableError:
-                await nc.close()
-                raise
-        client = cls(nc, broker, timeout, max_pending)
-        client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
+            client = cls(nc, broker, timeout, max_pending)
+            client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
+        except BaseException:
+            # Left open, its tasks would die with the event loop, each with a traceback.
+            await nc.close()
+            raise
         return client
 
     async def close(self) -> None:

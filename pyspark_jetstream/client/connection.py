@@ -13,7 +13,12 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from pyspark_jetstream.protocol.errors import JetStreamError, RequestTimeoutError, UnavailableError
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    RequestTimeoutError,
+    UnavailableError,
+)
 from pyspark_jetstream.protocol.flight import (
     ActionType,
     ReadRequest,
@@ -55,8 +60,10 @@ class BrokerConnection:
         self.timeout = timeout
         try:
             self._flight = flight.connect(address)
-        except (pa.ArrowInvalid, flight.FlightError) as exc:
-            raise UnavailableError(f"invalid broker address {address!r}: {exc}") from None
+        except (pa.ArrowException, flight.FlightError) as exc:
+            raise InvalidArgumentError(
+                f"invalid broker address {address!r}: use grpc://host:port ({exc})"
+            ) from None
 
     def close(self) -> None:
         """Close the channel."""
@@ -109,7 +116,9 @@ class BrokerConnection:
         if known is not None:
             return known
         if isinstance(exc, flight.FlightUnavailableError):
-            return UnavailableError(f"broker at {self.address} is unreachable: {exc}")
+            return UnavailableError(
+                f"broker at {self.address} is unreachable: {exc}; is a broker running there?"
+            )
         if isinstance(exc, flight.FlightTimedOutError):
             return RequestTimeoutError(f"broker at {self.address} did not answer in time")
         return UnavailableError(f"broker at {self.address} failed: {exc}")

@@ -8,6 +8,11 @@ Reads
 
     ``start`` is ``"earliest"``, ``"latest"``, ``{"offset": N}`` or
     ``{"timestamp": seconds since the epoch}``; the other fields are optional.
+    Numbers are bounded: offsets, ``max_records`` and ``max_bytes`` fit a
+    signed 64-bit integer (Arrow int64, Spark long), partitions are 0 to 1023,
+    timestamps finite and within years 1 to 9999, ``max_wait`` and ``follow``
+    0 to 300 seconds.  Tickets and bodies are flat: JSON nested deeper than
+    :data:`MAX_JSON_DEPTH` levels is refused.
     ``columns`` (a list of log-schema column names, ``offset`` always
     included) asks for only those columns: less to send for the same rows.
     The response is a stream of record batches in the log schema; its schema
@@ -34,16 +39,29 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidArgumentError, JetStreamError, error_from_code
 from .schema import LOG_SCHEMA
+from .streams import (
+    INT64_MAX,
+    MAX_PARTITIONS,
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    bounded_int,
+    bounded_number,
+    shown,
+)
 
 RESPONSE_KEYS = ("next_offset", "high_watermark", "log_start_offset", "log_end_offset")
 RESPONSE_PREFIX = "jetstream."
 MAX_WAIT_LIMIT = 300.0
+MAX_JSON_DEPTH = 16
+"""Deepest nesting accepted in a ticket or action body (they need 2): deeper
+JSON only costs recursion, in the parser and in every error message."""
 
 
 class ActionType(enum.Enum):
@@ -79,12 +97,15 @@ class StartPosition:
             return cls(str(data))
         if isinstance(data, dict) and len(data) == 1:
             ((kind, value),) = data.items()
-            if kind == "offset" and _is_int(value) and value >= 0:
-                return cls("offset", value)
-            if kind == "timestamp" and _is_number(value):
-                return cls("timestamp", float(value))
+            try:
+                if kind == "offset":
+                    return cls("offset", validate_offset("offset", value))
+                if kind == "timestamp":
+                    return cls("timestamp", float(validate_timestamp("timestamp", value)))
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"invalid start {shown(data)}: {exc}") from None
         raise InvalidArgumentError(
-            f"invalid start {data!r}: use 'earliest', 'latest', {{'offset': N >= 0}} "
+            f"invalid start {shown(data)}: use 'earliest', 'latest', {{'offset': N >= 0}} "
             "or {'timestamp': seconds}"
         )
 
@@ -139,19 +160,19 @@ class ReadRequest:
         if unknown:
             raise InvalidArgumentError(f"unknown ticket field(s): {', '.join(unknown)}")
         if not isinstance(data.get("stream"), str):
-            raise InvalidArgumentError(f"ticket needs a 'stream' string, got {data.get('stream')!r}")
-        partition = data.get("partition", 0)
-        if not _is_int(partition) or partition < 0:
-            raise InvalidArgumentError(f"partition must be a non-negative integer, got {partition!r}")
+            raise InvalidArgumentError(f"ticket needs a 'stream' string, got {shown(data.get('stream'))}")
+        partition = validate_partition("partition", data.get("partition", 0))
         for name in ("max_records", "max_bytes"):
             value = data.get(name)
-            if value is not None and (not _is_int(value) or value <= 0):
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None:
+                bounded_int(name, value, 1, INT64_MAX)
         max_wait = data.get("max_wait", 0.0)
         follow = data.get("follow", 0.0)
         for name, value in (("max_wait", max_wait), ("follow", follow)):
-            if not _is_number(value) or not 0 <= value <= MAX_WAIT_LIMIT:
-                raise InvalidArgumentError(f"{name} must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {value!r}")
+            if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_WAIT_LIMIT:
+                raise InvalidArgumentError(
+                    f"{name} must be 0 to {MAX_WAIT_LIMIT:g} seconds, got {shown(value)}"
+                )
         columns = data.get("columns")
         if columns is not None:
             unknown_columns = (
@@ -159,7 +180,7 @@ class ReadRequest:
             )
             if unknown_columns is None or unknown_columns or not columns:
                 raise InvalidArgumentError(
-                    f"columns must be a non-empty list of {', '.join(LOG_SCHEMA.names)}; got {columns!r}"
+                    f"columns must be a non-empty list of {', '.join(LOG_SCHEMA.names)}; got {shown(columns)}"
                 )
             columns = tuple(name for name in LOG_SCHEMA.names if name in columns or name == "offset")
         return cls(
@@ -271,18 +292,58 @@ def error_from_message(text: str) -> JetStreamError | None:
     return error_from_code(match.group(1), match.group(2))
 
 
+def validate_offset(name: str, value: object) -> int:
+    """Return ``value`` if it is an offset: an integer from 0 to 2**63 - 1, else raise naming ``name``.
+
+    Offsets are Arrow int64 and Spark long; a larger one cannot be stored or read.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+        raise InvalidArgumentError(
+            f"{name} must be an integer from 0 to {INT64_MAX}: offsets must not be negative and must "
+            f"fit a signed 64-bit integer; got {shown(value)}"
+        )
+    return value
+
+
+def validate_partition(name: str, value: object) -> int:
+    """Return ``value`` if it is a partition number (0 to 1023), else raise naming ``name``."""
+    return bounded_int(name, value, 0, MAX_PARTITIONS - 1)
+
+
+def validate_timestamp(name: str, value: object) -> float:
+    """Return ``value`` if it is finite seconds since the epoch within years 1 to 9999, else raise."""
+    return bounded_number(name, value, MIN_TIMESTAMP, MAX_TIMESTAMP, unit="seconds since the epoch")
+
+
+def validate_body_int(name: str, value: object) -> int:
+    """Check an integer field of an action body: ``partition`` a partition number, any other an offset."""
+    if name == "partition":
+        return validate_partition(name, value)
+    return validate_offset(name, value)
+
+
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         data = json.loads(body or b"{}")
+    except RecursionError:
+        raise InvalidArgumentError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgumentError(f"{what} must be a JSON object, got {type(data).__name__}")
+    _check_depth(data, what)
     return data
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _check_depth(data: object, what: str) -> None:
+    """Raise if ``data`` nests deeper than :data:`MAX_JSON_DEPTH` (iteratively: no recursion)."""
+    pending = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
 def _is_number(value: object) -> bool:

@@ -4,11 +4,18 @@ A stream is a named, durable log attached to a NATS subject.  Partition 0
 listens on the stream's subject and partition *N* on ``<subject>.N``.
 Pure functions and frozen value types; the JSON form is what the broker keeps
 in its metadata and what admin actions carry.
+
+Everything is checked here, before a config is stored: a subject the broker
+cannot subscribe to would otherwise be stored and fail on every start.  The
+bounds of every number (and the helpers that check them, shared by the log's,
+the broker's and the Spark connector's options) are defined here too, so an
+error always names the option, the value and the accepted range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +25,63 @@ from .schema import COMPRESSIONS
 
 DISCOVERY_SUBJECT = "_PJS.discover"
 """NATS subject on which every broker answers with its Flight address (JSON)."""
+BROKER_SUBJECT_TOKEN = "_PJS"
+"""First token of the broker's own subjects; only internal streams may use it."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 INTERNAL_PREFIX = "__"
-_SUBJECT_TOKEN = re.compile(r"[^\s.*>]+|\*|>")
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+INT64_MAX = 2**63 - 1
+"""Offsets, sizes and counts are Arrow int64 / Spark long: nothing above this fits."""
+
+MAX_SUBJECT_BYTES = 1024
+"""Longest stream subject, in UTF-8 bytes (NATS counts bytes).
+
+nats-server closes a connection that sends a protocol line whose arguments
+are longer than its ``max_control_line`` (4096 bytes by default), and the
+broker would fail the same way on every restart.  The broker subscribes with
+``SUB <subject>.<N> <queue group> <sid>``: at most 1024 + 5 (``.1023``) + 1 +
+200 (group) + 1 + 20 (sid) = 1251 bytes.  A publisher's ``HPUB <subject>
+<reply> <header bytes> <total bytes>`` keeps over 2,000 bytes for its reply
+subject.  The margin also covers servers configured with a lower limit;
+NATS recommends short subjects anyway.
+"""
+MAX_PARTITIONS = 1024
+"""Each partition is a NATS subscription, a directory of open segment files and
+a Spark task; the bound also keeps the partition suffix to 5 bytes (``.1023``)."""
+MAX_GROUP_LENGTH = 200
+"""Longest load-balance group (a NATS queue group name, sent in every SUB line)."""
+MAX_REPLICATION_FACTOR = 16
+MIN_SEGMENT_BYTES = 1 * KiB
+"""Smallest segment.  Production wants megabytes (the default is 64 MiB); below
+about a kilobyte every stored batch gets a segment of its own (three files).
+The floor is not higher because retention and compaction tests roll segments
+every few messages with 1.5-4 KB segments (tests/log, tests/broker, tests/spark)."""
+MAX_SEGMENT_BYTES = 4 * GiB
+"""Largest segment: recovery rescans the active segment after a crash, and
+retention deletes whole segments, so bigger ones mean slower restarts and
+coarser retention."""
+MAX_MESSAGE_BYTES = 64 * MiB
+"""A message arrives as one NATS payload, and nats-server refuses a
+``max_payload`` above its ``max_pending`` (64 MiB by default): no larger
+message can reach the broker."""
+MAX_AGE = 100 * 365 * 24 * 3600
+"""Longest retention or tombstone age: 100 years, in seconds (none means forever)."""
+MIN_TIMESTAMP = -62135596800
+"""0001-01-01T00:00:00Z in seconds: read timestamps span Python's ``datetime``
+(years 1 to 9999), far inside the log's int64 microseconds."""
+MAX_TIMESTAMP = 253402300799
+"""9999-12-31T23:59:59Z in seconds."""
+
+_RESERVED_FIRST_TOKENS = {
+    "_INBOX": "NATS request and reply inboxes",
+    "_R_": "nats-server's replies to imported services",
+    "_GR_": "nats-server's replies across gateways",
+    BROKER_SUBJECT_TOKEN: "the broker's own subjects (discovery, cursors)",
+}
+_SHOWN_LENGTH = 60
 
 
 def validate_stream_name(name: object, *, internal: bool = False) -> str:
@@ -31,36 +92,111 @@ def validate_stream_name(name: object, *, internal: bool = False) -> str:
     starting with ``__`` are reserved for the broker's internal streams.
     """
     if not isinstance(name, str):
-        raise InvalidArgumentError(f"stream name must be a string, got {name!r}")
+        raise InvalidArgumentError(f"stream name must be a string, got {shown(name)}")
     if internal and name.startswith(INTERNAL_PREFIX) and NAME_PATTERN.fullmatch(name[2:]):
         return name
     if not NAME_PATTERN.fullmatch(name) or name in {".", ".."}:
         raise InvalidArgumentError(
-            f"invalid stream name {name!r}: use 1-200 letters, digits, '_', '-' or '.', "
+            f"invalid stream name {shown(name)}: use 1-200 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit"
         )
     return name
 
 
-def validate_subject(subject: object, *, wildcards: bool = True) -> str:
-    """Return ``subject`` if it is a valid NATS subject, else raise naming the problem.
+def validate_group(group: object) -> str:
+    """Return ``group`` if it is a valid load-balance group (a NATS queue group name), else raise."""
+    if not isinstance(group, str) or not NAME_PATTERN.fullmatch(group):
+        raise InvalidArgumentError(
+            f"invalid group {shown(group)}: a load-balance group names a NATS queue group; use "
+            f"1-{MAX_GROUP_LENGTH} letters, digits, '_', '-' or '.', starting with a letter or digit"
+        )
+    return group
 
-    Tokens are separated by ``.``, none empty or containing whitespace;
-    ``*`` matches one token and ``>`` the rest (last token only).
+
+def validate_subject(subject: object, *, wildcards: bool = True) -> str:
+    """Return ``subject`` if it is a valid NATS subject, else raise naming the subject and the rule.
+
+    At most :data:`MAX_SUBJECT_BYTES` bytes of UTF-8; tokens are separated by
+    ``.``, none empty, none with whitespace or control (or other invisible)
+    characters; ``*`` matches one token and ``>`` the rest: both only as whole
+    tokens, ``>`` only as the last one.
     """
     if not isinstance(subject, str) or not subject:
-        raise InvalidArgumentError(f"subject must be a non-empty string, got {subject!r}")
+        raise InvalidArgumentError(f"subject must be a non-empty string, got {shown(subject)}")
+    size = len(subject.encode("utf-8", "surrogatepass"))
+    if size > MAX_SUBJECT_BYTES:
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: {size} bytes, but a subject may be at most "
+            f"{MAX_SUBJECT_BYTES} bytes (UTF-8) so that subscribing to it fits nats-server's "
+            "protocol line limit"
+        )
+    for char in subject:
+        if char.isspace():
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: it contains whitespace ({char!r}), which NATS "
+                "uses to separate a protocol line's arguments"
+            )
+        if not char.isprintable():
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: it contains the control or invisible character "
+                f"{char!r}; NATS subjects are printable text"
+            )
     tokens = subject.split(".")
     for i, token in enumerate(tokens):
-        if not _SUBJECT_TOKEN.fullmatch(token):
+        if not token:
             raise InvalidArgumentError(
-                f"invalid subject {subject!r}: token {i + 1} ({token!r}) is empty or has "
-                "whitespace or a misplaced wildcard"
+                f"invalid subject {shown(subject)}: token {i + 1} is an empty token (a dot at "
+                "either end, or two in a row)"
+            )
+        if len(token) > 1 and ("*" in token or ">" in token):
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: token {i + 1} ({shown(token)}) mixes a wildcard "
+                "with text; use '*' and '>' only as whole tokens"
             )
         if token in {"*", ">"} and not wildcards:
-            raise InvalidArgumentError(f"subject {subject!r} may not contain wildcards here")
+            raise InvalidArgumentError(f"subject {shown(subject)} may not contain wildcards here")
         if token == ">" and i != len(tokens) - 1:
-            raise InvalidArgumentError(f"invalid subject {subject!r}: '>' must be the last token")
+            raise InvalidArgumentError(
+                f"invalid subject {shown(subject)}: '>' matches the rest of a subject, so use "
+                "'>' only as the last token"
+            )
+    return subject
+
+
+def validate_stream_subject(subject: object, *, internal: bool = False) -> str:
+    """Return ``subject`` if a stream may listen on it, else raise naming the subject and the rule.
+
+    On top of :func:`validate_subject`: no subject of NATS or JetStream
+    (first token starting with ``$``: ``$SYS``, ``$JS``, ``$KV``, ``$O``,
+    ``$JSC``, ``$NRG``, ``$MQTT``, ...; or ``_INBOX``, ``_R_``, ``_GR_``),
+    none of the broker's own (``_PJS``; an ``internal`` stream may use a
+    literal one other than :data:`DISCOVERY_SUBJECT`), and no subject made only
+    of wildcards other than ``*``: ``>``, ``*.>`` or ``*.*`` would capture the
+    broker's discovery requests and every client's ack inbox.
+    """
+    subject = validate_subject(subject)
+    tokens = subject.split(".")
+    first = tokens[0]
+    if first.startswith("$"):
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: subjects starting with '$' are reserved for NATS "
+            "and JetStream ($SYS, $JS, $KV, $O, ...); choose another first token"
+        )
+    owner = _RESERVED_FIRST_TOKENS.get(first)
+    broker_own = first == BROKER_SUBJECT_TOKEN and internal
+    if owner is not None and not (broker_own and "*" not in tokens and ">" not in tokens):
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: '{first}.' subjects are reserved for {owner}; "
+            "choose another first token"
+        )
+    if subject == DISCOVERY_SUBJECT:
+        raise InvalidArgumentError(f"invalid subject {shown(subject)}: it is reserved for broker discovery")
+    if all(token in {"*", ">"} for token in tokens) and subject != "*":
+        raise InvalidArgumentError(
+            f"invalid subject {shown(subject)}: it matches the broker's discovery requests "
+            f"({DISCOVERY_SUBJECT}) and every client's ack inbox (_INBOX.*); start it with a "
+            "literal token"
+        )
     return subject
 
 
@@ -71,20 +207,32 @@ def partition_subject(subject: str, partition: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamConfig:
-    """Everything that defines a stream; creating the same config twice is a no-op."""
+    """Everything that defines a stream; creating the same config twice is a no-op.
+
+    Every field is checked on construction (ranges inclusive); see the
+    constants above for why each bound is where it is.
+    """
 
     name: str
     subject: str
+    """A NATS subject (:func:`validate_stream_subject`), at most 1024 bytes."""
     partitions: int = 1
+    """1 to 1024."""
     replication_factor: int = 1
+    """1 to 16."""
     group: str | None = None
-    """Load-balance group: streams in one group share a NATS queue group."""
+    """Load-balance group: streams in one group share a NATS queue group (1-200 characters)."""
     retention_age: float | None = None
+    """Seconds, 0 to 100 years; ``None``: no limit."""
     retention_bytes: int | None = None
+    """0 to 2**63 - 1; ``None``: no limit."""
     retention_messages: int | None = None
+    """0 to 2**63 - 1; ``None``: no limit."""
     compaction: bool = False
-    segment_bytes: int = 64 * 1024 * 1024
-    max_message_bytes: int = 1024 * 1024
+    segment_bytes: int = 64 * MiB
+    """1 KiB to 4 GiB."""
+    max_message_bytes: int = 1 * MiB
+    """1 byte to 64 MiB."""
     compression: str = "none"
     """How stored batches are compressed: ``none``, ``lz4`` or ``zstd``."""
     ack_reply: bool = True
@@ -92,11 +240,11 @@ class StreamConfig:
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
-        validate_subject(self.subject)
-        _positive_int("partitions", self.partitions)
-        _positive_int("replication_factor", self.replication_factor)
-        _positive_int("segment_bytes", self.segment_bytes)
-        _positive_int("max_message_bytes", self.max_message_bytes)
+        validate_stream_subject(self.subject, internal=self.name.startswith(INTERNAL_PREFIX))
+        bounded_int("partitions", self.partitions, 1, MAX_PARTITIONS)
+        bounded_int("replication_factor", self.replication_factor, 1, MAX_REPLICATION_FACTOR)
+        bounded_int("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES, unit="bytes")
+        bounded_int("max_message_bytes", self.max_message_bytes, 1, MAX_MESSAGE_BYTES, unit="bytes")
         if self.partitions > 1 and self.subject.endswith(">"):
             raise InvalidArgumentError(
                 f"stream {self.name!r}: a subject ending in '>' ({self.subject!r}) already "
@@ -104,19 +252,21 @@ class StreamConfig:
             )
         if self.compression not in COMPRESSIONS:
             raise InvalidArgumentError(
-                f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}"
+                f"compression must be one of {', '.join(COMPRESSIONS)}, got {shown(self.compression)}"
             )
         if self.group is not None:
-            validate_stream_name(self.group)
-        for option in ("retention_age", "retention_bytes", "retention_messages"):
-            value = getattr(self, option)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
-            ):
-                raise InvalidArgumentError(f"{option} must be a non-negative number, got {value!r}")
+            validate_group(self.group)
+        if self.retention_age is not None:
+            bounded_number("retention_age", self.retention_age, 0, MAX_AGE)
+        if self.retention_bytes is not None:
+            bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
+        if self.retention_messages is not None:
+            bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
         for option in ("compaction", "ack_reply"):
             if not isinstance(getattr(self, option), bool):
-                raise InvalidArgumentError(f"{option} must be true or false, got {getattr(self, option)!r}")
+                raise InvalidArgumentError(
+                    f"{option} must be true or false, got {shown(getattr(self, option))}"
+                )
 
     def to_json(self) -> dict[str, Any]:
         """The wire/metadata form: a plain dict."""
@@ -149,6 +299,60 @@ class StreamConfig:
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+def bounded_int(name: str, value: object, low: int, high: int, *, unit: str = "") -> int:
+    """Return ``value`` if it is an integer from ``low`` to ``high``, else raise naming all three.
+
+    ``unit="bytes"`` shows large limits also as KiB, MiB or GiB.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be {int_range(low, high, unit=unit)}, got {shown(value)}")
+    return value
+
+
+def bounded_number(name: str, value: object, low: float, high: float, *, unit: str = "seconds") -> float:
+    """Return ``value`` if it is a finite number (int or float) from ``low`` to ``high``, else raise."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise InvalidArgumentError(f"{name} must be {number_range(low, high, unit=unit)}, got {shown(value)}")
+    return value
+
+
+def int_range(low: int, high: int, *, unit: str = "") -> str:
+    """``a positive integer up to 1024``, ``an integer from 1024 (1 KiB) to ...``: for messages."""
+    if low == 0:
+        return f"a non-negative integer up to {_limit(high, unit)}"
+    if low == 1:
+        return f"a positive integer up to {_limit(high, unit)}"
+    return f"an integer from {_limit(low, unit)} to {_limit(high, unit)}"
+
+
+def number_range(low: float, high: float, *, unit: str = "seconds") -> str:
+    """``a number of seconds from 0.001 to 3600``: for messages."""
+    return f"a number of {unit} from {_number(low)} to {_number(high)}"
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length for an error message."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr() refuses past 4300 digits
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    text = repr(value)
+    if len(text) <= _SHOWN_LENGTH:
+        return text
+    closing = text[-1] if text[-1] in "'\")]}" else ""
+    return f"{text[: _SHOWN_LENGTH - 4]}...{closing}"
+
+
+def _limit(value: int, unit: str) -> str:
+    if unit == "bytes":
+        for size, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+            if value >= size and value % size == 0:
+                return f"{value} ({value // size} {name})"
+    return str(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -1,7 +1,11 @@
 """Spark's string options for ``format("jetstream")``, parsed once into typed values.
 
 Every error names the option, the value and what would be accepted, so a
-misconfigured query fails at planning with a one-line reason.
+misconfigured query fails at planning with a one-line reason.  Numbers are
+bounded (inclusive): ``maxRecordsPerTrigger`` and ``maxRecordsPerPartition``
+1 to 2**63 - 1 (Spark longs), ``timeout`` 0.1 to 3600 seconds,
+``maxBatchBytes`` 64 bytes to 64 MiB, offsets -2 to 2**63 - 1, partitions 0
+to 1023, and timestamps in milliseconds up to the end of year 9999.
 """
 
 from __future__ import annotations
@@ -9,17 +13,35 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
-from pyspark_jetstream.protocol.streams import validate_stream_name
+from pyspark_jetstream.protocol.streams import (
+    INT64_MAX,
+    MAX_MESSAGE_BYTES,
+    MAX_PARTITIONS,
+    MAX_TIMESTAMP,
+    int_range,
+    number_range,
+    shown,
+    validate_stream_name,
+)
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 """Offset ranges longer than this are split over several Spark tasks."""
+MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 3600.0
+MIN_SINK_BATCH_BYTES = 64
+"""A chunk always holds at least one row, so any size works; the sink's tests use
+64 bytes to get one row per chunk."""
+MAX_SINK_BATCH_BYTES = MAX_MESSAGE_BYTES
+"""A chunk is one NATS message: nats-server cannot take payloads over 64 MiB."""
+MAX_TIMESTAMP_MS = MAX_TIMESTAMP * 1000 + 999
 
 Offsets = dict[str, dict[str, int]]
 """``{stream: {partition (as a string): offset}}``: Spark's offset format for this source."""
@@ -131,7 +153,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         nats=_nats_urls(opts),
         stream=stream,
         timeout=_seconds(opts, "timeout", 30.0),
-        max_batch_bytes=_positive_int(opts, "maxBatchBytes") or 900 * 1024,
+        max_batch_bytes=_bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES)
+        or 900 * 1024,
     )
 
 
@@ -176,42 +199,51 @@ def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> st
         return text.lower()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise InvalidArgumentError(
-            f"option '{option}' is {value!r}: use {', '.join(keywords)} or JSON like "
+            f"option '{option}' is {shown(value)}: use {', '.join(keywords)} or JSON like "
             '{"orders": {"0": 42, "1": 17}}'
         ) from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise InvalidArgumentError(
-            f"option '{option}' must map stream names to {{partition: offset}}, got {text}"
+            f"option '{option}' must map stream names to {{partition: offset}}, got {shown(text)}"
         )
     offsets: Offsets = {}
     for stream, partitions in data.items():
         offsets[stream] = {}
         for partition, offset in partitions.items():
-            if not str(partition).isdigit():
+            number = int(partition) if str(partition).isdigit() and len(partition) <= 4 else None
+            if number is None or number >= MAX_PARTITIONS:
                 raise InvalidArgumentError(
-                    f"option '{option}': partition {partition!r} of {stream!r} is not a number"
+                    f"option '{option}': partition {shown(partition)} of {stream!r} must be a partition "
+                    f"number from 0 to {MAX_PARTITIONS - 1}"
                 )
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
+            if not isinstance(offset, int) or isinstance(offset, bool) or not -2 <= offset <= INT64_MAX:
                 raise InvalidArgumentError(
-                    f"option '{option}': offset {offset!r} of {stream}/{partition} must be an integer >= 0 "
-                    "(or -2 for earliest, -1 for latest)"
+                    f"option '{option}': offset {shown(offset)} of {stream}/{partition} must be an integer "
+                    f"from 0 to {INT64_MAX} (or -2 for earliest, -1 for latest)"
                 )
-            offsets[stream][str(int(partition))] = offset
+            offsets[stream][str(number)] = offset
     return offsets
 
 
 def _positive_int(opts: Mapping[str, str], option: str) -> int | None:
+    return _bounded_int(opts, option, 1, INT64_MAX)
+
+
+def _bounded_int(opts: Mapping[str, str], option: str, low: int, high: int) -> int | None:
     raw = opts.get(option.lower())
     if raw is None:
         return None
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 40 else None  # int() of thousands of digits raises, slowly
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise InvalidArgumentError(f"option '{option}' must be a positive integer, got {raw!r}")
+        value = None
+    if value is None or not low <= value <= high:
+        unit = "bytes" if option.endswith("Bytes") else ""
+        raise InvalidArgumentError(
+            f"option '{option}' must be {int_range(low, high, unit=unit)}, got {shown(raw)}"
+        )
     return value
 
 
@@ -222,9 +254,11 @@ def _seconds(opts: Mapping[str, str], option: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        value = -1
-    if value <= 0:
-        raise InvalidArgumentError(f"option '{option}' must be a positive number of seconds, got {raw!r}")
+        value = math.nan
+    if not math.isfinite(value) or not MIN_TIMEOUT <= value <= MAX_TIMEOUT:
+        raise InvalidArgumentError(
+            f"option '{option}' must be {number_range(MIN_TIMEOUT, MAX_TIMEOUT)}, got {shown(raw)}"
+        )
     return value
 
 
@@ -243,15 +277,16 @@ def _timestamp(opts: Mapping[str, str], option: str) -> float | None:
     if raw is None:
         return None
     text = raw.strip()
-    if text.isdigit():
+    if text.isdigit() and len(text) <= len(str(MAX_TIMESTAMP_MS)) and int(text) <= MAX_TIMESTAMP_MS:
         return int(text) / 1000.0
     try:
-        parsed = datetime.fromisoformat(text)
+        parsed = None if text.isdigit() else datetime.fromisoformat(text)
     except ValueError:
         parsed = None
     if parsed is None or parsed.tzinfo is None:
         raise InvalidArgumentError(
-            f"option '{option}' is {raw!r}: use milliseconds since the epoch or an ISO time with a zone "
+            f"option '{option}' is {shown(raw)}: use milliseconds since the epoch (up to "
+            f"{MAX_TIMESTAMP_MS}, the end of year 9999) or an ISO time with a zone "
             "(2026-11-22T10:00:00+00:00)"
         )
     return parsed.timestamp()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +96,112 @@ def test_no_nats_is_reported(tmp_path):
         timeout=60,
     )
     assert result.returncode == 1 and "cannot connect to NATS at nats://127.0.0.1:1" in result.stderr
+
+
+# ---- every failure is one line on stderr: 1 for errors, 2 for usage ------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI from this checkout, without a deployment from the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JETSTREAM_NATS", "JETSTREAM_BROKER")}
+    return subprocess.run(
+        [sys.executable, "-m", "pyspark_jetstream.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single line on stderr; fails showing all of stderr if there is anything else."""
+    assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n"), result.stderr
+    line = result.stderr.rstrip("\n")
+    assert line.startswith("jetstream: ") and "Traceback" not in line, line
+    return line
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_nats_is_one_line(free_port):
+    result = run_cli("--nats", f"nats://127.0.0.1:{free_port}", "--timeout", "1", "stream", "list")
+    line = one_line(result)
+    assert result.returncode == 1
+    assert f"cannot connect to NATS at nats://127.0.0.1:{free_port}" in line
+    assert "is a broker or nats-server running there?" in line
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["nonsense", "grpc://host:notaport", "grpc://127.0.0.1:99999", "grpc://ho^st:1", "http://host:1"],
+)
+def test_malformed_broker_address_is_one_line(nats_server, address):
+    result = run_cli("--nats", nats_server.url, "--broker", address, "stream", "list")
+    line = one_line(result)
+    assert result.returncode == 1
+    assert f"invalid broker address {address!r}" in line and "use grpc://host:port" in line
+
+
+def test_unreachable_broker_is_one_line(nats_server, free_port):
+    result = run_cli("--nats", nats_server.url, "--broker", f"grpc://127.0.0.1:{free_port}", "stream", "list")
+    line = one_line(result)
+    assert result.returncode == 1
+    assert f"broker at grpc://127.0.0.1:{free_port} is unreachable" in line
+    assert "is a broker running there?" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["stream", "describe", "nope"], "no stream named 'nope'"),
+        (["tail", "nope", "--no-follow"], "no stream named 'nope'"),
+        (["publish", "nope", "x"], "no stream named 'nope'"),
+        (["cursor", "get", "c", "nope"], "no stream named 'nope'"),
+        (["tail", "s", "--from", "yesterday"], "--from 'yesterday' is not earliest, latest"),
+        (["tail", "s", "--from", "-5"], "--from '-5' is not earliest, latest"),
+        (["cursor", "set", "c", "s", str(2**63)], "offset must be an integer from 0 to 9223372036854775807"),
+        (["stream", "create", "t", "--subject", "t", "--segment-bytes", "1"], "segment_bytes must be"),
+        (["stream", "create", "t", "--subject", "_INBOX.>"], "reserved"),
+    ],
+)
+def test_errors_are_one_line_and_exit_1(broker, args, message):
+    result = run_cli("--nats", broker.nats_url, "--broker", broker.flight, *args)
+    line = one_line(result)
+    assert result.returncode == 1 and message in line, line
+
+
+def test_unknown_stream_says_how_to_find_the_streams(broker):
+    line = one_line(run_cli("--nats", broker.nats_url, "stream", "describe", "nope"))
+    assert "jetstream stream list" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["frobnicate"],
+        ["stream", "create"],
+        ["stream", "create", "t"],
+        ["--timeout", "x", "status"],
+        ["--timeout", "0", "status"],
+        ["--timeout", "-1", "status"],
+        ["--timeout", "nan", "status"],
+        ["tail", "s", "--partition", "x"],
+        ["cursor", "set", "c", "s", "x"],
+        ["status", "--colour"],
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args):
+    result = run_cli(*args)
+    line = one_line(result)
+    assert result.returncode == 2
+    assert "--help" in line

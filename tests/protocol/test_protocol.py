@@ -249,7 +249,7 @@ def test_stream_config_validation_and_differences():
         ({"subject": "s.>", "partitions": 2}, "give it one partition"),
         ({"retention_bytes": -1}, "retention_bytes must be a non-negative"),
         ({"compaction": "yes"}, "compaction must be true or false"),
-        ({"group": "bad group"}, "invalid stream name"),
+        ({"group": "bad group"}, "invalid group 'bad group'"),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             StreamConfig(**{"name": "s", "subject": "s", **options})

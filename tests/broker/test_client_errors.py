@@ -1,0 +1,45 @@
+"""The client library reports connection failures as one error, without stray tracebacks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from pyspark_jetstream.client import Client
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_nats_errors_are_logged_as_one_line_each(caplog, free_port):
+    caplog.set_level(logging.DEBUG)
+
+    async def connect() -> None:
+        await Client.connect(nats_urls=f"nats://127.0.0.1:{free_port}", timeout=1)
+
+    with pytest.raises(UnavailableError, match=f"cannot connect to NATS at nats://127.0.0.1:{free_port}"):
+        asyncio.run(connect())
+    failures = [r for r in caplog.records if r.name == "pyspark_jetstream.client.client"]
+    assert failures, "each failed attempt is still logged"
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in failures)
+    assert all("Connect call failed" in r.getMessage() for r in failures)
+    assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"
+
+
+@pytest.mark.parametrize("address", ["nonsense", "grpc://host:notaport", "http://host:1"])
+def test_a_malformed_broker_address_leaves_no_nats_connection_behind(nats_server, address):
+    async def connect() -> list[asyncio.Task]:
+        with pytest.raises(InvalidArgumentError, match=f"invalid broker address {address!r}: use grpc"):
+            await Client.connect(nats_urls=nats_server.url, broker=address, timeout=5)
+        await asyncio.sleep(0)  # let cancelled tasks finish
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    assert asyncio.run(connect()) == []
