@@ -82,10 +82,12 @@ class Log:
         self._reconcile_epochs()
         saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
         try:
-            hw = int(saved[0]) if saved else 0
+            hw = int(saved[0]) if saved else None
         except ValueError:
-            hw = 0
-        self._high_watermark = min(max(hw, 0), self.log_end_offset)
+            hw = None
+        self._checkpointed_high_watermark = hw
+        """The value the checkpoint file holds: close() writes only a changed one."""
+        self._high_watermark = min(max(hw or 0, 0), self.log_end_offset)
 
     # ---- opening and closing ---------------------------------------------------
 
@@ -121,15 +123,40 @@ class Log:
         )
 
     def close(self) -> None:
-        """Flush and checkpoint everything, then release files.  Idempotent."""
+        """Flush appends not yet on disk, checkpoint a changed high watermark, release everything.
+
+        The log ends closed, every file and memory map released, even when the
+        disk refuses a write (full, failing): then one ``LogStorageError``
+        names each step that failed, after everything else was done, and is
+        not retriable (a second close has nothing left to do).  What was
+        appended stays readable after reopening, unless the machine loses
+        power before the operating system writes it back; an uncheckpointed
+        high watermark falls back to its last checkpoint.  Idempotent.
+        """
         with self._lock:
             if self._closed:
                 return
-            self._active.fsync()
-            self._checkpoint_high_watermark()
-            for segment in self._segments:
-                segment.close()
             self._closed = True
+            failures = []
+            if self._unsynced:
+                try:
+                    self._active.fsync()
+                except OSError as exc:
+                    failures.append(f"could not fsync {self._active.path}: {exc}")
+            if self._high_watermark != self._checkpointed_high_watermark:
+                try:
+                    self._checkpoint_high_watermark()
+                except LogStorageError as exc:
+                    failures.append(str(exc))
+            for segment in self._segments:
+                try:
+                    segment.close()
+                except OSError as exc:
+                    failures.append(f"could not close {segment.path}: {exc}")
+            if failures:
+                error = LogStorageError(f"closing the log in {self.directory}: " + "; ".join(failures))
+                error.retriable = False
+                raise error
 
     def __enter__(self) -> Log:
         return self
@@ -138,10 +165,13 @@ class Log:
         self.close()
 
     def flush(self) -> None:
-        """Force appended data to disk and checkpoint the high watermark."""
+        """Force appended data to disk and checkpoint the high watermark.
+
+        Raises ``LogStorageError`` naming the step the disk refused.
+        """
         with self._lock:
             self._check_open()
-            self._active.fsync()
+            self._fsync_active()
             self._last_fsync = self._clock()
             self._unsynced = False
             self._checkpoint_high_watermark()
@@ -158,7 +188,7 @@ class Log:
             # Only INTERVAL leaves data unsynced that an interval can make due.
             if self._closed or not self._unsynced or not self._fsync_due():
                 return False
-            self._active.fsync()
+            self._fsync_active()
             self._unsynced = False
             logger.debug("interval fsync of %s", self.directory)
             return True
@@ -587,8 +617,21 @@ class Log:
             raise LogClosedError(f"the log in {self.directory} is closed")
 
     def _checkpoint_high_watermark(self) -> None:
-        write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(self._high_watermark)])
+        hw = self._high_watermark
+        try:
+            write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
+        except OSError as exc:
+            raise LogStorageError(
+                f"could not checkpoint the high watermark of {self.directory}: {exc}"
+            ) from exc
+        self._checkpointed_high_watermark = hw
         self._last_hw_checkpoint = self._clock()
+
+    def _fsync_active(self) -> None:
+        try:
+            self._active.fsync()
+        except OSError as exc:
+            raise LogStorageError(f"could not fsync {self._active.path}: {exc}") from exc
 
     def _reconcile_epochs(self) -> None:
         """Align the epoch cache with the recovered data (its checkpoint may lag or lead)."""

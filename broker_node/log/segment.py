@@ -194,17 +194,19 @@ class Segment:
         file_size = segment.path.stat().st_size
         segment._adopt_pending_index(len(header), file_size)
         if segment.offset_index_path.exists() and segment.time_index_path.exists():
-            index, consistent = decode_index(
-                base_offset,
-                segment.offset_index_path.read_bytes(),
-                segment.time_index_path.read_bytes(),
-                len(header),
+            offset_bytes = segment.offset_index_path.read_bytes()
+            time_bytes = segment.time_index_path.read_bytes()
+            index, consistent = decode_index(base_offset, offset_bytes, time_bytes, len(header))
+            # Entries beyond the decoded ones (torn, or one file ahead) must go from the files.
+            whole = (len(offset_bytes), len(time_bytes)) == (
+                len(index) * OFFSET_ENTRY.size,
+                len(index) * TIME_ENTRY.size,
             )
         else:
-            index, consistent = SegmentIndex(base_offset), False  # lost: rebuild from the data
+            index, consistent, whole = SegmentIndex(base_offset), False, False  # lost: rebuild from the data
         index_end = index.end(len(header))
         if active:
-            segment._recover_active(index, consistent, file_size)
+            segment._recover_active(index, consistent, whole, file_size)
             segment.open_for_append()
         elif consistent and index_end == file_size:
             segment._set_index(index, file_size)
@@ -224,7 +226,13 @@ class Segment:
             f.seek(0)
             f.write(header)
 
-    def _recover_active(self, index: SegmentIndex, consistent: bool, file_size: int) -> None:
+    def _recover_active(self, index: SegmentIndex, consistent: bool, whole: bool, file_size: int) -> None:
+        """Cut the segment back to its longest valid prefix; write only what that changes.
+
+        ``whole``: the index files hold exactly the decoded entries.  A segment
+        and index already whole are left untouched, so a clean log opens on a
+        full disk.
+        """
         if not consistent:
             logger.warning("index of active segment %s is damaged; rebuilding", self.path)
             index, _ = self._scan(file_size)
@@ -239,9 +247,10 @@ class Segment:
                 if crc32(view.slice(index.positions[i], index.sizes[i])) != index.crcs[i]:
                     break
                 good += 1
+            whole = whole and good == len(index)
             index.truncate(good)
         end = index.end(self.size)
-        if end != file_size or not consistent:
+        if end != file_size:
             logger.warning(
                 "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
                 self.path,
@@ -249,11 +258,12 @@ class Segment:
                 end,
                 file_size - end,
             )
-        self._drop_map()
-        with open(self.path, "r+b") as f:
-            f.truncate(end)
+            self._drop_map()
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
         self._set_index(index, end, verified=True)
-        self._write_index_files()
+        if not (consistent and whole):
+            self._write_index_files()
 
     def _rebuild_closed(self, file_size: int) -> None:
         index, complete = self._scan(file_size)
@@ -430,17 +440,28 @@ class Segment:
                 os.fsync(f.fileno())
 
     def seal(self) -> None:
-        """Stop appending: this segment is now closed."""
+        """Stop appending: this segment is now closed.
+
+        Every file is closed even if closing one fails; the first failure is raised after.
+        """
         self._forget_recent()
         if self._files is not None:
-            for f in self._files:
-                f.close()
-            self._files = None
+            files, self._files = self._files, None
+            failure = None
+            for f in files:
+                try:
+                    f.close()
+                except OSError as exc:
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
 
     def close(self) -> None:
         """Release files and memory maps (batches already handed out stay valid)."""
-        self.seal()
-        self._drop_map()
+        try:
+            self.seal()
+        finally:
+            self._drop_map()
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
