@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from .config import FsyncPolicy, LogConfig
 from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
+    InvalidRecordsError,
     LogClosedError,
     LogStorageError,
     OffsetOutOfRangeError,
@@ -46,6 +47,7 @@ from .errors import (
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
 from .records import Records, to_input_columns
+from .repair import DamagedRange, Hole, place
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -115,7 +117,12 @@ class Log:
         bases = sorted(
             int(p.stem) for p in path.glob("*" + SEGMENT_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
         )
-        segments = [Segment.open(path, b, active=(i == len(bases) - 1)) for i, b in enumerate(bases)]
+        segments = [
+            Segment.open(
+                path, b, active=(i == len(bases) - 1), limit=bases[i + 1] if i + 1 < len(bases) else None
+            )
+            for i, b in enumerate(bases)
+        ]
         if not segments:
             segments = [Segment.create(path, 0)]
         return cls(
@@ -231,6 +238,22 @@ class Log:
     def segment_base_offsets(self) -> list[int]:
         """Base offsets of the segments, oldest first; the last one is active."""
         return list(self._bases)
+
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """Every offset range known to be unreadable, in offset order: ``(path, first, last, detail)``.
+
+        Found on open (a segment that had to be re-indexed, a missing file)
+        or by a read (a batch that failed its checks): closed segments are not
+        read at open, so damage nobody has read yet is not listed.  A range
+        stays listed until :meth:`repair` replaces it or retention deletes it.
+        """
+        with self._lock:
+            return [
+                DamagedRange(str(s.path), s.index.bases[i], s.index.lasts[i], detail)
+                for s in self._segments
+                for i, detail in sorted(s.damage.items())
+            ]
 
     # ---- leader epochs ---------------------------------------------------------
 
@@ -391,8 +414,10 @@ class Log:
         ``start_offset`` equal to the log end offset (or at/after
         ``upper_bound``) gives an empty list.  Outside
         ``[log_start_offset, log_end_offset]`` it raises
-        ``OffsetOutOfRangeError`` with the valid range.  A batch that fails its
-        checksum raises ``CorruptSegmentError``.
+        ``OffsetOutOfRangeError`` with the valid range.  A damaged batch (one
+        that fails its checks, or offsets whose data is lost) ends the read
+        before it; a read that starts at it raises ``CorruptSegmentError``
+        naming the file and the unreadable range.
         """
         _check_offset_arg("start_offset", start_offset, allow_negative=True)
         for name, value in (("max_records", max_records), ("max_bytes", max_bytes)):
@@ -412,8 +437,9 @@ class Log:
             return self._read(start_offset, end, max_records, max_bytes)
 
     def _read(
-        self, offset: int, end: int, max_records: int | None, max_bytes: int | None
+        self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
     ) -> list[pa.RecordBatch]:
+        """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
         out: list[pa.RecordBatch] = []
         rows = 0
         stored_bytes = 0
@@ -426,7 +452,12 @@ class Log:
                     return out
                 # The check above spares decompressing a batch that is over the
                 # limit by its stored size already; this one counts its size in memory.
-                batch = segment.batch(i)
+                try:
+                    batch = segment.batch(i)
+                except CorruptSegmentError:
+                    if out and partial:
+                        return out  # the next read, starting at the damage, raises
+                    raise
                 size = max(index.sizes[i], batch.nbytes)  # larger if it was stored compressed
                 if out and max_bytes is not None and stored_bytes + size > max_bytes:
                     return out
@@ -442,24 +473,34 @@ class Log:
                 if max_records is not None and rows >= max_records:
                     return out
                 offset = index.lasts[i] + 1
-            lost = segment.corrupt_from
-            if lost is not None and lost < end:
-                if out:
-                    return out  # the next read, starting at the lost range, raises
-                raise CorruptSegmentError(
-                    str(segment.path), lost, "this and later offsets of the segment are unreadable"
-                )
         return out
 
-    def scan(self, *, max_bytes: int = 16 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
+    def scan(
+        self,
+        *,
+        max_bytes: int = 16 * 1024 * 1024,
+        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
         """Every stored batch from the log start to the log end as of the call, in order.
 
         Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
-        state kept beside the log (producer sequences, cursors).
+        state kept beside the log (producer sequences, cursors).  A damaged
+        range raises ``CorruptSegmentError``, unless ``on_damaged`` is given:
+        then it is called with that error and the scan goes on after the
+        range.  Rebuilds pass it, so that one bad batch costs what it held
+        rather than the whole partition (the range stays in :attr:`damaged`
+        until repaired).
         """
         offset, end = self.log_start_offset, self.log_end_offset
         while offset < end:
-            batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            try:
+                batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            except CorruptSegmentError as exc:
+                if on_damaged is None:
+                    raise
+                on_damaged(exc)
+                offset = max(offset, exc.last_offset) + 1
+                continue
             if not batches:
                 return  # the rest is a compaction gap
             yield from batches
@@ -503,15 +544,18 @@ class Log:
                 raise OffsetOutOfRangeError(
                     offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
                 )
-            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                self._segments.pop().delete()
-                self._bases.pop()
-            last = self._segments[-1]
+            # Read what stays before deleting anything: a damaged batch among it
+            # (CorruptSegmentError) leaves the log as it was.
+            n = max(1, bisect.bisect_left(self._bases, offset))
+            last = self._segments[n - 1]
             k = last.find(offset)
             kept = [last.batch(j) for j in range(k)]
             if k < len(last.index) and last.index.bases[k] < offset:
                 partial = last.batch(k)
                 kept.append(partial.filter(pc.less(partial.column(0), offset)))
+            while len(self._segments) > n:
+                self._segments.pop().delete()
+                self._bases.pop()
             last.rewrite(kept, self.config.compression)
             last.open_for_append()
             if last.next_offset < offset:  # the cut fell in a compaction gap
@@ -578,9 +622,19 @@ class Log:
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            # Newest per key among committed messages only: an uncommitted newer value
-            # may yet be truncated away by replication.
-            latest = latest_offsets(self._read(self.log_start_offset, self._high_watermark, None, None))
+            # Damage hides which keys have newer values (a lost tombstone would let
+            # an older value come back): compact only a log that reads whole.
+            damaged = [d for d in self.damaged if d.first_offset < self._high_watermark]
+            try:
+                if damaged:
+                    raise CorruptSegmentError(*damaged[0])
+                # Newest per key among committed messages only: an uncommitted newer value
+                # may yet be truncated away by replication.
+                committed = self._read(self.log_start_offset, self._high_watermark, None, None, partial=False)
+            except CorruptSegmentError as exc:
+                logger.warning("not compacting %s until its damage is repaired: %s", self.directory, exc)
+                return 0
+            latest = latest_offsets(committed)
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
             removed = 0
             for segment in closed:
@@ -592,6 +646,61 @@ class Log:
                     removed += gone
             self._last_timestamp = self._newest_timestamp()
             return removed
+
+    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+        """Replace damaged ranges (see :attr:`damaged`) with a good copy; return the ranges repaired.
+
+        ``batches`` hold the same offsets read from another replica
+        (``read(first, upper_bound=last + 1)`` there), for one or more
+        damaged ranges.  Each must fit its range exactly (see
+        :func:`.repair.place`), and every damaged range of a segment must be
+        repaired in the same call, since the segment is rewritten whole
+        (crash-safely, as compaction does); otherwise ``InvalidRecordsError``
+        and nothing changes.  Rewriting reads the segment's other batches, so
+        it may find more damage: then ``CorruptSegmentError`` names it, and
+        nothing changes either.
+        """
+        batches = list(batches)
+        with self._lock:
+            self._check_open()
+            by_base = {s.base_offset: s for s in self._segments}
+            holes = [
+                Hole(s.base_offset, i, s.index.bases[i], s.index.lasts[i], s.index.counts[i] or None)
+                for s in self._segments
+                for i in sorted(s.damage)
+            ]
+            placed = place(holes, batches)
+            touched = sorted({hole.segment_base for hole in placed})
+            for base in touched:
+                segment = by_base[base]
+                missed = [h for h in holes if h.segment_base == base and h not in placed]
+                if missed:
+                    raise InvalidRecordsError(
+                        f"{segment.path} also has damaged offsets "
+                        + ", ".join(f"{h.first} to {h.last}" for h in missed)
+                        + ": repair all of a segment's damaged ranges in one call"
+                    )
+            repaired = sorted(
+                DamagedRange(
+                    str(by_base[h.segment_base].path),
+                    h.first,
+                    h.last,
+                    by_base[h.segment_base].damage[h.batch],
+                )
+                for h in placed
+            )
+            for base in touched:
+                segment = by_base[base]
+                fills = {h.batch: placed[h] for h in placed if h.segment_base == base}
+                replacement: list[pa.RecordBatch] = []
+                for i in range(len(segment.index)):
+                    replacement.extend(fills[i] if i in fills else [segment.batch(i)])
+                try:
+                    segment.rewrite(replacement, self.config.compression)
+                except OSError as exc:
+                    raise LogStorageError(f"cannot rewrite {segment.path} to repair it: {exc}") from exc
+                logger.info("repaired %s", segment.path)
+            return repaired
 
     # ---- internals -------------------------------------------------------------
 
@@ -640,6 +749,8 @@ class Log:
             index = segment.index
             for i in range(len(index)):
                 latest = self._epochs.latest_epoch
+                if i in segment.damage:
+                    continue  # a lost stretch's epoch is a guess
                 if latest is None or index.epochs[i] > latest:
                     self._epochs.assign(index.epochs[i], index.bases[i])
         self._epochs.truncate_from_start(self.log_start_offset)
