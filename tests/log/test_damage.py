@@ -158,7 +158,7 @@ def test_compaction_waits_for_a_repair(tmp_path):
             log.append([Record(b"%d" % i, key=b"k%d" % (i % 4)) for _ in range(3)])
         log.high_watermark = log.log_end_offset
         expected = rows(log)
-    path, first, last = _damage(tmp_path, "bit flip")
+    _, first, last = _damage(tmp_path, "bit flip")
     with Log.open(tmp_path, CONFIG) as log:
         assert log.compact() == 0  # finds the damage while reading for the newest keys
         assert log.damaged and log.damaged[0][1:3] == (first, last)
