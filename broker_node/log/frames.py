@@ -14,10 +14,10 @@ The frame layout is in :mod:`.segment`.  Two uses:
   marker (``0xFFFFFFFF``) that starts a frame which decodes, validates, and
   holds offsets after the last good frame and below the segment's limit.  The
   offsets between the two good frames are recorded as one damaged range, and
-  everything after stays readable.  A false resynchronisation point would have
-  to pass a full Arrow validation and the offset checks, so it is not a
-  practical concern; if one happened, reads of it would still fail their
-  checks against the batch's decoded offsets.
+  everything after stays readable.  A false resynchronisation point (a
+  continuation marker inside some value) would have to pass a full Arrow
+  validation and the offset checks (increasing, after the last good frame,
+  below the limit), so it is not a practical concern.
 """
 
 from __future__ import annotations

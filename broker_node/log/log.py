@@ -10,8 +10,14 @@ A log lives in one directory and is a sequence of segments (see
   ``[0, LEO]``; readers pass it as ``upper_bound``.
 
 Offsets are contiguous from 0 as appended; compaction later removes messages
-but never renumbers, so a read may skip over gaps.  All methods are
+but never renumbers, so a read may skip over gaps.  Data that is lost or
+damaged is never skipped silently: a read of it raises ``CorruptSegmentError``
+naming the range, and :attr:`Log.damaged` lists it.  All methods are
 thread-safe: one lock serialises appends, reads and maintenance.
+
+Besides the segments, the directory holds the segment manifest
+(:mod:`.manifest`, which segments make up the log), the high-watermark
+checkpoint and the leader-epoch checkpoint (:mod:`.epochs`).
 """
 
 from __future__ import annotations
@@ -39,15 +45,15 @@ from .config import FsyncPolicy, LogConfig
 from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
-    InvalidRecordsError,
     LogClosedError,
     LogStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
+from .manifest import open_segments, write_manifest
 from .records import Records, to_input_columns
-from .repair import DamagedRange, Hole, place
+from .repair import DamagedRange, damaged_ranges, repair_segments
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -104,30 +110,34 @@ class Log:
         """Open the log in ``directory``, creating it if needed and recovering from a crash.
 
         Recovery cuts a torn or corrupt tail of the last segment back to the
-        last batch that passes its checksum, rebuilds damaged indexes and
-        removes temporary files of interrupted rewrites.  ``clock`` returns
-        the current time in seconds since the epoch.
+        last batch that passes its checksum, rebuilds damaged indexes,
+        removes temporary files of interrupted rewrites and checks the
+        segment files against the segment manifest (see :mod:`.manifest`:
+        a missing segment's range reads as damaged, a stray file is renamed
+        aside).  A log that needs no repair is opened without writing
+        anything.  ``clock`` returns the current time in seconds since the
+        epoch.  Raises ``LogError`` when the directory cannot be opened as a
+        log (naming the file and what to do), ``LogStorageError`` when the
+        file system refuses.
         """
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
-            for leftover in path.glob(pattern):  # index temps are the segment's to judge
-                logger.info("removing %s left by an interrupted write", leftover)
-                leftover.unlink()
-        bases = sorted(
-            int(p.stem) for p in path.glob("*" + SEGMENT_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
-        )
-        segments = [
-            Segment.open(
-                path, b, active=(i == len(bases) - 1), limit=bases[i + 1] if i + 1 < len(bases) else None
-            )
-            for i, b in enumerate(bases)
-        ]
-        if not segments:
-            segments = [Segment.create(path, 0)]
-        return cls(
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
+                for leftover in path.glob(pattern):  # index temps are the segment's to judge
+                    logger.info("removing %s left by an interrupted write", leftover)
+                    leftover.unlink()
+            segments, changed = open_segments(path)
+            if not segments:
+                segments = [Segment.create(path, 0)]
+        except OSError as exc:
+            raise LogStorageError(f"cannot open the log in {path}: {exc}") from exc
+        log = cls(
             path, config or LogConfig(), clock, segments, LeaderEpochCache(path / LEADER_EPOCH_CHECKPOINT)
         )
+        if changed:
+            log._record_segments(required=False)
+        return log
 
     def close(self) -> None:
         """Flush appends not yet on disk, checkpoint a changed high watermark, release everything.
@@ -249,11 +259,7 @@ class Log:
         stays listed until :meth:`repair` replaces it or retention deletes it.
         """
         with self._lock:
-            return [
-                DamagedRange(str(s.path), s.index.bases[i], s.index.lasts[i], detail)
-                for s in self._segments
-                for i, detail in sorted(s.damage.items())
-            ]
+            return damaged_ranges(self._segments)
 
     # ---- leader epochs ---------------------------------------------------------
 
@@ -360,9 +366,18 @@ class Log:
             segment = Segment.create(
                 self.directory, active.next_offset if base_offset is None else base_offset
             )
+        except OSError as exc:
+            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
+        try:
+            # Listed before anything is appended to it: an unlisted segment with data is a stray.
+            write_manifest(self.directory, [*self._bases, segment.base_offset])
             if self.config.fsync is not FsyncPolicy.NEVER:
                 active.fsync()
         except OSError as exc:
+            try:
+                segment.delete()
+            except OSError:
+                logger.exception("cannot remove %s after a failed roll", segment.path)
             raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         active.seal()
         self._segments.append(segment)
@@ -553,9 +568,11 @@ class Log:
             if k < len(last.index) and last.index.bases[k] < offset:
                 partial = last.batch(k)
                 kept.append(partial.filter(pc.less(partial.column(0), offset)))
-            while len(self._segments) > n:
-                self._segments.pop().delete()
-                self._bases.pop()
+            if len(self._segments) > n:
+                while len(self._segments) > n:
+                    self._segments.pop().delete()
+                    self._bases.pop()
+                self._record_segments(required=False)
             last.rewrite(kept, self.config.compression)
             last.open_for_append()
             if last.next_offset < offset:  # the cut fell in a compaction gap
@@ -603,6 +620,7 @@ class Log:
             if deleted:
                 del self._segments[:deleted]
                 del self._bases[:deleted]
+                self._record_segments(required=False)
                 logger.info("retention deleted %d segment(s) of %s", deleted, self.directory)
                 self._epochs.truncate_from_start(self.log_start_offset)
                 self._last_timestamp = self._newest_timestamp()
@@ -660,47 +678,9 @@ class Log:
         it may find more damage: then ``CorruptSegmentError`` names it, and
         nothing changes either.
         """
-        batches = list(batches)
         with self._lock:
             self._check_open()
-            by_base = {s.base_offset: s for s in self._segments}
-            holes = [
-                Hole(s.base_offset, i, s.index.bases[i], s.index.lasts[i], s.index.counts[i] or None)
-                for s in self._segments
-                for i in sorted(s.damage)
-            ]
-            placed = place(holes, batches)
-            touched = sorted({hole.segment_base for hole in placed})
-            for base in touched:
-                segment = by_base[base]
-                missed = [h for h in holes if h.segment_base == base and h not in placed]
-                if missed:
-                    raise InvalidRecordsError(
-                        f"{segment.path} also has damaged offsets "
-                        + ", ".join(f"{h.first} to {h.last}" for h in missed)
-                        + ": repair all of a segment's damaged ranges in one call"
-                    )
-            repaired = sorted(
-                DamagedRange(
-                    str(by_base[h.segment_base].path),
-                    h.first,
-                    h.last,
-                    by_base[h.segment_base].damage[h.batch],
-                )
-                for h in placed
-            )
-            for base in touched:
-                segment = by_base[base]
-                fills = {h.batch: placed[h] for h in placed if h.segment_base == base}
-                replacement: list[pa.RecordBatch] = []
-                for i in range(len(segment.index)):
-                    replacement.extend(fills[i] if i in fills else [segment.batch(i)])
-                try:
-                    segment.rewrite(replacement, self.config.compression)
-                except OSError as exc:
-                    raise LogStorageError(f"cannot rewrite {segment.path} to repair it: {exc}") from exc
-                logger.info("repaired %s", segment.path)
-            return repaired
+            return repair_segments(self._segments, list(batches), self.config.compression)
 
     # ---- internals -------------------------------------------------------------
 
@@ -735,6 +715,22 @@ class Log:
             ) from exc
         self._checkpointed_high_watermark = hw
         self._last_hw_checkpoint = self._clock()
+
+    def _record_segments(self, *, required: bool) -> None:
+        """Write the segment manifest; unless ``required``, a failure is only logged.
+
+        Not required after segments went away: until the next change writes
+        it, opening takes segments missing at either end of the log for the
+        deletions they were (see :mod:`.manifest`).
+        """
+        try:
+            write_manifest(self.directory, self._bases)
+        except OSError as exc:
+            if required:
+                raise LogStorageError(f"could not record the segments of {self.directory}: {exc}") from exc
+            logger.warning(
+                "could not record the segments of %s: %s (the next change will)", self.directory, exc
+            )
 
     def _fsync_active(self) -> None:
         try:

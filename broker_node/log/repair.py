@@ -1,20 +1,24 @@
-"""Repairing damaged batches from another replica's copy: which replacement fills which hole.
+"""Damaged ranges of a log, and their repair from another replica's copy.
 
-Pure functions over Arrow batches; the log checks with them, then rewrites the
-segments crash-safely (``Segment.rewrite``).
+Which replacement fills which hole is decided by a pure function
+(:func:`place`); the segments are then rewritten crash-safely
+(``Segment.rewrite``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
-from .errors import InvalidRecordsError
+from .errors import InvalidRecordsError, LogStorageError
+
+if TYPE_CHECKING:
+    from .segment import Segment
 
 
 class DamagedRange(NamedTuple):
@@ -38,6 +42,59 @@ class Hole(NamedTuple):
     last: int
     rows: int | None
     """Rows the lost batch held, when its index entry says (``None`` for lost stretches)."""
+
+
+def damaged_ranges(segments: Sequence[Segment]) -> list[DamagedRange]:
+    """Every damaged range known in ``segments``, in offset order."""
+    return [
+        DamagedRange(str(s.path), s.index.bases[i], s.index.lasts[i], detail)
+        for s in segments
+        for i, detail in sorted(s.damage.items())
+    ]
+
+
+def repair_segments(
+    segments: Sequence[Segment], batches: Sequence[pa.RecordBatch], compression: str
+) -> list[DamagedRange]:
+    """Fill damaged ranges of ``segments`` with ``batches``; return the ranges repaired (see ``Log.repair``).
+
+    Everything is checked and every batch that stays is read before the
+    first segment is rewritten, so a refusal changes nothing.
+    """
+    holes = [
+        Hole(s.base_offset, i, s.index.bases[i], s.index.lasts[i], s.index.counts[i] or None)
+        for s in segments
+        for i in sorted(s.damage)
+    ]
+    placed = place(holes, batches)
+    by_base = {s.base_offset: s for s in segments}
+    rewrites: list[tuple[Segment, list[pa.RecordBatch]]] = []
+    for base in sorted({hole.segment_base for hole in placed}):
+        segment = by_base[base]
+        missed = [h for h in holes if h.segment_base == base and h not in placed]
+        if missed:
+            raise InvalidRecordsError(
+                f"{segment.path} also has damaged offsets {_ranges(missed)}: repair all of a "
+                "segment's damaged ranges in one call"
+            )
+        fills = {h.batch: placed[h] for h in placed if h.segment_base == base}
+        replacement: list[pa.RecordBatch] = []
+        for i in range(len(segment.index)):
+            # Reading a batch that was never read may find more damage: CorruptSegmentError.
+            replacement.extend(fills[i] if i in fills else [segment.batch(i)])
+        rewrites.append((segment, replacement))
+    repaired = sorted(
+        DamagedRange(
+            str(by_base[h.segment_base].path), h.first, h.last, by_base[h.segment_base].damage[h.batch]
+        )
+        for h in placed
+    )
+    for segment, replacement in rewrites:
+        try:
+            segment.rewrite(replacement, compression)
+        except OSError as exc:
+            raise LogStorageError(f"cannot rewrite {segment.path} to repair it: {exc}") from exc
+    return repaired
 
 
 def place(holes: Sequence[Hole], batches: Sequence[pa.RecordBatch]) -> dict[Hole, list[pa.RecordBatch]]:

@@ -181,6 +181,19 @@ class Segment:
         return segment
 
     @classmethod
+    def missing(cls, directory: Path, base_offset: int, end_offset: int) -> Segment:
+        """A closed segment whose file is lost: offsets ``base_offset`` to ``end_offset - 1`` read as
+        damaged until :meth:`rewrite` (a repair) brings the file back."""
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), 0)
+        index = SegmentIndex(base_offset)
+        damage: dict[int, str] = {}
+        position = len(header_bytes(base_offset))
+        detail = f"the segment file {segment.path.name} is missing"
+        add_damaged(index, damage, base_offset, end_offset - 1, position=position, size=0, detail=detail)
+        segment._set_index(index, 0, damage=damage)
+        return segment
+
+    @classmethod
     def open(cls, directory: Path, base_offset: int, *, active: bool, limit: int | None = None) -> Segment:
         """Open an existing segment, repairing what a crash may have left behind.
 
@@ -190,24 +203,20 @@ class Segment:
         docstring); ``limit`` is the offset its offsets must stay below (the
         next segment's base).
         """
-        if not active and limit is None:
-            raise ValueError(f"closed segment {base_offset} needs the offset its offsets stay below")
         header = header_bytes(base_offset)
         segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
-        cut = segment._repair_header(header)
+        if not active:
+            if limit is None:
+                raise ValueError(f"closed segment {base_offset} needs the offset its offsets stay below")
+            if segment.path.stat().st_size < len(header):
+                # Cut short of its header: the data is lost.  Left as found (the evidence,
+                # for the next open too) and read as damaged until a repair rewrites it.
+                segment._lost_whole(limit, segment._read_claims())
+                return segment
+        segment._repair_header(header)
         file_size = segment.path.stat().st_size
         segment._adopt_pending_index(len(header), file_size)
-        if segment.offset_index_path.exists() and segment.time_index_path.exists():
-            offset_bytes = segment.offset_index_path.read_bytes()
-            time_bytes = segment.time_index_path.read_bytes()
-            index, consistent = decode_index(base_offset, offset_bytes, time_bytes, len(header))
-            # Entries beyond the decoded ones (torn, or one file ahead) must go from the files.
-            whole = (len(offset_bytes), len(time_bytes)) == (
-                len(index) * OFFSET_ENTRY.size,
-                len(index) * TIME_ENTRY.size,
-            )
-        else:
-            index, consistent, whole = SegmentIndex(base_offset), False, False  # lost: rebuild from the data
+        index, consistent, whole = segment._read_index()
         index_end = index.end(len(header))
         if active or limit is None:  # (a closed segment without a limit was refused above)
             segment._recover_active(index, consistent, whole, file_size)
@@ -216,22 +225,55 @@ class Segment:
             segment._set_index(index, file_size)
         else:
             logger.warning("index of closed segment %s disagrees with it; re-indexing it", segment.path)
-            segment._rebuild_closed(file_size, limit, index if consistent and whole else None, cut)
+            segment._rebuild_closed(file_size, limit, index if consistent and whole else None)
         return segment
 
-    def _repair_header(self, header: bytes) -> bool:
-        """Rewrite a damaged header; return whether the file was cut short of one."""
+    def _read_index(self) -> tuple[SegmentIndex, bool, bool]:
+        """The index files' longest consistent prefix, whether they are consistent (see
+        :func:`decode_index`), and whether they hold exactly that prefix."""
+        if not (self.offset_index_path.exists() and self.time_index_path.exists()):
+            return SegmentIndex(self.base_offset), False, False  # lost: rebuild from the data
+        offset_bytes = self.offset_index_path.read_bytes()
+        time_bytes = self.time_index_path.read_bytes()
+        index, consistent = decode_index(self.base_offset, offset_bytes, time_bytes, self.size)
+        # Entries beyond the decoded ones (torn, or one file ahead) must go from the files.
+        whole = (len(offset_bytes), len(time_bytes)) == (
+            len(index) * OFFSET_ENTRY.size,
+            len(index) * TIME_ENTRY.size,
+        )
+        return index, consistent, whole
+
+    def _read_claims(self) -> SegmentIndex | None:
+        """The index, if it is whole and consistent: what the segment should hold."""
+        index, consistent, whole = self._read_index()
+        return index if consistent and whole and len(index) else None
+
+    def _lost_whole(self, limit: int, claims: SegmentIndex | None) -> None:
+        """Mark every offset the segment held (by its index, else up to ``limit``) as lost."""
+        index = SegmentIndex(self.base_offset)
+        damage: dict[int, str] = {}
+        last = min(claims.lasts[-1], limit - 1) if claims is not None else limit - 1
+        detail = f"{self.path.name} is cut short of its header: its data is lost"
+        add_damaged(index, damage, self.base_offset, last, position=self.size, size=0, detail=detail)
+        self._set_index(index, 0, damage=damage)
+        logger.error(
+            "closed segment %s: offsets %d to %d cannot be read: %s",
+            self.path,
+            self.base_offset,
+            last,
+            detail,
+        )
+
+    def _repair_header(self, header: bytes) -> None:
         with open(self.path, "r+b") as f:
             found = f.read(len(header))
             if found == header:
-                return False
+                return
             logger.warning("segment %s has a damaged header; rewriting it", self.path)
-            cut = len(found) < len(header)
-            if cut:
+            if len(found) < len(header):
                 f.truncate(0)
             f.seek(0)
             f.write(header)
-            return cut
 
     def _recover_active(self, index: SegmentIndex, consistent: bool, whole: bool, file_size: int) -> None:
         """Cut the segment back to its longest valid prefix; write only what that changes.
@@ -286,23 +328,20 @@ class Segment:
             return True
         return mismatch(batch, index.bases[i], index.lasts[i], index.counts[i]) is not None
 
-    def _rebuild_closed(self, file_size: int, limit: int, claims: SegmentIndex | None, cut: bool) -> None:
+    def _rebuild_closed(self, file_size: int, limit: int, claims: SegmentIndex | None) -> None:
         """Re-index a closed segment from its frames, recording what cannot be read.
 
-        ``claims``: the old index, if it is self-consistent; ``cut``: the file
-        was shorter than its header.  Offsets after the last frame found are
-        a compaction gap, unless the file is known to have lost its end: it
-        was cut, or the frames found are exactly the first ones the old index
-        lists, and it lists more.  (A header-only file with an old index
-        that lists batches is taken as compacted to nothing, as left by a
-        crash in the middle of a compaction's rewrite.)
+        ``claims``: the old index, if it is self-consistent.  Offsets after
+        the last frame found are a compaction gap, unless the file is known
+        to have lost its end: the frames found are exactly the first ones the
+        old index lists, and it lists more.  (A header-only file with an old
+        index that lists batches is taken as compacted to nothing, as left
+        by a crash in the middle of a compaction's rewrite.)
         """
         view = self._buffer(file_size)
         index, damage = scan(view, self.size, file_size, self.base_offset, limit=limit)
         lost_until = None
-        if cut:
-            lost_until = claims.lasts[-1] if claims is not None and len(claims) else limit - 1
-        elif claims is not None and 0 < len(index) < len(claims) and not damage:
+        if claims is not None and 0 < len(index) < len(claims) and not damage:
             prefix = all(
                 (index.positions[i], index.sizes[i], index.crcs[i])
                 == (claims.positions[i], claims.sizes[i], claims.crcs[i])
@@ -314,8 +353,6 @@ class Segment:
             detail = (
                 f"the file ends at byte {file_size}, before offsets its index listed (up to {lost_until})"
             )
-            if cut:
-                detail = "the file was cut short of its header: its data is lost"
             last = min(lost_until, limit - 1)
             add_damaged(index, damage, first_lost, last, position=file_size, size=0, detail=detail)
         self._set_index(index, file_size, verified=True, damage=damage)
