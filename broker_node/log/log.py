@@ -548,7 +548,9 @@ class Log:
         Used by replication to drop a diverged tail.  An offset at or past the
         log end offset changes nothing; one below the log start offset raises
         ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
-        are cut back with it.
+        are cut back with it.  The segment cut in two is rewritten from its
+        batches below ``offset``: a damaged one among them raises
+        ``CorruptSegmentError`` and leaves the log as it was.
         """
         _check_offset_arg("offset", offset)
         with self._lock:
@@ -633,7 +635,9 @@ class Log:
         newer value in the active segment supersedes older ones), every
         message without a key, and tombstones younger than
         ``tombstone_retention``.  Offsets are preserved.  Each changed segment
-        is rewritten crash-safely.
+        is rewritten crash-safely.  While committed offsets are damaged (see
+        :attr:`damaged`) nothing is compacted and 0 is returned: a lost batch
+        may hold a key's newest value or tombstone.
         """
         with self._lock:
             self._check_open()

@@ -210,3 +210,18 @@ def test_deletions_interrupted_before_recording_them(tmp_path, monkeypatch, oper
         log.roll()
     with Log.open(live, config) as log:
         assert log.damaged == []
+
+
+def test_a_zeroed_segment_fails_batch_by_batch(tmp_path):
+    """Its index is intact, so each batch is reported with its own range as it is read."""
+    expected, bases = _fill(tmp_path)
+    lost, after = bases[3], bases[4]
+    data = _segment_files(tmp_path, lost)[0]
+    data.write_bytes(bytes(data.stat().st_size))
+    with Log.open(tmp_path, CONFIG) as log:
+        assert rows(log, 0) == expected[:lost]
+        for first in range(lost, after, 3):
+            with pytest.raises(CorruptSegmentError, match=f"offsets {first} to {first + 2} cannot be read"):
+                log.read(first)
+        assert rows(log, after) == expected[after:]
+        assert [(f, la) for _, f, la, _ in log.damaged] == [(f, f + 2) for f in range(lost, after, 3)]
