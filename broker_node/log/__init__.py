@@ -17,10 +17,12 @@ from .errors import (
 )
 from .log import Log
 from .records import Record
+from .repair import DamagedRange
 
 __all__ = [
     "UNDEFINED",
     "CorruptSegmentError",
+    "DamagedRange",
     "EpochEndOffset",
     "FsyncPolicy",
     "InvalidRecordsError",

@@ -46,16 +46,29 @@ class OffsetOutOfRangeError(LogError, IndexError):
 
 
 class CorruptSegmentError(LogError):
-    """A stored batch failed its checksum or did not decode.
+    """Stored data failed its checks: a batch's checksum, decoding or offsets, or a lost file.
 
-    Raised on reads of closed segments; the active segment's tail is repaired
-    on open instead.
+    Names the file and the range of offsets that cannot be read,
+    ``first_offset`` to ``last_offset`` inclusive; offsets outside it are
+    unaffected, so a reader that may skip lost data resumes at
+    ``last_offset + 1``.  Not retriable: the range stays unreadable until it
+    is repaired (see ``Log.repair``).
     """
 
-    def __init__(self, path: str, offset: int, detail: str) -> None:
-        super().__init__(f"corrupt batch at offset {offset} in {path}: {detail}")
+    def __init__(self, path: str, first_offset: int, last_offset: int, detail: str) -> None:
+        super().__init__(
+            f"corrupt batch at offset {first_offset} in {path} (offsets {first_offset} to "
+            f"{last_offset} cannot be read): {detail}"
+        )
         self.path = path
-        self.offset = offset
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.detail = detail
+
+    @property
+    def offset(self) -> int:
+        """The first offset that cannot be read."""
+        return self.first_offset
 
 
 class LogStorageError(LogError):

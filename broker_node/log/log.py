@@ -10,8 +10,14 @@ A log lives in one directory and is a sequence of segments (see
   ``[0, LEO]``; readers pass it as ``upper_bound``.
 
 Offsets are contiguous from 0 as appended; compaction later removes messages
-but never renumbers, so a read may skip over gaps.  All methods are
+but never renumbers, so a read may skip over gaps.  Data that is lost or
+damaged is never skipped silently: a read of it raises ``CorruptSegmentError``
+naming the range, and :attr:`Log.damaged` lists it.  All methods are
 thread-safe: one lock serialises appends, reads and maintenance.
+
+Besides the segments, the directory holds the segment manifest
+(:mod:`.manifest`, which segments make up the log), the high-watermark
+checkpoint and the leader-epoch checkpoint (:mod:`.epochs`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -45,7 +51,9 @@ from .errors import (
     RecordTooLargeError,
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
+from .manifest import open_segments, write_manifest
 from .records import Records, to_input_columns
+from .repair import DamagedRange, damaged_ranges, repair_segments
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -82,10 +90,12 @@ class Log:
         self._reconcile_epochs()
         saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
         try:
-            hw = int(saved[0]) if saved else 0
+            hw = int(saved[0]) if saved else None
         except ValueError:
-            hw = 0
-        self._high_watermark = min(max(hw, 0), self.log_end_offset)
+            hw = None
+        self._checkpointed_high_watermark = hw
+        """The value the checkpoint file holds: close() writes only a changed one."""
+        self._high_watermark = min(max(hw or 0, 0), self.log_end_offset)
 
     # ---- opening and closing ---------------------------------------------------
 
@@ -100,36 +110,70 @@ class Log:
         """Open the log in ``directory``, creating it if needed and recovering from a crash.
 
         Recovery cuts a torn or corrupt tail of the last segment back to the
-        last batch that passes its checksum, rebuilds damaged indexes and
-        removes temporary files of interrupted rewrites.  ``clock`` returns
-        the current time in seconds since the epoch.
+        last batch that passes its checksum, rebuilds damaged indexes,
+        removes temporary files of interrupted rewrites and checks the
+        segment files against the segment manifest (see :mod:`.manifest`:
+        a missing segment's range reads as damaged, a stray file is renamed
+        aside).  A log that needs no repair is opened without writing
+        anything.  ``clock`` returns the current time in seconds since the
+        epoch.  Raises ``LogError`` when the directory cannot be opened as a
+        log (naming the file and what to do), ``LogStorageError`` when the
+        file system refuses.
         """
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
-            for leftover in path.glob(pattern):  # index temps are the segment's to judge
-                logger.info("removing %s left by an interrupted write", leftover)
-                leftover.unlink()
-        bases = sorted(
-            int(p.stem) for p in path.glob("*" + SEGMENT_SUFFIX) if len(p.stem) == 20 and p.stem.isdigit()
-        )
-        segments = [Segment.open(path, b, active=(i == len(bases) - 1)) for i, b in enumerate(bases)]
-        if not segments:
-            segments = [Segment.create(path, 0)]
-        return cls(
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
+                for leftover in path.glob(pattern):  # index temps are the segment's to judge
+                    logger.info("removing %s left by an interrupted write", leftover)
+                    leftover.unlink()
+            segments, changed = open_segments(path)
+            if not segments:
+                segments = [Segment.create(path, 0)]
+        except OSError as exc:
+            raise LogStorageError(f"cannot open the log in {path}: {exc}") from exc
+        log = cls(
             path, config or LogConfig(), clock, segments, LeaderEpochCache(path / LEADER_EPOCH_CHECKPOINT)
         )
+        if changed:
+            log._record_segments(required=False)
+        return log
 
     def close(self) -> None:
-        """Flush and checkpoint everything, then release files.  Idempotent."""
+        """Flush appends not yet on disk, checkpoint a changed high watermark, release everything.
+
+        The log ends closed, every file and memory map released, even when the
+        disk refuses a write (full, failing): then one ``LogStorageError``
+        names each step that failed, after everything else was done, and is
+        not retriable (a second close has nothing left to do).  What was
+        appended stays readable after reopening, unless the machine loses
+        power before the operating system writes it back; an uncheckpointed
+        high watermark falls back to its last checkpoint.  Idempotent.
+        """
         with self._lock:
             if self._closed:
                 return
-            self._active.fsync()
-            self._checkpoint_high_watermark()
-            for segment in self._segments:
-                segment.close()
             self._closed = True
+            failures = []
+            if self._unsynced:
+                try:
+                    self._active.fsync()
+                except OSError as exc:
+                    failures.append(f"could not fsync {self._active.path}: {exc}")
+            if self._high_watermark != self._checkpointed_high_watermark:
+                try:
+                    self._checkpoint_high_watermark()
+                except LogStorageError as exc:
+                    failures.append(str(exc))
+            for segment in self._segments:
+                try:
+                    segment.close()
+                except OSError as exc:
+                    failures.append(f"could not close {segment.path}: {exc}")
+            if failures:
+                error = LogStorageError(f"closing the log in {self.directory}: " + "; ".join(failures))
+                error.retriable = False
+                raise error
 
     def __enter__(self) -> Log:
         return self
@@ -138,10 +182,13 @@ class Log:
         self.close()
 
     def flush(self) -> None:
-        """Force appended data to disk and checkpoint the high watermark."""
+        """Force appended data to disk and checkpoint the high watermark.
+
+        Raises ``LogStorageError`` naming the step the disk refused.
+        """
         with self._lock:
             self._check_open()
-            self._active.fsync()
+            self._fsync_active()
             self._last_fsync = self._clock()
             self._unsynced = False
             self._checkpoint_high_watermark()
@@ -158,7 +205,7 @@ class Log:
             # Only INTERVAL leaves data unsynced that an interval can make due.
             if self._closed or not self._unsynced or not self._fsync_due():
                 return False
-            self._active.fsync()
+            self._fsync_active()
             self._unsynced = False
             logger.debug("interval fsync of %s", self.directory)
             return True
@@ -201,6 +248,18 @@ class Log:
     def segment_base_offsets(self) -> list[int]:
         """Base offsets of the segments, oldest first; the last one is active."""
         return list(self._bases)
+
+    @property
+    def damaged(self) -> list[DamagedRange]:
+        """Every offset range known to be unreadable, in offset order: ``(path, first, last, detail)``.
+
+        Found on open (a segment that had to be re-indexed, a missing file)
+        or by a read (a batch that failed its checks): closed segments are not
+        read at open, so damage nobody has read yet is not listed.  A range
+        stays listed until :meth:`repair` replaces it or retention deletes it.
+        """
+        with self._lock:
+            return damaged_ranges(self._segments)
 
     # ---- leader epochs ---------------------------------------------------------
 
@@ -307,9 +366,18 @@ class Log:
             segment = Segment.create(
                 self.directory, active.next_offset if base_offset is None else base_offset
             )
+        except OSError as exc:
+            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
+        try:
+            # Listed before anything is appended to it: an unlisted segment with data is a stray.
+            write_manifest(self.directory, [*self._bases, segment.base_offset])
             if self.config.fsync is not FsyncPolicy.NEVER:
                 active.fsync()
         except OSError as exc:
+            try:
+                segment.delete()
+            except OSError:
+                logger.exception("cannot remove %s after a failed roll", segment.path)
             raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         active.seal()
         self._segments.append(segment)
@@ -361,8 +429,10 @@ class Log:
         ``start_offset`` equal to the log end offset (or at/after
         ``upper_bound``) gives an empty list.  Outside
         ``[log_start_offset, log_end_offset]`` it raises
-        ``OffsetOutOfRangeError`` with the valid range.  A batch that fails its
-        checksum raises ``CorruptSegmentError``.
+        ``OffsetOutOfRangeError`` with the valid range.  A damaged batch (one
+        that fails its checks, or offsets whose data is lost) ends the read
+        before it; a read that starts at it raises ``CorruptSegmentError``
+        naming the file and the unreadable range.
         """
         _check_offset_arg("start_offset", start_offset, allow_negative=True)
         for name, value in (("max_records", max_records), ("max_bytes", max_bytes)):
@@ -382,8 +452,9 @@ class Log:
             return self._read(start_offset, end, max_records, max_bytes)
 
     def _read(
-        self, offset: int, end: int, max_records: int | None, max_bytes: int | None
+        self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
     ) -> list[pa.RecordBatch]:
+        """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
         out: list[pa.RecordBatch] = []
         rows = 0
         stored_bytes = 0
@@ -396,7 +467,12 @@ class Log:
                     return out
                 # The check above spares decompressing a batch that is over the
                 # limit by its stored size already; this one counts its size in memory.
-                batch = segment.batch(i)
+                try:
+                    batch = segment.batch(i)
+                except CorruptSegmentError:
+                    if out and partial:
+                        return out  # the next read, starting at the damage, raises
+                    raise
                 size = max(index.sizes[i], batch.nbytes)  # larger if it was stored compressed
                 if out and max_bytes is not None and stored_bytes + size > max_bytes:
                     return out
@@ -412,24 +488,34 @@ class Log:
                 if max_records is not None and rows >= max_records:
                     return out
                 offset = index.lasts[i] + 1
-            lost = segment.corrupt_from
-            if lost is not None and lost < end:
-                if out:
-                    return out  # the next read, starting at the lost range, raises
-                raise CorruptSegmentError(
-                    str(segment.path), lost, "this and later offsets of the segment are unreadable"
-                )
         return out
 
-    def scan(self, *, max_bytes: int = 16 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
+    def scan(
+        self,
+        *,
+        max_bytes: int = 16 * 1024 * 1024,
+        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
         """Every stored batch from the log start to the log end as of the call, in order.
 
         Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
-        state kept beside the log (producer sequences, cursors).
+        state kept beside the log (producer sequences, cursors).  A damaged
+        range raises ``CorruptSegmentError``, unless ``on_damaged`` is given:
+        then it is called with that error and the scan goes on after the
+        range.  Rebuilds pass it, so that one bad batch costs what it held
+        rather than the whole partition (the range stays in :attr:`damaged`
+        until repaired).
         """
         offset, end = self.log_start_offset, self.log_end_offset
         while offset < end:
-            batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            try:
+                batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            except CorruptSegmentError as exc:
+                if on_damaged is None:
+                    raise
+                on_damaged(exc)
+                offset = max(offset, exc.last_offset) + 1
+                continue
             if not batches:
                 return  # the rest is a compaction gap
             yield from batches
@@ -462,7 +548,9 @@ class Log:
         Used by replication to drop a diverged tail.  An offset at or past the
         log end offset changes nothing; one below the log start offset raises
         ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
-        are cut back with it.
+        are cut back with it.  The segment cut in two is rewritten from its
+        batches below ``offset``: a damaged one among them raises
+        ``CorruptSegmentError`` and leaves the log as it was.
         """
         _check_offset_arg("offset", offset)
         with self._lock:
@@ -473,15 +561,20 @@ class Log:
                 raise OffsetOutOfRangeError(
                     offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
                 )
-            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                self._segments.pop().delete()
-                self._bases.pop()
-            last = self._segments[-1]
+            # Read what stays before deleting anything: a damaged batch among it
+            # (CorruptSegmentError) leaves the log as it was.
+            n = max(1, bisect.bisect_left(self._bases, offset))
+            last = self._segments[n - 1]
             k = last.find(offset)
             kept = [last.batch(j) for j in range(k)]
             if k < len(last.index) and last.index.bases[k] < offset:
                 partial = last.batch(k)
                 kept.append(partial.filter(pc.less(partial.column(0), offset)))
+            if len(self._segments) > n:
+                while len(self._segments) > n:
+                    self._segments.pop().delete()
+                    self._bases.pop()
+                self._record_segments(required=False)
             last.rewrite(kept, self.config.compression)
             last.open_for_append()
             if last.next_offset < offset:  # the cut fell in a compaction gap
@@ -529,6 +622,7 @@ class Log:
             if deleted:
                 del self._segments[:deleted]
                 del self._bases[:deleted]
+                self._record_segments(required=False)
                 logger.info("retention deleted %d segment(s) of %s", deleted, self.directory)
                 self._epochs.truncate_from_start(self.log_start_offset)
                 self._last_timestamp = self._newest_timestamp()
@@ -541,16 +635,28 @@ class Log:
         newer value in the active segment supersedes older ones), every
         message without a key, and tombstones younger than
         ``tombstone_retention``.  Offsets are preserved.  Each changed segment
-        is rewritten crash-safely.
+        is rewritten crash-safely.  While committed offsets are damaged (see
+        :attr:`damaged`) nothing is compacted and 0 is returned: a lost batch
+        may hold a key's newest value or tombstone.
         """
         with self._lock:
             self._check_open()
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            # Newest per key among committed messages only: an uncommitted newer value
-            # may yet be truncated away by replication.
-            latest = latest_offsets(self._read(self.log_start_offset, self._high_watermark, None, None))
+            # Damage hides which keys have newer values (a lost tombstone would let
+            # an older value come back): compact only a log that reads whole.
+            damaged = [d for d in self.damaged if d.first_offset < self._high_watermark]
+            try:
+                if damaged:
+                    raise CorruptSegmentError(*damaged[0])
+                # Newest per key among committed messages only: an uncommitted newer value
+                # may yet be truncated away by replication.
+                committed = self._read(self.log_start_offset, self._high_watermark, None, None, partial=False)
+            except CorruptSegmentError as exc:
+                logger.warning("not compacting %s until its damage is repaired: %s", self.directory, exc)
+                return 0
+            latest = latest_offsets(committed)
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
             removed = 0
             for segment in closed:
@@ -562,6 +668,23 @@ class Log:
                     removed += gone
             self._last_timestamp = self._newest_timestamp()
             return removed
+
+    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+        """Replace damaged ranges (see :attr:`damaged`) with a good copy; return the ranges repaired.
+
+        ``batches`` hold the same offsets read from another replica
+        (``read(first, upper_bound=last + 1)`` there), for one or more
+        damaged ranges.  Each must fit its range exactly (see
+        :func:`.repair.place`), and every damaged range of a segment must be
+        repaired in the same call, since the segment is rewritten whole
+        (crash-safely, as compaction does); otherwise ``InvalidRecordsError``
+        and nothing changes.  Rewriting reads the segment's other batches, so
+        it may find more damage: then ``CorruptSegmentError`` names it, and
+        nothing changes either.
+        """
+        with self._lock:
+            self._check_open()
+            return repair_segments(self._segments, list(batches), self.config.compression)
 
     # ---- internals -------------------------------------------------------------
 
@@ -587,8 +710,37 @@ class Log:
             raise LogClosedError(f"the log in {self.directory} is closed")
 
     def _checkpoint_high_watermark(self) -> None:
-        write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(self._high_watermark)])
+        hw = self._high_watermark
+        try:
+            write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
+        except OSError as exc:
+            raise LogStorageError(
+                f"could not checkpoint the high watermark of {self.directory}: {exc}"
+            ) from exc
+        self._checkpointed_high_watermark = hw
         self._last_hw_checkpoint = self._clock()
+
+    def _record_segments(self, *, required: bool) -> None:
+        """Write the segment manifest; unless ``required``, a failure is only logged.
+
+        Not required after segments went away: until the next change writes
+        it, opening takes segments missing at either end of the log for the
+        deletions they were (see :mod:`.manifest`).
+        """
+        try:
+            write_manifest(self.directory, self._bases)
+        except OSError as exc:
+            if required:
+                raise LogStorageError(f"could not record the segments of {self.directory}: {exc}") from exc
+            logger.warning(
+                "could not record the segments of %s: %s (the next change will)", self.directory, exc
+            )
+
+    def _fsync_active(self) -> None:
+        try:
+            self._active.fsync()
+        except OSError as exc:
+            raise LogStorageError(f"could not fsync {self._active.path}: {exc}") from exc
 
     def _reconcile_epochs(self) -> None:
         """Align the epoch cache with the recovered data (its checkpoint may lag or lead)."""
@@ -597,6 +749,8 @@ class Log:
             index = segment.index
             for i in range(len(index)):
                 latest = self._epochs.latest_epoch
+                if i in segment.damage:
+                    continue  # a lost stretch's epoch is a guess
                 if latest is None or index.epochs[i] > latest:
                     self._epochs.assign(index.epochs[i], index.bases[i])
         self._epochs.truncate_from_start(self.log_start_offset)

@@ -33,16 +33,29 @@ byte of the frame, continuation marker included.
 
 Integrity
 ---------
-Frames are verified against their CRC before they are first served.  On open,
-the active (last) segment is verified completely: a torn or corrupt tail is cut
-back to the last good frame.  A closed segment whose index disagrees with it is
-re-indexed by parsing its frames; a frame that fails there, or a checksum that
-fails on a read, raises :class:`~broker_node.log.errors.CorruptSegmentError`
-naming the file and offset.  An index rebuilt from the segment takes its
-checksums from the data as found after a structural check (every frame decodes
-and validates, offsets increase), because the checksum lives in the index.
+A frame is verified before it is first served: its CRC, then its decoded first
+and last offsets and row count against its index entry (see :mod:`.frames`).
+On open, the active (last) segment is verified completely against its CRCs (its
+last frame also against its offsets, as it sets the log end offset): a torn or
+corrupt tail is cut back to the last good frame.  Closed segments are not read
+at open -- that would cost reading every byte of the log -- only checked for
+structure: their index must describe the whole file, and their offsets must stay
+below the next segment's base.  A closed segment that fails this is re-indexed
+by parsing its frames, resynchronising past damaged bytes.
 
-Segments are rewritten (truncation, compaction) by writing a new file and
+Damage is kept per batch (:attr:`Segment.damage`) and never makes more than the
+damaged batch unreadable: a read of it raises
+:class:`~broker_node.log.errors.CorruptSegmentError` naming the file and the
+offset range, other batches are served.  Offsets that no readable frame holds
+(bytes that resynchronisation skipped, the lost end of a file) get a
+placeholder entry covering them, in memory only, which reads the same way.  An
+index rebuilt from the segment takes its checksums from the data as found after
+a structural check (every frame decodes and validates, offsets increase),
+because the checksum lives in the index; it is written back only when the
+segment turned out whole, so damaged data stays as found until a repair
+rewrites it.
+
+Segments are rewritten (truncation, compaction, repair) by writing a new file and
 renaming it over the old one, data file first: readers holding batches of the
 old file keep a valid memory map of it, and a crash between the renames
 leaves an index that disagrees with its segment and is rebuilt.
@@ -53,18 +66,17 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pyspark_jetstream.protocol.schema import COMPRESSIONS, FORMAT_VERSION, LOG_SCHEMA
 
 from .checkpoint import fsync_dir
 from .errors import CorruptSegmentError, LogStorageError
+from .frames import add_damaged, batch_bounds, decode, mismatch, scan
 from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
 
 logger = logging.getLogger(__name__)
@@ -73,7 +85,6 @@ SEGMENT_SUFFIX = ".arrows"
 OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 TEMP_SUFFIX = ".tmp"
-_CONTINUATION = 0xFFFFFFFF
 
 
 RECENT_FRAMES = 16
@@ -122,18 +133,6 @@ def header_bytes(base_offset: int) -> bytes:
     return schema.serialize().to_pybytes()
 
 
-def batch_bounds(batch: pa.RecordBatch) -> tuple[int, int, int, int]:
-    """``(base offset, last offset, leader epoch, max timestamp in µs)`` of a stored batch."""
-    offsets = batch.column(0)
-    timestamps = batch.column(1).cast(pa.int64())
-    return (
-        offsets[0].as_py(),
-        offsets[-1].as_py(),
-        batch.column(2)[0].as_py(),
-        pc.max(timestamps).as_py(),
-    )
-
-
 def _write_all(f: BinaryIO, data: bytes | pa.Buffer) -> None:
     written = f.write(data)
     if written != len(data):  # a short write: rare, but allowed by write(2)
@@ -151,8 +150,8 @@ class Segment:
         self.index = index
         self.size = size
         """Bytes in the data file, header included."""
-        self.corrupt_from: int | None = None
-        """First offset that could not be recovered from a damaged closed segment."""
+        self.damage: dict[int, str] = {}
+        """Batches known to be damaged, by batch number: what was found wrong."""
         stem = directory / segment_name(base_offset)
         self.path = stem.with_suffix(SEGMENT_SUFFIX)
         self.offset_index_path = stem.with_suffix(OFFSET_INDEX_SUFFIX)
@@ -182,36 +181,88 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, *, active: bool) -> Segment:
+    def missing(cls, directory: Path, base_offset: int, end_offset: int) -> Segment:
+        """A closed segment whose file is lost: offsets ``base_offset`` to ``end_offset - 1`` read as
+        damaged until :meth:`rewrite` (a repair) brings the file back."""
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), 0)
+        index = SegmentIndex(base_offset)
+        damage: dict[int, str] = {}
+        position = len(header_bytes(base_offset))
+        detail = f"the segment file {segment.path.name} is missing"
+        add_damaged(index, damage, base_offset, end_offset - 1, position=position, size=0, detail=detail)
+        segment._set_index(index, 0, damage=damage)
+        return segment
+
+    @classmethod
+    def open(cls, directory: Path, base_offset: int, *, active: bool, limit: int | None = None) -> Segment:
         """Open an existing segment, repairing what a crash may have left behind.
 
         ``active`` marks the last segment of the log: it is verified frame by
         frame and cut back to its longest valid prefix, and left writable.
+        A closed segment is checked for structure only (see the module
+        docstring); ``limit`` is the offset its offsets must stay below (the
+        next segment's base).
         """
         header = header_bytes(base_offset)
         segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
+        if not active:
+            if limit is None:
+                raise ValueError(f"closed segment {base_offset} needs the offset its offsets stay below")
+            if segment.path.stat().st_size < len(header):
+                # Cut short of its header: the data is lost.  Left as found (the evidence,
+                # for the next open too) and read as damaged until a repair rewrites it.
+                segment._lost_whole(limit, segment._read_claims())
+                return segment
         segment._repair_header(header)
         file_size = segment.path.stat().st_size
         segment._adopt_pending_index(len(header), file_size)
-        if segment.offset_index_path.exists() and segment.time_index_path.exists():
-            index, consistent = decode_index(
-                base_offset,
-                segment.offset_index_path.read_bytes(),
-                segment.time_index_path.read_bytes(),
-                len(header),
-            )
-        else:
-            index, consistent = SegmentIndex(base_offset), False  # lost: rebuild from the data
+        index, consistent, whole = segment._read_index()
         index_end = index.end(len(header))
-        if active:
-            segment._recover_active(index, consistent, file_size)
+        if active or limit is None:  # (a closed segment without a limit was refused above)
+            segment._recover_active(index, consistent, whole, file_size)
             segment.open_for_append()
-        elif consistent and index_end == file_size:
+        elif consistent and index_end == file_size and segment.next_offset_of(index) <= limit:
             segment._set_index(index, file_size)
         else:
-            logger.warning("index of closed segment %s disagrees with it; rebuilding", segment.path)
-            segment._rebuild_closed(file_size)
+            logger.warning("index of closed segment %s disagrees with it; re-indexing it", segment.path)
+            segment._rebuild_closed(file_size, limit, index if consistent and whole else None)
         return segment
+
+    def _read_index(self) -> tuple[SegmentIndex, bool, bool]:
+        """The index files' longest consistent prefix, whether they are consistent (see
+        :func:`decode_index`), and whether they hold exactly that prefix."""
+        if not (self.offset_index_path.exists() and self.time_index_path.exists()):
+            return SegmentIndex(self.base_offset), False, False  # lost: rebuild from the data
+        offset_bytes = self.offset_index_path.read_bytes()
+        time_bytes = self.time_index_path.read_bytes()
+        index, consistent = decode_index(self.base_offset, offset_bytes, time_bytes, self.size)
+        # Entries beyond the decoded ones (torn, or one file ahead) must go from the files.
+        whole = (len(offset_bytes), len(time_bytes)) == (
+            len(index) * OFFSET_ENTRY.size,
+            len(index) * TIME_ENTRY.size,
+        )
+        return index, consistent, whole
+
+    def _read_claims(self) -> SegmentIndex | None:
+        """The index, if it is whole and consistent: what the segment should hold."""
+        index, consistent, whole = self._read_index()
+        return index if consistent and whole and len(index) else None
+
+    def _lost_whole(self, limit: int, claims: SegmentIndex | None) -> None:
+        """Mark every offset the segment held (by its index, else up to ``limit``) as lost."""
+        index = SegmentIndex(self.base_offset)
+        damage: dict[int, str] = {}
+        last = min(claims.lasts[-1], limit - 1) if claims is not None else limit - 1
+        detail = f"{self.path.name} is cut short of its header: its data is lost"
+        add_damaged(index, damage, self.base_offset, last, position=self.size, size=0, detail=detail)
+        self._set_index(index, 0, damage=damage)
+        logger.error(
+            "closed segment %s: offsets %d to %d cannot be read: %s",
+            self.path,
+            self.base_offset,
+            last,
+            detail,
+        )
 
     def _repair_header(self, header: bytes) -> None:
         with open(self.path, "r+b") as f:
@@ -224,10 +275,16 @@ class Segment:
             f.seek(0)
             f.write(header)
 
-    def _recover_active(self, index: SegmentIndex, consistent: bool, file_size: int) -> None:
+    def _recover_active(self, index: SegmentIndex, consistent: bool, whole: bool, file_size: int) -> None:
+        """Cut the segment back to its longest valid prefix; write only what that changes.
+
+        ``whole``: the index files hold exactly the decoded entries.  A segment
+        and index already whole are left untouched, so a clean log opens on a
+        full disk.
+        """
         if not consistent:
             logger.warning("index of active segment %s is damaged; rebuilding", self.path)
-            index, _ = self._scan(file_size)
+            index, _ = scan(self._buffer(file_size), self.size, file_size, self.base_offset)
         else:
             # Keep the prefix of batches that lie wholly in the file and pass their checksum.
             view = self._buffer(file_size)
@@ -239,9 +296,14 @@ class Segment:
                 if crc32(view.slice(index.positions[i], index.sizes[i])) != index.crcs[i]:
                     break
                 good += 1
+            whole = whole and good == len(index)
             index.truncate(good)
+            if good and self._last_frame_disagrees(view, index):
+                logger.warning("index of active segment %s misstates its last batch; rebuilding", self.path)
+                index, _ = scan(view, self.size, file_size, self.base_offset)
+                consistent = False
         end = index.end(self.size)
-        if end != file_size or not consistent:
+        if end != file_size:
             logger.warning(
                 "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
                 self.path,
@@ -249,44 +311,71 @@ class Segment:
                 end,
                 file_size - end,
             )
-        self._drop_map()
-        with open(self.path, "r+b") as f:
-            f.truncate(end)
+            self._drop_map()
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
         self._set_index(index, end, verified=True)
-        self._write_index_files()
+        if not (consistent and whole):
+            self._write_index_files()
 
-    def _rebuild_closed(self, file_size: int) -> None:
-        index, complete = self._scan(file_size)
-        self._set_index(index, file_size, verified=True)
-        if not complete:
-            self.corrupt_from = index.lasts[-1] + 1 if len(index) else self.base_offset
-            logger.error(
-                "closed segment %s is corrupt from offset %d; offsets after it in this "
-                "segment cannot be read",
-                self.path,
-                self.corrupt_from,
-            )
-        self._write_index_files()
+    @staticmethod
+    def _last_frame_disagrees(view: pa.Buffer, index: SegmentIndex) -> bool:
+        """Whether the last batch's decoded offsets differ from its entry (it sets the log end)."""
+        i = len(index) - 1
+        try:
+            batch = decode(view.slice(index.positions[i], index.sizes[i]))
+        except (pa.ArrowException, ValueError):
+            return True
+        return mismatch(batch, index.bases[i], index.lasts[i], index.counts[i]) is not None
 
-    def _scan(self, file_size: int) -> tuple[SegmentIndex, bool]:
-        """Index the frames of the data file by parsing them; stop at the first bad one."""
-        index = SegmentIndex(self.base_offset)
+    def _rebuild_closed(self, file_size: int, limit: int, claims: SegmentIndex | None) -> None:
+        """Re-index a closed segment from its frames, recording what cannot be read.
+
+        ``claims``: the old index, if it is self-consistent.  Offsets after
+        the last frame found are a compaction gap, unless the file is known
+        to have lost its end: the frames found are exactly the first ones the
+        old index lists, and it lists more.  (A header-only file with an old
+        index that lists batches is taken as compacted to nothing, as left
+        by a crash in the middle of a compaction's rewrite.)
+        """
         view = self._buffer(file_size)
-        position = self.size
-        previous_last = self.base_offset - 1
-        while position < file_size:
-            entry = _parse_frame(view, position, previous_last)
-            if entry is None:
-                return index, False
-            index.add(entry)
-            position += entry.size
-            previous_last = entry.last_offset
-        return index, True
+        index, damage = scan(view, self.size, file_size, self.base_offset, limit=limit)
+        lost_until = None
+        if claims is not None and 0 < len(index) < len(claims) and not damage:
+            prefix = all(
+                (index.positions[i], index.sizes[i], index.crcs[i])
+                == (claims.positions[i], claims.sizes[i], claims.crcs[i])
+                for i in range(len(index))
+            )
+            lost_until = claims.lasts[-1] if prefix else None
+        first_lost = self.next_offset_of(index)
+        if lost_until is not None and lost_until >= first_lost:
+            detail = (
+                f"the file ends at byte {file_size}, before offsets its index listed (up to {lost_until})"
+            )
+            last = min(lost_until, limit - 1)
+            add_damaged(index, damage, first_lost, last, position=file_size, size=0, detail=detail)
+        self._set_index(index, file_size, verified=True, damage=damage)
+        for i, detail in damage.items():
+            logger.error(
+                "closed segment %s: offsets %d to %d cannot be read: %s",
+                self.path,
+                index.bases[i],
+                index.lasts[i],
+                detail,
+            )
+        if not damage:
+            self._write_index_files()
 
-    def _set_index(self, index: SegmentIndex, size: int, *, verified: bool = False) -> None:
+    def _set_index(
+        self, index: SegmentIndex, size: int, *, verified: bool = False, damage: dict[int, str] | None = None
+    ) -> None:
         self.index = index
         self.size = size
+        self.damage = damage or {}
         self._verified = bytearray([1 if verified else 0]) * len(index)
+        for i in self.damage:
+            self._verified[i] = 0  # never served: reads of it raise
         self._forget_recent()
 
     def _remember(self, i: int, frame: pa.Buffer) -> None:
@@ -358,7 +447,11 @@ class Segment:
     @property
     def next_offset(self) -> int:
         """One past the last offset stored here (the base offset when empty)."""
-        return self.index.lasts[-1] + 1 if len(self.index) else self.base_offset
+        return self.next_offset_of(self.index)
+
+    def next_offset_of(self, index: SegmentIndex) -> int:
+        """One past the last offset ``index`` describes (the base offset when empty)."""
+        return index.lasts[-1] + 1 if len(index) else self.base_offset
 
     @property
     def record_count(self) -> int:
@@ -430,17 +523,28 @@ class Segment:
                 os.fsync(f.fileno())
 
     def seal(self) -> None:
-        """Stop appending: this segment is now closed."""
+        """Stop appending: this segment is now closed.
+
+        Every file is closed even if closing one fails; the first failure is raised after.
+        """
         self._forget_recent()
         if self._files is not None:
-            for f in self._files:
-                f.close()
-            self._files = None
+            files, self._files = self._files, None
+            failure = None
+            for f in files:
+                try:
+                    f.close()
+                except OSError as exc:
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
 
     def close(self) -> None:
         """Release files and memory maps (batches already handed out stay valid)."""
-        self.seal()
-        self._drop_map()
+        try:
+            self.seal()
+        finally:
+            self._drop_map()
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
@@ -498,29 +602,59 @@ class Segment:
         return bisect.bisect_left(self.index.lasts, offset)
 
     def batch(self, i: int) -> pa.RecordBatch:
-        """Batch ``i``, checked against its checksum once.
+        """Batch ``i``, checked against its index entry once (see the module docstring).
 
         Memory-mapped (no copy), or one of the newest frames kept in memory;
-        a frame stored compressed is decompressed.
+        a frame stored compressed is decompressed.  A damaged batch raises
+        ``CorruptSegmentError`` naming its offset range, and is remembered in
+        :attr:`damage`.
         """
-        index = self.index
+        if not self._verified[i]:
+            return self._first_read(i)
         frame = self._recent.get(i)
         if frame is None:
-            position, size = index.positions[i], index.sizes[i]
+            position, size = self.index.positions[i], self.index.sizes[i]
             frame = self._buffer(position + size).slice(position, size)
-        if not self._verified[i]:
-            crc = crc32(frame)
-            if crc != index.crcs[i]:
-                raise CorruptSegmentError(
-                    str(self.path),
-                    index.bases[i],
-                    f"checksum {crc:#010x} does not match the index ({index.crcs[i]:#010x})",
-                )
-            self._verified[i] = 1
         try:
-            return pa.ipc.read_record_batch(pa.ipc.read_message(frame), LOG_SCHEMA)
+            return decode(frame)
         except (pa.ArrowException, ValueError) as exc:
-            raise CorruptSegmentError(str(self.path), index.bases[i], str(exc)) from exc
+            raise self._damaged(i, str(exc)) from exc
+
+    def _first_read(self, i: int) -> pa.RecordBatch:
+        index = self.index
+        if i in self.damage:
+            raise self._damaged(i, self.damage[i])
+        position, size = index.positions[i], index.sizes[i]
+        frame = self._recent.get(i)
+        if frame is None:
+            if position + size > self.size:
+                raise self._damaged(i, f"the batch ends at byte {position + size}, past the end of the file")
+            frame = self._buffer(position + size).slice(position, size)
+        crc = crc32(frame)
+        if crc != index.crcs[i]:
+            raise self._damaged(i, f"checksum {crc:#010x} does not match the index ({index.crcs[i]:#010x})")
+        try:
+            batch = decode(frame)
+        except (pa.ArrowException, ValueError) as exc:
+            raise self._damaged(i, str(exc)) from exc
+        wrong = mismatch(batch, index.bases[i], index.lasts[i], index.counts[i])
+        if wrong is not None:
+            raise self._damaged(i, wrong)
+        self._verified[i] = 1
+        return batch
+
+    def _damaged(self, i: int, detail: str) -> CorruptSegmentError:
+        """Remember batch ``i`` as damaged; the error to raise for it."""
+        if i not in self.damage:
+            self.damage[i] = detail
+            logger.error(
+                "segment %s: offsets %d to %d cannot be read: %s",
+                self.path,
+                self.index.bases[i],
+                self.index.lasts[i],
+                detail,
+            )
+        return CorruptSegmentError(str(self.path), self.index.bases[i], self.index.lasts[i], detail)
 
     def _buffer(self, end: int) -> pa.Buffer:
         """A zero-copy view of the data file covering at least ``end`` bytes."""
@@ -535,33 +669,3 @@ class Segment:
             self._map.close()
         self._map = None
         self._view = None
-
-
-def _parse_frame(view: pa.Buffer, position: int, previous_last: int) -> BatchEntry | None:
-    """Decode and validate the frame at ``position``; ``None`` if it is not a sound frame."""
-    if position + 8 > view.size:
-        return None
-    continuation, metadata_size = struct.unpack_from("<Ii", view, position)
-    if continuation != _CONTINUATION or metadata_size <= 0 or metadata_size % 8:
-        return None
-    # Anything may be in a damaged file, and Arrow reports bad bytes in several ways.
-    try:
-        message = pa.ipc.read_message(view.slice(position))
-        size = 8 + metadata_size + message.body.size
-        if message.type != "record batch" or position + size > view.size:
-            return None
-        batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
-        batch.validate(full=True)
-        if batch.num_rows == 0 or batch.column(0).null_count:
-            return None
-        offsets = batch.column(0)
-        increasing = pc.all(pc.greater(offsets.slice(1), offsets.slice(0, len(offsets) - 1)))
-        base, last, epoch, max_ts = batch_bounds(batch)
-        epochs_equal = pc.all(pc.equal(batch.column(2), epoch)).as_py()
-    except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
-        logger.debug("no valid frame at byte %d: %s", position, exc)
-        return None
-    if increasing.as_py() is False or not epochs_equal or base <= previous_last:
-        return None
-    crc = crc32(view.slice(position, size))
-    return BatchEntry(base, last, position, size, crc, epoch, batch.num_rows, max_ts)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
+import io
+import os
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
+import pytest
 
 from broker_node.log import Log, Record
+from broker_node.log import segment as segment_module
 
 
 def values(n: int, size: int = 100, start: int = 0) -> list[Record]:
@@ -42,3 +51,63 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         """Move time forward (or back, with a negative value)."""
         self.now += seconds
+
+
+class _NoSpaceFile:
+    """A file whose writes fail as on a full disk; everything else goes to the real file."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def write(self, data: bytes) -> int:
+        if len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+    def __enter__(self) -> _NoSpaceFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+
+def fill_the_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the file system behave as a full disk until ``monkeypatch.undo()``.
+
+    Writes (to new files and to the files the log holds open), fsyncs and
+    renames fail with ENOSPC; opening, reading, memory mapping, truncating and
+    deleting still work, as they do on a real full disk.
+    """
+    real_open = builtins.open
+
+    def open_no_space(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = real_open(file, mode, *args, **kwargs)
+        return _NoSpaceFile(f) if set(mode) & set("wax+") else f
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(segment_module, "_write_all", no_space)  # files the log holds open
+    monkeypatch.setattr(builtins, "open", open_no_space)
+    monkeypatch.setattr(io, "open", open_no_space)
+    for name in ("fsync", "replace", "rename"):
+        monkeypatch.setattr(os, name, no_space)
+
+
+def open_files_under(directory: Path) -> list[str]:
+    """Files under ``directory`` this process holds open or memory-mapped."""
+    prefix = str(directory.resolve())
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed while listing
+        if target.startswith(prefix):
+            found.add(target)
+    with open("/proc/self/maps") as maps:
+        found.update(line.split()[-1] for line in maps if prefix in line)
+    return sorted(found)
