@@ -16,6 +16,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .log import Log
+from .reads import ReplicaFrame
 from .records import Record
 from .repair import DamagedRange
 
@@ -34,4 +35,5 @@ __all__ = [
     "OffsetOutOfRangeError",
     "Record",
     "RecordTooLargeError",
+    "ReplicaFrame",
 ]

@@ -52,7 +52,11 @@ class LeaderEpochCache:
         return self._entries[-1][0] if self._entries else None
 
     def assign(self, epoch: int, start_offset: int) -> None:
-        """Record that ``epoch`` starts at ``start_offset``; a repeat of the latest is a no-op."""
+        """Record that ``epoch`` starts at ``start_offset``; a repeat of the latest is a no-op.
+
+        A newer epoch starting where the latest one starts replaces it: that
+        epoch holds no data, and nothing will ever be written in it.
+        """
         if self._entries:
             latest, latest_start = self._entries[-1]
             if epoch == latest:
@@ -64,6 +68,8 @@ class LeaderEpochCache:
                     f"epoch {epoch} cannot start at offset {start_offset}, before epoch "
                     f"{latest} which starts at {latest_start}"
                 )
+            if start_offset == latest_start:
+                self._entries.pop()
         self._entries.append((epoch, start_offset))
         self._save()
 

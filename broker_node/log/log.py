@@ -52,8 +52,10 @@ from .errors import (
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
 from .manifest import open_segments, write_manifest
+from .reads import read_batches
 from .records import Records, to_input_columns
 from .repair import DamagedRange, damaged_ranges, repair_segments
+from .replica import ReplicaMethods
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class Log:
+class Log(ReplicaMethods):
     """An append-only, segmented, checksummed log of Arrow record batches."""
 
     def __init__(
@@ -81,6 +83,8 @@ class Log:
         self._bases = [s.base_offset for s in segments]
         self._epochs = epochs
         self._lock = threading.RLock()
+        self._grown = threading.Condition(self._lock)
+        """Notified whenever the log end offset moves (appends, replicated appends, truncation)."""
         self._closed = False
         self._iota = pa.array([], pa.int64())
         self._last_timestamp = self._newest_timestamp()
@@ -170,6 +174,7 @@ class Log:
                     segment.close()
                 except OSError as exc:
                     failures.append(f"could not close {segment.path}: {exc}")
+            self._grown.notify_all()  # waiters see the log closed
             if failures:
                 error = LogStorageError(f"closing the log in {self.directory}: " + "; ".join(failures))
                 error.retriable = False
@@ -339,6 +344,7 @@ class Log:
             if self._epochs.latest_epoch is None:
                 self._epochs.assign(epoch, base)
             self._last_timestamp = now
+            self._grown.notify_all()
             return range(base, last + 1)
 
     def roll(self) -> None:
@@ -455,40 +461,15 @@ class Log:
         self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
     ) -> list[pa.RecordBatch]:
         """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
-        out: list[pa.RecordBatch] = []
-        rows = 0
-        stored_bytes = 0
-        for segment in self._segments[bisect.bisect_right(self._bases, offset) - 1 :]:
-            index = segment.index
-            for i in range(segment.find(offset), len(index)):
-                if index.bases[i] >= end:
-                    return out
-                if out and max_bytes is not None and stored_bytes + index.sizes[i] > max_bytes:
-                    return out
-                # The check above spares decompressing a batch that is over the
-                # limit by its stored size already; this one counts its size in memory.
-                try:
-                    batch = segment.batch(i)
-                except CorruptSegmentError:
-                    if out and partial:
-                        return out  # the next read, starting at the damage, raises
-                    raise
-                size = max(index.sizes[i], batch.nbytes)  # larger if it was stored compressed
-                if out and max_bytes is not None and stored_bytes + size > max_bytes:
-                    return out
-                gapless = index.counts[i] == index.lasts[i] - index.bases[i] + 1
-                lo = _row_of(batch, offset, index.bases[i], gapless)
-                hi = _row_of(batch, end, index.bases[i], gapless) if index.lasts[i] >= end else batch.num_rows
-                if max_records is not None:
-                    hi = min(hi, lo + max_records - rows)
-                if hi > lo:
-                    out.append(batch.slice(lo, hi - lo))
-                    rows += hi - lo
-                stored_bytes += size
-                if max_records is not None and rows >= max_records:
-                    return out
-                offset = index.lasts[i] + 1
-        return out
+        return read_batches(
+            self._segments,
+            self._bases,
+            offset,
+            end,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            partial=partial,
+        )
 
     def scan(
         self,
@@ -561,13 +542,14 @@ class Log:
                 raise OffsetOutOfRangeError(
                     offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
                 )
-            # Read what stays before deleting anything: a damaged batch among it
-            # (CorruptSegmentError) leaves the log as it was.
             n = max(1, bisect.bisect_left(self._bases, offset))
             last = self._segments[n - 1]
             k = last.find(offset)
-            kept = [last.batch(j) for j in range(k)]
-            if k < len(last.index) and last.index.bases[k] < offset:
+            cut_inside = k < len(last.index) and last.index.bases[k] < offset
+            if cut_inside:
+                # Read what stays before deleting anything: a damaged batch among it
+                # (CorruptSegmentError) leaves the log as it was.
+                kept = [last.batch(j) for j in range(k)]
                 partial = last.batch(k)
                 kept.append(partial.filter(pc.less(partial.column(0), offset)))
             if len(self._segments) > n:
@@ -575,14 +557,18 @@ class Log:
                     self._segments.pop().delete()
                     self._bases.pop()
                 self._record_segments(required=False)
-            last.rewrite(kept, self.config.compression)
-            last.open_for_append()
+            if cut_inside:
+                last.rewrite(kept, self.config.compression)
+                last.open_for_append()
+            else:  # at a batch boundary (replication truncates there): cut the files
+                last.cut(k)
             if last.next_offset < offset:  # the cut fell in a compaction gap
                 self._roll(offset)
             self._last_timestamp = self._newest_timestamp()
             self._epochs.truncate_from_end(offset)
             self._high_watermark = min(self._high_watermark, offset)
             self._checkpoint_high_watermark()
+            self._grown.notify_all()
 
     def enforce_retention(self) -> int:
         """Delete closed segments that retention allows to go; return how many.
@@ -754,13 +740,6 @@ class Log:
                 if latest is None or index.epochs[i] > latest:
                     self._epochs.assign(index.epochs[i], index.bases[i])
         self._epochs.truncate_from_start(self.log_start_offset)
-
-
-def _row_of(batch: pa.RecordBatch, offset: int, base: int, gapless: bool) -> int:
-    """Row of the first offset >= ``offset`` in a batch (offsets ascending)."""
-    if gapless:
-        return min(max(offset - base, 0), batch.num_rows)
-    return pc.sum(pc.less(batch.column(0), offset)).as_py() or 0
 
 
 def _check_offset_arg(name: str, value: object, *, allow_negative: bool = False) -> None:

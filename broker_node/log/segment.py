@@ -552,6 +552,32 @@ class Segment:
         for path in (self.path, self.offset_index_path, self.time_index_path):
             path.unlink(missing_ok=True)
 
+    def cut(self, keep: int) -> None:
+        """Keep only the first ``keep`` batches, by cutting the files (no rewrite); stay writable.
+
+        For truncation at a batch boundary.  Crash-safe as an append is: the
+        data file is cut first, and recovery of the active segment drops index
+        entries past the end of its data.
+        """
+        index = self.index
+        end = index.positions[keep] if keep < len(index) else self.size
+        self.seal()
+        self._drop_map()
+        for path, length in (
+            (self.path, end),
+            (self.offset_index_path, keep * OFFSET_ENTRY.size),
+            (self.time_index_path, keep * TIME_ENTRY.size),
+        ):
+            with open(path, "r+b") as f:
+                f.truncate(length)
+                f.flush()
+                os.fsync(f.fileno())
+        index.truncate(keep)
+        del self._verified[keep:]
+        self.damage = {i: detail for i, detail in self.damage.items() if i < keep}
+        self.size = end
+        self.open_for_append()
+
     def rewrite(self, batches: Iterable[pa.RecordBatch], compression: str = "none") -> None:
         """Replace the segment's contents with ``batches`` (log schema, offsets in order).
 
@@ -600,6 +626,16 @@ class Segment:
     def find(self, offset: int) -> int:
         """Index of the first batch whose last offset is >= ``offset`` (may be ``len``)."""
         return bisect.bisect_left(self.index.lasts, offset)
+
+    def frame(self, i: int) -> pa.Buffer:
+        """The stored bytes of batch ``i`` (checked as :meth:`batch` checks them), for replicas."""
+        if not self._verified[i]:
+            self._first_read(i)
+        frame = self._recent.get(i)
+        if frame is None:
+            position, size = self.index.positions[i], self.index.sizes[i]
+            frame = self._buffer(position + size).slice(position, size)
+        return frame
 
     def batch(self, i: int) -> pa.RecordBatch:
         """Batch ``i``, checked against its index entry once (see the module docstring).

@@ -108,6 +108,8 @@ class LogMachine(RuleBasedStateMachine):
     @rule()
     def new_epoch(self):
         self.log.assign_leader_epoch(self.next_epoch)
+        if self.epochs and self.epochs[-1][1] == self.end:
+            self.epochs.pop()  # the previous epoch holds no data: replaced
         self.epochs.append((self.next_epoch, self.end))
         self.next_epoch += 1
 
