@@ -1,52 +1,61 @@
-"""A broker process: NATS in, logs on disk, Arrow Flight out.
+"""A broker process: NATS in, logs on disk, Arrow Flight out.  This module is wiring.
 
-Threads: the asyncio loop runs NATS ingestion and maintenance; the Flight
-server runs its calls on its own threads.  Logs are thread-safe, and metadata
-changes made from a Flight call are applied on the loop (subscriptions
-included) before the call returns, so a publish right after ``create_stream``
-is not missed.
+Start-up order: lock the data directory, NATS (the embedded server, or the
+configured ones), the Flight server, the coordinator (a metadata file, or a
+cluster's ZooKeeper), the check that metadata and data agree, the partitions
+(:class:`~broker_node.replication.manager.ReplicaManager`), the NATS
+subscriptions of the partitions led here, and last the discovery answer and
+runtime file that let clients find it.  Shutdown runs the other way, after a
+controlled shutdown in a cluster (the controller moves this broker's
+leadership to other in-sync replicas first).
+
+Threads: the asyncio loop runs NATS ingestion and the background tasks; the
+Flight server runs its calls on its own threads; coordinator callbacks come
+on the coordinator's threads and are handed to the loop.  Metadata changes
+are applied by :meth:`Broker.sync` on the loop (the partitions in a worker
+thread, then the subscriptions), one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
-import shutil
-import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO
 
-from broker_node.api.cursors import CURSOR_STREAM, CURSOR_STREAM_CONFIG, CursorTable, cursor_key
 from broker_node.api.server import FlightApi
-from broker_node.config import BrokerConfig
-from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionState, StreamMetadata
+from broker_node.config import BrokerConfig, ConfigError
+from broker_node.coordination.base import BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
-from broker_node.coordination.local import RECOVERY_HINT, LocalCoordinator, rebuild_metadata
+from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
+from broker_node.coordination.zookeeper import ZooKeeperCoordinator
 from broker_node.ingest.ingestor import Ingestor
-from broker_node.ingest.producers import ProducerTable
-from broker_node.log import FsyncPolicy, Log, LogConfig, Record
+from broker_node.log import FsyncPolicy, LogConfig
 from broker_node.log.checkpoint import atomic_write
 from broker_node.nats_server import NatsServer
+from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
+from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
-from broker_node.replication.records import (
-    partition_directories,
-    partition_record,
-    read_record,
-    write_record,
-)
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
-from pyspark_jetstream.protocol.flight import PartitionInfo, StreamInfo
-from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
+from broker_node.replication.records import partition_directories, read_record
+from broker_node.service import BrokerService
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
 logger = logging.getLogger(__name__)
 
 RUNTIME_FILE = "broker.json"
 """Written in the data directory once the broker serves: its addresses and pid."""
+SESSION_FILE = "zookeeper.session"
+"""In a cluster, the broker's ZooKeeper session (id and password, readable by its user only):
+whoever holds it can expire the session, fencing the broker (operators, fault tests)."""
+LOCK_FILE = "broker.lock"
 NATS_PID_FILE = "nats-server.pid"
 """The embedded nats-server's pid, so a next start can stop one that outlived its broker."""
 NATS_RESTART_BACKOFF = (0.5, 30.0)
@@ -55,38 +64,48 @@ SYNC_TIMEOUT = 30.0
 
 
 class Broker:
-    """One broker: owns its partitions, the NATS ingestion and the Flight server."""
+    """One broker: its partitions, the NATS ingestion and the Flight server."""
 
     def __init__(self, config: BrokerConfig, coordinator: Coordinator | None = None) -> None:
         self.config = config
+        self.broker_id = config.broker_id
         self.data_dir = Path(config.data_dir).resolve()
-        self.coordinator = coordinator or LocalCoordinator(self.data_dir)
+        if coordinator is None:
+            if config.zookeeper.hosts:
+                coordinator = ZooKeeperCoordinator(config.zookeeper, internal_streams=self._internal_streams)
+            else:
+                coordinator = LocalCoordinator(self.data_dir)
+        self.coordinator = coordinator
+        lease = getattr(coordinator, "lease_valid", None)
+        self.manager = ReplicaManager(
+            config.broker_id,
+            self.data_dir,
+            coordinator,
+            config.replication,
+            self.log_config,
+            lease=lease if callable(lease) else (lambda: True),
+        )
+        self.service = BrokerService(self)
         self.flight_address = ""
         self.nats_urls: list[str] = []
-        self._partitions: dict[tuple[str, int], Partition] = {}
-        self._producers: dict[tuple[str, int], ProducerTable] = {}
-        self._cursors = CursorTable()
-        self._nats_server: NatsServer | None = None
-        self._ingestor: Ingestor | None = None
+        self.nats_server: NatsServer | None = None
+        self.ingestor: Ingestor | None = None
         self._flight: FlightApi | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._strays: dict[str, str] = {}
-        """Partition directories the metadata does not know, and why they are kept."""
-        self._offline: dict[tuple[str, int], str] = {}
-        """Partitions this broker should hold but cannot, and why."""
-        self._partitions_lock = threading.RLock()
-        self._cursor_lock = threading.Lock()
+        self._lock_file: IO[str] | None = None
+        self._started = False
 
-    # ---- lifecycle ---------------------------------------------------------------
+    @property
+    def clustered(self) -> bool:
+        """Whether the broker is one of a ZooKeeper-coordinated cluster."""
+        return isinstance(self.coordinator, ZooKeeperCoordinator)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect to (or start) NATS, open every partition, serve Flight.
-
-        If any step fails, what was already started is stopped again (the
-        embedded nats-server included) before the error is raised.
-        """
+        """Start everything (see the module docstring); what was started is stopped again on failure."""
         self._loop = asyncio.get_running_loop()
         self._sync_lock = asyncio.Lock()
         try:
@@ -97,44 +116,49 @@ class Broker:
 
     async def _start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         nats_config = self.config.nats
         if nats_config.servers:
             self.nats_urls = list(nats_config.servers)
         else:
-            self._nats_server = NatsServer(
+            self.nats_server = NatsServer(
                 host=nats_config.embedded_host,
                 port=nats_config.embedded_port,
                 pid_file=self.data_dir / NATS_PID_FILE,
             )
             # Launched from the loop's thread, which lives as long as the broker:
             # the server is killed when the thread that started it ends.
-            self._nats_server.launch()
-            await asyncio.to_thread(self._nats_server.wait_ready)
-            self.nats_urls = [self._nats_server.url]
-            self._background.append(asyncio.ensure_future(self._supervise_nats(self._nats_server)))
-        self._ingestor = await Ingestor.connect(
+            self.nats_server.launch()
+            await asyncio.to_thread(self.nats_server.wait_ready)
+            self.nats_urls = [self.nats_server.url]
+            self._background.append(asyncio.ensure_future(self._supervise_nats(self.nats_server)))
+        self.ingestor = await Ingestor.connect(
             self.nats_urls,
             nats_config,
             self.config.ingest,
-            self._discovery,
-            name=f"pyspark-jetstream broker {self.config.broker_id}",
+            self.service.discovery,
+            name=f"pyspark-jetstream broker {self.broker_id}",
         )
         flight_config = self.config.flight
-        self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self)
+        self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self.service)
         host = flight_config.advertised_host or flight_config.host
         self.flight_address = f"grpc://{host}:{self._flight.port}"
-        self.coordinator.start(BrokerInfo(self.config.broker_id, self.flight_address))
-        self._check_data()
-        self._clean_up()
+        info = BrokerInfo(self.broker_id, self.flight_address, tuple(self.nats_urls))
+        await asyncio.to_thread(self.coordinator.start, info)
+        self.manager.check_data()
+        self.manager.clean_up()
         self.coordinator.add_listener(self._on_metadata_change)
-        self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
-        await self._sync()
-        self._cursors = CursorTable.rebuild(self.partition(CURSOR_STREAM, 0).log)
-        # Let clients find us only once every partition and cursor is loaded.  (The
-        # Flight server has served since it was made; FlightServerBase.serve() is not
+        self.coordinator.add_session_listener(self._on_session)
+        if not self.clustered:
+            self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
+        await self.sync()
+        self.manager.start()
+        self._started = True
+        # Let clients find us only once every partition is loaded.  (The Flight
+        # server has served since it was made; FlightServerBase.serve() is not
         # called because it installs its own SIGTERM handler, which would wait for
         # every open call to end before the broker even hears of the signal.)
-        await self._ingestor.answer_discovery()
+        await self.ingestor.answer_discovery()
         self._background.append(
             asyncio.ensure_future(
                 self._every(self.config.maintenance_interval, Partition.maintain, "maintenance")
@@ -147,23 +171,48 @@ class Broker:
                     self._every(self.config.log.fsync_interval, _sync_if_due, "interval fsync")
                 )
             )
-        atomic_write(
-            self.data_dir / RUNTIME_FILE,
-            json.dumps(
-                {
-                    "broker_id": self.config.broker_id,
-                    "flight": self.flight_address,
-                    "nats": self.nats_urls,
-                    "pid": os.getpid(),
-                }
-            ).encode(),
-        )
+        self._write_runtime_files()
         logger.info(
-            "broker %s serving Flight at %s, NATS %s",
-            self.config.broker_id,
+            "broker %s serving Flight at %s, NATS %s, metadata in %s",
+            self.broker_id,
             self.flight_address,
             self.nats_urls,
+            self.coordinator.describe(),
         )
+
+    def _lock_data_dir(self) -> None:
+        """Refuse to share the data directory with another running broker."""
+        path = self.data_dir / LOCK_FILE
+        handle = open(path, "a+")  # noqa: SIM115 - held for the broker's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ConfigError(
+                f"the data directory {self.data_dir} is in use by another broker (pid {holder}): "
+                "two brokers cannot share one data directory; give each its own data_dir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._lock_file = handle
+
+    def _write_runtime_files(self) -> None:
+        runtime = {
+            "broker_id": self.broker_id,
+            "flight": self.flight_address,
+            "nats": self.nats_urls,
+            "pid": os.getpid(),
+        }
+        atomic_write(self.data_dir / RUNTIME_FILE, json.dumps(runtime).encode())
+        session = getattr(self.coordinator, "session", None)
+        if callable(session) and (value := session()) is not None:
+            path = self.data_dir / SESSION_FILE
+            atomic_write(path, json.dumps({"session_id": value[0], "password": value[1].hex()}).encode())
+            path.chmod(0o600)
 
     async def _supervise_nats(self, server: NatsServer) -> None:
         """Restart the embedded nats-server on its port whenever it dies; the NATS client reconnects."""
@@ -185,174 +234,104 @@ class Broker:
                 wait = min(wait * 2, longest)
 
     async def close(self) -> None:
-        """Stop accepting, store what is pending, checkpoint and close everything."""
+        """Hand leadership over (cluster), stop accepting, store what is pending, close everything.
+
+        What cannot be closed (a full disk, say) is logged and raised at the
+        end as one ``MetadataError``, after everything else was closed.
+        """
         (self.data_dir / RUNTIME_FILE).unlink(missing_ok=True)
+        if self._started and self.clustered:
+            await self._hand_over_leadership()
         for task in self._background:
             task.cancel()
-        if self._ingestor is not None:
-            await self._ingestor.close()
-        with self._partitions_lock:
-            partitions = list(self._partitions.values())
-        for partition in partitions:
+        if self.ingestor is not None:
+            await self.ingestor.close()
+        for partition in self.manager.held():
             partition.wake_readers()
         if self._flight is not None:
             await asyncio.to_thread(self._flight.shutdown)
-        for partition in partitions:
-            partition.close()
-        self._partitions.clear()
+        failures = await asyncio.to_thread(self.manager.close)
         self.coordinator.close()
-        if self._nats_server is not None:
-            await asyncio.to_thread(self._nats_server.stop)
-        logger.info("broker %s stopped", self.config.broker_id)
+        if self.nats_server is not None:
+            await asyncio.to_thread(self.nats_server.stop)
+        (self.data_dir / SESSION_FILE).unlink(missing_ok=True)
+        if self._lock_file is not None:
+            self._lock_file.close()
+        logger.info("broker %s stopped", self.broker_id)
+        if failures:
+            raise MetadataError("could not close everything cleanly: " + "; ".join(failures))
 
-    # ---- partitions ----------------------------------------------------------------
+    async def _hand_over_leadership(self) -> None:
+        """Controlled shutdown: ask the controller to move our leadership, wait (bounded) for it."""
+        timeout = self.config.zookeeper.controlled_shutdown_timeout
+        try:
+            await asyncio.to_thread(self.coordinator.request_controlled_shutdown, self.broker_id)
+        except Exception:
+            logger.exception("cannot ask for a controlled shutdown; stopping without it")
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.sync()
+            movable = [
+                f"{p.stream}/{p.number}"
+                for p in self.manager.leaders().values()
+                if any(r != self.broker_id for r in p.state.isr)
+            ]
+            if not movable:
+                logger.info("controlled shutdown: no partition led here can move to another replica")
+                return
+            if time.monotonic() > deadline:
+                logger.warning("controlled shutdown timed out; still leading %s", ", ".join(movable))
+                return
+            await asyncio.sleep(0.1)
 
-    def partition(self, stream: str, number: int) -> Partition:
-        """The partition ``stream``/``number`` held here; ``UnknownStreamError`` otherwise."""
-        with self._partitions_lock:
-            found = self._partitions.get((stream, number))
-        if found is None:
-            metadata = self.coordinator.get_stream(stream)  # raises for an unknown stream
-            raise UnknownStreamError(
-                f"stream {stream!r} has partitions 0 to {metadata.config.partitions - 1}, not {number}"
-            )
-        return found
+    # ---- metadata ------------------------------------------------------------------------
+
+    def _internal_streams(self, live: int) -> list[StreamConfig]:
+        """Internal streams for the controller to create once ``live`` brokers are up."""
+        factor = self.config.zookeeper.cursor_replication_factor
+        if live < factor:
+            return []
+        return [dataclasses.replace(CURSOR_STREAM_CONFIG, replication_factor=factor)]
 
     def _on_metadata_change(self) -> None:
-        self._request_sync()
+        self.request_sync()
 
-    def _request_sync(self) -> concurrent.futures.Future[None]:
+    def _on_session(self, state: SessionState) -> None:
+        """Coordinator thread: fence every partition led here while the session is in doubt."""
+        if state is SessionState.CONNECTED:
+            self.manager.fence(False)
+            self.request_sync()
+        else:
+            logger.warning("coordinator session %s: this broker stops acting as leader", state.value)
+            self.manager.fence(True)
+
+    def request_sync(self) -> concurrent.futures.Future[None]:
+        """Apply the coordinator's metadata soon (from any thread)."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._sync(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self.sync(), self._loop)
         future.add_done_callback(_log_failure)
         return future
 
-    def _check_data(self) -> None:
-        """Refuse to start when the metadata knows no stream but the data directory holds some.
-
-        That is lost metadata (a missing file, a wrong ZooKeeper chroot), and
-        starting would serve nothing and tempt someone to clean up.
-        """
-        if self.coordinator.list_streams():
-            return
-        deleted = self.coordinator.deleted_stream_ids()
-        names = set()
-        for directory in partition_directories(self.data_dir / "streams"):
-            record = read_record(directory)
-            if record is None:
-                names.add(f"{directory.parent.name!r} (without partition.json)")
-            elif record["stream_id"] not in deleted:
-                names.add(repr(record["stream"]))
-        found = sorted(names)
-        if found:
-            raise MetadataError(
-                f"the metadata ({self.coordinator.describe()}) has no streams, but "
-                f"{self.data_dir / 'streams'} holds partitions of {', '.join(found)}. {RECOVERY_HINT}"
-            )
-
-    def _clean_up(self) -> None:
-        """Remove partition directories of deleted streams; note any the metadata does not know.
-
-        Only a directory whose ``partition.json`` names a deleted stream id
-        is removed: absent or unreadable metadata never deletes data.
-        """
-        deleted = self.coordinator.deleted_stream_ids()
-        known = {
-            (m.config.name, str(p))
-            for m in self.coordinator.list_streams()
-            for p in range(m.config.partitions)
-        }
-        strays = {}
-        for directory in partition_directories(self.data_dir / "streams"):
-            record = read_record(directory)
-            if record is not None and record["stream_id"] in deleted:
-                logger.warning("removing %s: its stream was deleted", directory)
-                shutil.rmtree(directory)
-            elif (directory.parent.name, directory.name) not in known:
-                strays[str(directory)] = (
-                    "not in the metadata; kept untouched (move it away, or rebuild the metadata)"
-                )
-        for stream_dir in self.data_dir.joinpath("streams").glob("*"):
-            if stream_dir.is_dir() and not any(stream_dir.iterdir()):
-                stream_dir.rmdir()
-        self._strays = strays
-
-    def _wait_for_sync(self) -> None:
+    def wait_for_sync(self) -> None:
         """From a Flight thread: apply metadata changes before answering."""
-        self._request_sync().result(SYNC_TIMEOUT)
+        self.request_sync().result(SYNC_TIMEOUT)
 
-    async def _sync(self) -> None:
-        """Open partitions this broker replicates, close deleted ones, align subscriptions."""
-        assert self._sync_lock is not None and self._ingestor is not None
+    async def sync(self) -> None:
+        """Make partitions and subscriptions fit the coordinator's metadata."""
+        assert self._sync_lock is not None
         async with self._sync_lock:
-            me = self.config.broker_id
-            wanted = {
-                (m.config.name, p): (m, state)
-                for m in self.coordinator.list_streams()
-                for p, state in enumerate(m.partitions)
-                if me in state.replicas
-            }
-            for key, (metadata, state) in wanted.items():
-                if key not in self._partitions:
-                    try:
-                        opened = await asyncio.to_thread(self._open_partition, metadata, key[1], state)
-                    except Exception as exc:
-                        # One damaged partition must not keep the others from serving.
-                        logger.exception("cannot open partition %s/%d; it stays offline", *key)
-                        self._offline[key] = f"cannot be opened: {exc}"
-                        continue
-                    self._offline.pop(key, None)
-                    with self._partitions_lock:
-                        self._partitions[key] = opened
-            for key in list(self._offline):
-                if key not in wanted:
-                    del self._offline[key]
-            await self._ingestor.sync(
-                {
-                    key: (self._partitions[key], metadata.config, self._producers[key])
-                    for key, (metadata, state) in wanted.items()
-                    if key in self._partitions
-                    and state.leader == me
-                    and not metadata.config.name.startswith(INTERNAL_PREFIX)
+            await asyncio.to_thread(self.manager.apply)
+            if self.ingestor is not None:
+                leading = {
+                    key: partition
+                    for key, partition in self.manager.leaders().items()
+                    if not key[0].startswith(INTERNAL_PREFIX)
                 }
-            )
-            with self._partitions_lock:
-                gone = [
-                    (key, self._partitions.pop(key)) for key in list(self._partitions) if key not in wanted
-                ]
-            for key, partition in gone:
-                partition.close()
-                self._producers.pop(key, None)
-                logger.info("closed partition %s/%d", *key)
-            if gone:
-                await asyncio.to_thread(self._clean_up)
+                await self.ingestor.sync(leading)
 
-    def _open_partition(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition:
-        config = metadata.config
-        directory = self._partition_dir(config.name, number)
-        record = read_record(directory)
-        if record is not None and record["stream_id"] != metadata.stream_id:
-            if record["stream_id"] not in self.coordinator.deleted_stream_ids():
-                raise MetadataError(
-                    f"{directory} holds partition {number} of another stream named {config.name!r} "
-                    f"(id {record['stream_id']}) that the metadata does not know: move it away "
-                    "to reuse the name"
-                )
-            logger.warning("removing %s: it holds a deleted stream of the same name", directory)
-            shutil.rmtree(directory)
-        log = Log.open(directory, self._log_config(config))
-        try:
-            write_record(directory, partition_record(metadata, number))
-            self._producers[(config.name, number)] = ProducerTable.rebuild(log)
-            return Partition(config.name, number, log, state)
-        except BaseException:
-            log.close()
-            raise
-
-    def _partition_dir(self, stream: str, number: int) -> Path:
-        return self.data_dir / "streams" / stream / str(number)
-
-    def _log_config(self, config: StreamConfig) -> LogConfig:
+    def log_config(self, config: StreamConfig) -> LogConfig:
+        """A partition's log settings: the broker's defaults with the stream's own."""
         return dataclasses.replace(
             self.config.log,
             segment_bytes=config.segment_bytes,
@@ -368,140 +347,20 @@ class Broker:
         """Run ``work`` on every partition (in a worker thread) every ``seconds``."""
         while True:
             await asyncio.sleep(seconds)
-            with self._partitions_lock:
-                partitions = list(self._partitions.values())
-            for partition in partitions:
+            for partition in self.manager.held():
                 try:
                     await asyncio.to_thread(work, partition)
                 except Exception:
                     logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
 
-    # ---- admin ---------------------------------------------------------------------
-
-    def create_stream(self, config: StreamConfig) -> StreamInfo:
-        """Create (or confirm) a stream and start serving it before returning.
-
-        A new stream that cannot be served (NATS refuses its subscription, or
-        its directory holds another stream's data) is deleted again and the
-        reason raised: nothing half-made stays behind.
-        """
-        validate_stream_name(config.name)  # internal names are the broker's own
-        existed = any(m.config.name == config.name for m in self.coordinator.list_streams())
-        self.coordinator.create_stream(config)
-        self._wait_for_sync()
-        failures = self._ingestor.failures if self._ingestor is not None else {}
-        problems = {**self._offline, **failures}
-        refused = [reason for (stream, _), reason in sorted(problems.items()) if stream == config.name]
-        if refused and not existed:
-            self.coordinator.delete_stream(config.name)
-            self._wait_for_sync()
-            raise InvalidArgumentError(f"stream {config.name!r} was not created: {refused[0]}")
-        return self.describe_stream(config.name)
-
-    def delete_stream(self, name: str) -> None:
-        """Delete a stream and its data."""
-        if name.startswith(INTERNAL_PREFIX):
-            raise InvalidArgumentError(f"stream {name!r} is internal and cannot be deleted")
-        self.coordinator.delete_stream(name)
-        self._wait_for_sync()
-
-    def describe_stream(self, name: str) -> StreamInfo:
-        """A stream's config and its partitions' offsets and leadership."""
-        return self._describe(self.coordinator.get_stream(name))
-
-    def list_streams(self) -> list[StreamInfo]:
-        """Every stream (internal ones included), by name."""
-        return [self._describe(m) for m in self.coordinator.list_streams()]
-
-    def _describe(self, metadata: StreamMetadata) -> StreamInfo:
-        infos = []
-        for number, state in enumerate(metadata.partitions):
-            with self._partitions_lock:
-                partition = self._partitions.get((metadata.config.name, number))
-            log = partition.log if partition else None
-            infos.append(
-                PartitionInfo(
-                    partition=number,
-                    leader=state.leader,
-                    replicas=state.replicas,
-                    isr=state.isr,
-                    leader_epoch=state.leader_epoch,
-                    log_start_offset=log.log_start_offset if log else -1,
-                    log_end_offset=log.log_end_offset if log else -1,
-                    high_watermark=partition.high_watermark if partition else -1,
-                )
-            )
-        return StreamInfo(metadata.config.to_json(), tuple(infos))
-
-    # ---- cursors -------------------------------------------------------------------
-
-    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
-        """Store ``consumer``'s position in ``stream``/``partition`` in the cursor stream."""
-        key = cursor_key(consumer, stream, partition)
-        self.partition(stream, partition)  # the partition must exist
-        if offset < 0:
-            raise InvalidArgumentError(f"cursor offset must not be negative, got {offset}")
-        with self._cursor_lock:  # the log and the table see cursor writes in one order
-            self.partition(CURSOR_STREAM, 0).append([Record(str(offset).encode(), key=key)])
-            self._cursors.put(key, offset)
-
-    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
-        """The stored position, or ``None`` if the consumer never set one."""
-        self.partition(stream, partition)
-        return self._cursors.get(cursor_key(consumer, stream, partition))
-
-    # ---- status ---------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        """Broker identity, partitions with offsets, and every cursor with its lag."""
-        cursors = []
-        for key, offset in self._cursors.items():
-            consumer, stream, number = key.decode().rsplit("/", 2)
-            with self._partitions_lock:
-                partition = self._partitions.get((stream, int(number)))
-            hw = partition.high_watermark if partition else None
-            cursors.append(
-                {
-                    "consumer": consumer,
-                    "stream": stream,
-                    "partition": int(number),
-                    "offset": offset,
-                    "lag": None if hw is None else max(hw - offset, 0),
-                }
-            )
-        return {
-            "broker_id": self.config.broker_id,
-            "flight": self.flight_address,
-            "nats": self.nats_urls,
-            "health": self.health(),
-            "streams": [info.to_json() for info in self.list_streams()],
-            "cursors": cursors,
-        }
-
-    def health(self) -> dict[str, Any]:
-        """Whether the broker can do its job: ``{"ok": bool, "problems": [one line each]}``.
-
-        A problem is anything that stops it ingesting or serving some data:
-        the embedded nats-server down, the NATS connection down, a partition
-        it holds that cannot be opened, a subscription NATS refused.
-        """
-        problems = []
-        if self._nats_server is not None and not self._nats_server.running:
-            problems.append("the embedded nats-server is not running (restarting it)")
-        if self._ingestor is None or not self._ingestor.connected:
-            problems.append(f"not connected to NATS at {', '.join(self.nats_urls)}: nothing is ingested")
-        failures = self._ingestor.failures if self._ingestor is not None else {}
-        for (stream, number), reason in sorted({**self._offline, **failures}.items()):
-            problems.append(f"{stream}/{number}: {reason}")
-        problems += [f"{directory}: {reason}" for directory, reason in sorted(self._strays.items())]
-        return {"ok": not problems, "problems": problems}
-
-    def _discovery(self) -> dict[str, object]:
-        return {"broker_id": self.config.broker_id, "flight": self.flight_address}
-
 
 def rebuild(config: BrokerConfig) -> list[str]:
     """Rebuild the single-broker metadata from the partitions' records; what it found, line by line."""
+    if config.zookeeper.hosts:
+        raise ConfigError(
+            "--rebuild-metadata rebuilds a single broker's metadata.json; in a cluster the metadata "
+            f"lives in ZooKeeper ({config.zookeeper.hosts})"
+        )
     data_dir = Path(config.data_dir).resolve()
     records = [
         record
@@ -514,8 +373,9 @@ def rebuild(config: BrokerConfig) -> list[str]:
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("applying a metadata change failed", exc_info=future.exception())
+    with contextlib.suppress(concurrent.futures.CancelledError):
+        if future.exception() is not None:
+            logger.error("applying a metadata change failed", exc_info=future.exception())
 
 
 def _sync_if_due(partition: Partition) -> None:

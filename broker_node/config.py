@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from broker_node.coordination.settings import ZooKeeperConfig
 from broker_node.log import LogConfig
+from broker_node.replication.settings import ReplicationConfig
 from pyspark_jetstream.protocol.streams import GiB, KiB, bounded_int, bounded_number
 
 T = TypeVar("T")
@@ -125,6 +127,9 @@ class BrokerConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     log: LogConfig = field(default_factory=LogConfig)
     """Defaults for every partition's log; a stream's own settings override them."""
+    zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
+    """A cluster's coordinator; with no hosts the broker is a single broker of its own."""
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     def __post_init__(self) -> None:
         bounded_number(
@@ -137,6 +142,8 @@ _SECTIONS: dict[str, type] = {
     "flight": FlightConfig,
     "ingest": IngestConfig,
     "log": LogConfig,
+    "zookeeper": ZooKeeperConfig,
+    "replication": ReplicationConfig,
 }
 
 

@@ -1,37 +1,34 @@
-"""Check the import boundaries written down in DESIGN.md; exit 1 naming each violation.
+"""Check the import boundaries of docs/ARCHITECTURE.md; exit 1 naming each violation.
 
-Each rule names a part of the code and the modules it must not import.
-Relative imports are resolved, so ``from ..ingest import x`` is caught too.
+The table's rows (``| `part` | holds | may import |``) are read from the
+document itself, so the checker enforces exactly what it says.  Relative
+imports are resolved, so ``from ..ingest import x`` is caught too.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "docs" / "ARCHITECTURE.md"
+TRACKED = ("broker_node", "pyspark_jetstream", "nats", "kazoo", "pyarrow.flight", "pyspark", "zlib_ng")
+"""Modules whose use the table governs; everything else (stdlib, pyarrow) is free."""
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|[^|]*\|([^|]*)\|\s*$")
 
-# (part, forbidden module prefixes, allowed exceptions)
-RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-    (
-        "broker_node/log",
-        ("nats", "kazoo", "pyarrow.flight", "pyspark", "broker_node", "pyspark_jetstream"),
-        ("broker_node.log", "pyspark_jetstream.protocol"),
-    ),
-    (
-        "pyspark_jetstream/protocol",
-        ("nats", "kazoo", "pyarrow.flight", "pyspark", "broker_node", "pyspark_jetstream"),
-        ("pyspark_jetstream.protocol",),
-    ),
-    ("broker_node", ("pyspark", "pyspark_jetstream.client", "pyspark_jetstream.spark"), ()),
-    ("broker_node", ("kazoo",), ()),  # only coordination/, exempted below
-    ("broker_node", ("nats",), ()),  # only ingest/, exempted below
-    ("pyspark_jetstream", ("kazoo", "broker_node"), ()),
-    ("pyspark_jetstream/client", ("pyspark",), ("pyspark_jetstream",)),
-]
-# Parts that are the one sanctioned importer of a library.
-OWNERS = {"kazoo": "broker_node/coordination", "nats": "broker_node/ingest"}
+
+def read_rules(table: Path = TABLE) -> dict[str, tuple[str, ...]]:
+    """``{part path: allowed module prefixes}`` from the document's table."""
+    rules = {}
+    for line in table.read_text().splitlines():
+        match = _ROW.match(line.strip())
+        if match:
+            rules[match.group(1)] = tuple(re.findall(r"`([^`]+)`", match.group(2)))
+    if not rules:
+        raise SystemExit(f"no parts table found in {table}")
+    return rules
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
@@ -54,25 +51,34 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     return found
 
 
-def _matches(module: str, prefix: str) -> bool:
+def _within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def violations(root: Path = ROOT) -> list[str]:
-    """Every import under ``root`` that breaks a rule, as ``file:line: message``."""
+def _part_of(rel: str, rules: dict[str, tuple[str, ...]]) -> str | None:
+    matches = [part for part in rules if rel == part or rel.startswith(part.rstrip("/") + "/")]
+    return max(matches, key=len) if matches else None
+
+
+def violations(root: Path = ROOT, rules: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """Every tracked import under ``root`` that its part may not make, as ``file:line: message``."""
+    rules = read_rules() if rules is None else rules
     out = []
-    for part, forbidden, allowed in RULES:
-        for path in sorted((root / part).rglob("*.py")):
+    for top in ("broker_node", "pyspark_jetstream"):
+        for path in sorted((root / top).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
+            part = _part_of(rel, rules)
+            if part is None:
+                out.append(f"{rel}: belongs to no part of the table")
+                continue
+            # A part may import itself; a file's row belongs to its package.
+            own = (part.rsplit("/", 1)[0] if part.endswith(".py") else part).replace("/", ".")
+            allowed = (own, *rules[part])
             for line, module in imported_modules(path, root):
-                if any(_matches(module, a) for a in allowed):
+                if not any(_within(module, t) for t in TRACKED):
                     continue
-                for prefix in forbidden:
-                    owner = OWNERS.get(prefix)
-                    if owner and rel.startswith(owner + "/"):
-                        continue
-                    if _matches(module, prefix):
-                        out.append(f"{rel}:{line}: {part} must not import {module}")
+                if not any(_within(module, a) for a in allowed):
+                    out.append(f"{rel}:{line}: {part} must not import {module}")
     return out
 
 

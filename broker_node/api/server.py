@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 from pyarrow import flight
 
-from broker_node.log import Log, LogClosedError, LogError
+from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -31,10 +31,13 @@ from pyspark_jetstream.protocol.flight import (
     StreamInfo,
     decode_json_object,
     encode_json,
+    error_detail,
     error_message,
     response_metadata,
     validate_body_int,
 )
+from pyspark_jetstream.protocol.replica import FETCH_SCHEMA, ReplicaFetch, fetch_metadata
+from pyspark_jetstream.protocol.replica import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig, shown
 
@@ -50,6 +53,14 @@ ACTION_DESCRIPTIONS = {
     ActionType.FETCH_CURSOR: 'Read a consumer position; body: {"consumer", "stream", "partition"}.',
     ActionType.STATUS: "Broker status: health, streams, partitions, cursors and lag.",
     ActionType.HEALTH: 'Whether the broker can ingest and serve everything: {"ok", "problems"}.',
+    ActionType.METADATA: "The cluster: brokers, the controller, every partition's leader and ISR.",
+    ActionType.ELECT_PREFERRED_LEADERS: "Lead each partition from its first replica where it is in sync.",
+    ActionType.OFFSETS_FOR_LEADER_EPOCH: (
+        'Where an epoch ends on the leader; body: {"stream", "partition", "epoch"}.'
+    ),
+    ActionType.CONTROLLER_CALL: (
+        'Between brokers: an admin action run by the controller; body: {"action", "body"}.'
+    ),
 }
 
 
@@ -70,9 +81,15 @@ class ReadablePartition(Protocol):
 class BrokerView(Protocol):
     """What the server needs of the broker."""
 
-    flight_address: str
+    @property
+    def flight_address(self) -> str: ...
 
-    def partition(self, stream: str, number: int) -> ReadablePartition: ...
+    def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
+    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]: ...
+    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]: ...
+    def metadata(self) -> dict[str, Any]: ...
+    def elect_preferred_leaders(self) -> dict[str, Any]: ...
+    def controller_call(self, action: str, body: dict[str, Any]) -> object: ...
     def create_stream(self, config: StreamConfig) -> StreamInfo: ...
     def delete_stream(self, name: str) -> None: ...
     def describe_stream(self, name: str) -> StreamInfo: ...
@@ -93,11 +110,33 @@ class FlightApi(flight.FlightServerBase):
     # ---- reads -----------------------------------------------------------------
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
-        """Stream committed batches for the ticket's read request."""
-        return _guard(lambda: self._read(ReadRequest.from_ticket(ticket.ticket), context))
+        """Stream committed batches for the ticket's read request (or stored frames to a replica)."""
+
+        def get() -> flight.FlightDataStream:
+            fetch = parse_replica_ticket(ticket.ticket)
+            if fetch is not None:
+                return self._replica_fetch(fetch)
+            return self._read(ReadRequest.from_ticket(ticket.ticket), context)
+
+        return _guard(get)
+
+    def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
+        frames, offsets = self.broker.replica_fetch(request)
+        table = pa.table(
+            {
+                "base_offset": pa.array([f.base_offset for f in frames], pa.int64()),
+                "last_offset": pa.array([f.last_offset for f in frames], pa.int64()),
+                "leader_epoch": pa.array([f.leader_epoch for f in frames], pa.int32()),
+                "frame": pa.array([f.data for f in frames], pa.large_binary()),
+            },
+            schema=FETCH_SCHEMA.with_metadata(fetch_metadata(**offsets)),
+        )
+        return flight.RecordBatchStream(table)
 
     def _read(self, request: ReadRequest, context: flight.ServerCallContext) -> flight.FlightDataStream:
-        partition = self.broker.partition(request.stream, request.partition)
+        partition = self.broker.readable(
+            request.stream, request.partition, from_replicas=request.from_replicas
+        )
         log = partition.log
         start = self._resolve_start(request, partition)
         if request.follow > 0:
@@ -217,7 +256,7 @@ class FlightApi(flight.FlightServerBase):
                     f"descriptor path must be [stream] or [stream, partition], got {path}"
                 )
             number = int(path[1]) if len(path) == 2 else 0
-            partition = self.broker.partition(path[0], number)
+            partition = self.broker.readable(path[0], number)
             return self._flight_info(
                 path[0], number, partition.high_watermark - partition.log.log_start_offset
             )
@@ -267,6 +306,19 @@ class FlightApi(flight.FlightServerBase):
             return {}
         if kind is ActionType.DESCRIBE_STREAM:
             return broker.describe_stream(_arg(args, "name", str)).to_json()
+        if kind is ActionType.METADATA:
+            return broker.metadata()
+        if kind is ActionType.ELECT_PREFERRED_LEADERS:
+            return broker.elect_preferred_leaders()
+        if kind is ActionType.CONTROLLER_CALL:
+            inner = args.get("body")
+            if not isinstance(inner, dict):
+                raise InvalidArgumentError(f"controller_call needs a 'body' object, got {shown(inner)}")
+            return broker.controller_call(_arg(args, "action", str), inner)
+        if kind is ActionType.OFFSETS_FOR_LEADER_EPOCH:
+            return broker.offsets_for_leader_epoch(
+                _arg(args, "stream", str), _arg(args, "partition", int), _arg(args, "epoch", int)
+            )
         consumer, stream = _arg(args, "consumer", str), _arg(args, "stream", str)
         partition = _arg(args, "partition", int)
         if kind is ActionType.SET_CURSOR:
@@ -297,7 +349,7 @@ def _guard(call: Callable[[], T]) -> T:
     try:
         return call()
     except JetStreamError as exc:
-        raise flight.FlightServerError(error_message(exc)) from None
+        raise flight.FlightServerError(error_message(exc), extra_info=error_detail(exc)) from None
     except LogError as exc:
         raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
     except Exception as exc:

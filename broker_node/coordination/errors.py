@@ -38,10 +38,13 @@ class MetadataError(CoordinationError):
 
 
 class NotControllerError(CoordinationError):
-    """Only the controller may do this; ``controller`` names it (``None`` while there is none)."""
+    """Only the controller may do this; the ``controller`` field names it (absent while there is none).
+
+    On the wire it is an ``unavailable`` error with the field ``not_controller``.
+    """
 
     retriable = True
 
     def __init__(self, message: str, controller: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, controller=controller, not_controller=True)
         self.controller = controller

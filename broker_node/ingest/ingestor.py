@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -21,12 +21,10 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig, NatsConfig
-from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import UnavailableError
-from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
+from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, partition_subject
 
-from .partition_ingest import PartitionIngest
-from .producers import ProducerTable
+from .partition_ingest import IngestPartition, PartitionIngest
 
 logger = logging.getLogger(__name__)
 
@@ -174,14 +172,16 @@ class Ingestor:
         """Whether the NATS connection is up (it reconnects by itself when it is not)."""
         return bool(self.nc.is_connected)
 
+    def ingesting(self) -> set[tuple[str, int]]:
+        """The partitions with a live subscription."""
+        return set(self._ingests)
+
     @property
     def failures(self) -> dict[tuple[str, int], str]:
         """Partitions whose subscription NATS refused, with the reason."""
         return dict(self._failures)
 
-    async def sync(
-        self, leading: dict[tuple[str, int], tuple[Partition, StreamConfig, ProducerTable]]
-    ) -> dict[tuple[str, int], str]:
+    async def sync(self, leading: Mapping[tuple[str, int], IngestPartition]) -> dict[tuple[str, int], str]:
         """Subscribe for partitions newly led here; unsubscribe those no longer led.
 
         Each new subscription is confirmed by a round trip to the server
@@ -191,15 +191,17 @@ class Ingestor:
         restarts (trying would cost every partition a reconnect).  Returns
         the partitions whose subscription failed, with the reason.
         """
-        for key in sorted(set(self._ingests) - set(leading)):
-            await self._ingests.pop(key).close()
+        for key in sorted(self._ingests):
+            if leading.get(key) is not self._ingests[key].partition:  # not led here, or reopened
+                await self._ingests.pop(key).close()
         for key in list(self._failures):
             if key not in leading:
                 del self._failures[key]
         for key in sorted(set(leading) - set(self._ingests) - set(self._failures)):
-            partition, config, producers = leading[key]
+            partition = leading[key]
+            config = partition.config
             nc = await self._current()
-            ingest = PartitionIngest(nc, partition, config, producers, self.settings)
+            ingest = PartitionIngest(nc, partition, self.settings)
             errors, drops, last_error = len(self._errors), self._drops, nc.last_error
             try:
                 ingest.subscription = await self._subscribe(nc, ingest)

@@ -2,14 +2,28 @@
 
 Every partition this broker leads has one NATS subscription on its subject
 (in the stream's queue group, if it has a load-balance group; see
-:mod:`.ingestor`).  Messages that
-arrive one at a time are coalesced into one stored batch per flush: a flush
-runs as soon as the subscription's queue is drained (or after
-``max_delay``), or at once when ``max_batch_messages`` or ``max_batch_bytes``
-is reached.  Every message still gets its own ack; the acks of one flush for
-one inbox travel together in one NATS message.  An envelope carrying an Arrow
-batch, or a producer id, is stored as its own batch after the pending ones,
-so the log keeps arrival order.
+:mod:`.ingestor`).  Messages that arrive one at a time are coalesced into one
+stored batch per flush: a flush runs as soon as the subscription's queue is
+drained (or after ``max_delay``), or at once when ``max_batch_messages`` or
+``max_batch_bytes`` is reached.  An envelope carrying an Arrow batch, or a
+producer id, is stored as its own batch after the pending ones, so the log
+keeps arrival order.
+
+Appends run in a worker thread, one at a time per partition, so the event
+loop goes on receiving (for this partition and every other) while a write or
+a compaction holds the log.
+
+Acks: every message gets its own, and the acks of one flush for one inbox
+travel together in one NATS message.  ``LEADER`` is acked once the leader
+stored the message; ``ALL`` once it is committed (the high watermark passed
+it: every in-sync replica has it), and is refused with ``not_enough_replicas``
+-- never acked -- while fewer replicas than the stream's
+``min_insync_replicas`` are in sync.  A plain NATS message with a reply
+subject is acked like ``ALL``.  A publish that is never acked times out at
+the producer; nothing is dropped silently.
+
+The partition is reached through :class:`IngestPartition`, which
+``broker_node.replication.partition.Partition`` satisfies.
 """
 
 from __future__ import annotations
@@ -17,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -27,8 +42,7 @@ from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig
 from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
-from broker_node.log.records import record_size
-from broker_node.replication.partition import Partition
+from broker_node.log.records import Records, record_size
 from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
@@ -40,41 +54,52 @@ from pyspark_jetstream.protocol.envelope import (
     looks_like_envelope,
     producer_position,
 )
-from pyspark_jetstream.protocol.errors import ErrorCode
+from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .producers import ProducerTable, Verdict
-
 logger = logging.getLogger(__name__)
+
+
+class IngestPartition(Protocol):
+    """What ingestion needs of a partition."""
+
+    stream: str
+    number: int
+    config: StreamConfig
+
+    @property
+    def max_batch_bytes(self) -> int: ...
+    def append(self, records: Records) -> range: ...
+    def append_idempotent(
+        self, records: Records, producer_id: str, epoch: int, sequence: int, *, target: bool = True
+    ) -> Ack: ...
+    def check_min_insync(self) -> None: ...
+    def when_committed(self, last_offset: int, callback: Callable[[JetStreamError | None], None]) -> None: ...
 
 
 class _AckTarget(NamedTuple):
     subject: str
     correlation_id: str
+    committed: bool
+    """Ack once committed (``ALL``) rather than once stored (``LEADER``)."""
 
 
 class PartitionIngest:
     """Coalesces one partition's incoming messages into batches and acks them."""
 
-    def __init__(
-        self,
-        nc: NatsClient,
-        partition: Partition,
-        config: StreamConfig,
-        producers: ProducerTable,
-        settings: IngestConfig,
-    ) -> None:
+    def __init__(self, nc: NatsClient, partition: IngestPartition, settings: IngestConfig) -> None:
         self.nc = nc
         self.partition = partition
-        self.config = config
-        self.producers = producers
+        self.config = partition.config
         self.settings = settings
         self.subscription: Subscription | None = None
         self._records: list[Record] = []
         self._targets: list[_AckTarget | None] = []
         self._bytes = 0
         self._flush_task: asyncio.Task[None] | None = None
+        self._writing = asyncio.Lock()
+        """One append at a time, in arrival order."""
 
     async def handle(self, msg: Msg) -> None:
         """Store one NATS message (plain or envelope) and ack it when asked to."""
@@ -88,7 +113,7 @@ class PartitionIngest:
         envelope = None
         if looks_like_envelope(data):
             try:
-                envelope = decode(data, max_batch_bytes=self.partition.log.config.max_batch_bytes)
+                envelope = decode(data, max_batch_bytes=self.partition.max_batch_bytes)
             except BatchTooLargeError as exc:
                 logger.warning("refusing an envelope on %s for %s: %s", msg.subject, self._name, exc)
                 await self._ack(self._ack_target(exc.header), error=ErrorCode.TOO_LARGE, message=str(exc))
@@ -100,7 +125,7 @@ class PartitionIngest:
         if envelope is None:
             headers = tuple((k, v.encode()) for k, v in msg.headers.items()) if msg.headers else ()
             record = Record(data, headers=headers, subject=msg.subject, reply=msg.reply or None)
-            target = _AckTarget(msg.reply, "") if self.config.ack_reply and msg.reply else None
+            target = _AckTarget(msg.reply, "", True) if self.config.ack_reply and msg.reply else None
             await self._add(record, target)
             return
         if envelope.batch is None and envelope.producer_id is None:
@@ -120,7 +145,7 @@ class PartitionIngest:
         """Where to ack: only the targeted partition acks; other streams store a silent copy."""
         if not envelope.ack_inbox or envelope.ack_policy is AckPolicy.NONE or not self._targeted(envelope):
             return None
-        return _AckTarget(envelope.ack_inbox, envelope.correlation_id)
+        return _AckTarget(envelope.ack_inbox, envelope.correlation_id, envelope.ack_policy is AckPolicy.ALL)
 
     async def _add(self, record: Record, target: _AckTarget | None) -> None:
         size = record_size(record)
@@ -160,56 +185,96 @@ class PartitionIngest:
             logger.exception("flushing %s failed", self._name)
 
     async def flush(self) -> None:
-        """Store the pending messages as one batch and ack them."""
+        """Store the pending messages as one batch and ack them (``ALL`` ones once committed)."""
         if not self._records:
             return
         records, targets = self._records, self._targets
         self._records, self._targets, self._bytes = [], [], 0
+        if any(t is not None and t.committed for t in targets):
+            try:
+                self.partition.check_min_insync()
+            except JetStreamError as exc:
+                # Refused before storing (Kafka does the same): the others go ahead.
+                for refused in targets:
+                    if refused is not None and refused.committed:
+                        await self._ack(refused, error=exc.code, message=str(exc))
+                kept = [(r, t) for r, t in zip(records, targets, strict=True) if t is None or not t.committed]
+                if not kept:
+                    return
+                records, targets = [r for r, _ in kept], [t for _, t in kept]
         try:
-            offsets = self.partition.append(records)
-        except LogError as exc:
-            logger.exception("failed to append %d messages to %s", len(records), self._name)
-            for target in targets:
-                await self._ack(target, error=_error_code(exc), message=str(exc))
+            async with self._writing:
+                offsets = await asyncio.to_thread(self.partition.append, records)
+        except (LogError, JetStreamError) as exc:
+            if _error_code(exc) is ErrorCode.STORAGE:
+                logger.exception("failed to append %d messages to %s", len(records), self._name)
+            for failed in targets:
+                await self._ack(failed, error=_error_code(exc), message=str(exc))
             return
-        # One NATS message per ack inbox per flush: a producer pipelining many
-        # messages gets their acks together.
-        by_subject: dict[str, list[Ack]] = {}
         stream, number = self.config.name, self.partition.number
+        now: dict[str, list[Ack]] = {}
+        later: dict[str, list[Ack]] = {}
         for offset, target in zip(offsets, targets, strict=True):
             if target is not None:
-                by_subject.setdefault(target.subject, []).append(
-                    Ack(stream, number, offset, offset, target.correlation_id)
-                )
-        for subject, acks in by_subject.items():
-            await self._send(subject, encode_acks(acks))
+                ack = Ack(stream, number, offset, offset, target.correlation_id)
+                (later if target.committed else now).setdefault(target.subject, []).append(ack)
+        # One NATS message per ack inbox per flush: a producer pipelining many
+        # messages gets their acks together.
+        for subject, batch in now.items():
+            await self._send(subject, encode_acks(batch))
+        if later:
+            self._when_committed(offsets[-1], later)
+
+    def _when_committed(self, last_offset: int, acks: dict[str, list[Ack]]) -> None:
+        """Send ``acks`` once ``last_offset`` is committed, or their error if that fails."""
+        loop = asyncio.get_running_loop()
+
+        async def send(error: JetStreamError | None) -> None:
+            for subject, pending in acks.items():
+                await self._send(subject, encode_acks(_failed(pending, error)))
+
+        def committed(error: JetStreamError | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(send(error)))
+
+        self.partition.when_committed(last_offset, committed)
 
     async def _store_alone(self, envelope: Envelope, subject: str) -> None:
         target = self._ack_target(envelope)
+        if target is not None and target.committed:
+            try:
+                self.partition.check_min_insync()
+            except JetStreamError as exc:
+                await self._ack(target, error=exc.code, message=str(exc))
+                return
+        table = _envelope_table(envelope, subject)
         producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
-        if producer is not None and sequence is not None:
-            check = self.producers.check(producer, epoch, sequence, target=self._targeted(envelope))
-            if check.verdict is Verdict.DUPLICATE:
-                await self._ack(target, check.first, check.last, error=ErrorCode.DUPLICATE)
-                return
-            if check.verdict is not Verdict.STORE:
-                code = (
-                    ErrorCode.OUT_OF_ORDER_SEQUENCE
-                    if check.verdict is Verdict.OUT_OF_ORDER
-                    else ErrorCode.PRODUCER_FENCED
-                )
-                await self._ack(target, error=code, message=check.reason)
-                return
         try:
-            offsets = self.partition.append(_envelope_table(envelope, subject))
-        except LogError as exc:
+            async with self._writing:
+                if producer is not None and sequence is not None:
+                    ack = await asyncio.to_thread(
+                        self.partition.append_idempotent,
+                        table,
+                        producer,
+                        epoch,
+                        sequence,
+                        target=self._targeted(envelope),
+                    )
+                else:
+                    offsets = await asyncio.to_thread(self.partition.append, table)
+                    ack = Ack(self.config.name, self.partition.number, offsets.start, offsets[-1])
+        except (LogError, JetStreamError) as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
                 logger.exception("failed to append a batch to %s", self._name)
             await self._ack(target, error=_error_code(exc), message=str(exc))
             return
-        if producer is not None and sequence is not None:
-            self.producers.record(producer, epoch, sequence, offsets.start, offsets[-1])
-        await self._ack(target, offsets.start, offsets[-1])
+        if target is None:
+            return
+        ack = ack._replace(correlation_id=target.correlation_id)
+        if target.committed and ack.ok:
+            self._when_committed(ack.last_offset, {target.subject: [ack]})
+        else:
+            await self._send(target.subject, encode_ack(ack))
 
     async def _ack(
         self,
@@ -247,8 +312,17 @@ class PartitionIngest:
         return f"{self.config.name}/{self.partition.number}"
 
 
-def _error_code(exc: LogError) -> ErrorCode:
+def _failed(acks: list[Ack], error: JetStreamError | None) -> list[Ack]:
+    """``acks`` as they are (``error`` is ``None``), or turned into refusals carrying ``error``."""
+    if error is None:
+        return acks
+    return [a._replace(first_offset=-1, last_offset=-1, error=error.code, message=str(error)) for a in acks]
+
+
+def _error_code(exc: LogError | JetStreamError) -> ErrorCode:
     """The ack error for a failed append."""
+    if isinstance(exc, JetStreamError):
+        return exc.code
     if isinstance(exc, RecordTooLargeError):
         return ErrorCode.TOO_LARGE
     if isinstance(exc, InvalidRecordsError):

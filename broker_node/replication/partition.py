@@ -1,61 +1,405 @@
-"""One partition as this broker holds it: the log, its high watermark and its readers.
+"""One partition as this broker holds it: its log, its role, and what commits a message.
 
-With replication factor 1 the leader alone is the ISR, so an append is
-committed at once: the high watermark moves to the log end offset.  Readers
-that long-poll wait on a condition that every advance of the high watermark
-signals.
+A partition is either the *leader* (it appends, tracks its followers and moves
+the high watermark) or a *follower* (it appends what it fetched from the
+leader and takes the leader's high watermark).  ``become_leader`` and
+``become_follower`` switch roles; the replica manager calls them when the
+coordinator's state for the partition changes.
+
+High watermark (leader): the lowest log end offset among the in-sync
+replicas, the leader's own included.  A follower's log end offset is what its
+last fetch asked for (a fetch offset acknowledges everything before it); one
+not yet heard from since this broker became leader holds the high watermark
+back.  Messages below the high watermark are committed: consumers see only
+them, and ``when_committed`` callbacks fire as it passes their offsets.
+
+In-sync replicas: a follower whose fetch offset reached the leader's log end
+offset within the last ``replica_max_lag`` seconds is caught up (Kafka's
+rule: caught up to the log end as of its previous fetch counts too).  The
+leader proposes ISR changes; the replica manager writes them through the
+coordinator and applies the result.  While a removal is being written the
+follower still counts (a larger ISR only holds the high watermark back);
+an addition counts once it is written.
+
+Fencing: a partition whose broker lost touch with the coordinator (or whose
+lease lapsed) refuses appends and holds back acknowledgements, because
+another broker may be leader already.
+
+Producer and cursor tables follow the log: built when the partition opens,
+kept up to date by every append (a follower's replicated appends included)
+and rebuilt after a truncation, so a new leader de-duplicates retries of what
+its predecessor stored.
 """
 
 from __future__ import annotations
 
+import enum
+import heapq
+import itertools
+import logging
 import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
 
 from broker_node.coordination.base import PartitionState
-from broker_node.log import Log
+from broker_node.log import CorruptSegmentError, Log
+from broker_node.log.frames import decode
 from broker_node.log.records import Records
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.errors import (
+    ErrorCode,
+    JetStreamError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+)
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .cursors import CURSOR_STREAM, CursorTable
+from .producers import ProducerTable, Verdict
+
+logger = logging.getLogger(__name__)
+
+Committed = Callable[[JetStreamError | None], None]
+"""Called once with ``None`` when an offset is committed, or with the error that ended the wait."""
+
+
+class Role(enum.Enum):
+    """What this broker does for a partition."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    CLOSED = "closed"
+
+
+@dataclass
+class FollowerProgress:
+    """What the leader knows of one follower."""
+
+    log_end_offset: int = -1
+    """Its last fetch offset; -1 until it fetched from this leader."""
+    last_caught_up: float = 0.0
+    """When it last was caught up (monotonic seconds)."""
+    previous_fetch_leader_end: int = -1
+    previous_fetch_time: float = 0.0
 
 
 class Partition:
-    """A partition's log plus the committed-offset bookkeeping around it."""
+    """A partition's log plus the replication bookkeeping around it."""
 
-    def __init__(self, stream: str, number: int, log: Log, state: PartitionState) -> None:
-        self.stream = stream
+    def __init__(
+        self,
+        config: StreamConfig,
+        number: int,
+        log: Log,
+        broker_id: str,
+        state: PartitionState,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        lease: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """``lease()`` says whether this broker's coordinator session is surely alive."""
+        self.config = config
+        self.stream = config.name
         self.number = number
         self.log = log
+        self.broker_id = broker_id
         self.state = state
-        self._advanced = threading.Condition()
-        self._closed = False
-        if log.leader_epoch < state.leader_epoch:
-            log.assign_leader_epoch(state.leader_epoch)
-        # Alone in the ISR, everything stored is committed.
-        if state.isr == (state.leader,):
-            log.high_watermark = log.log_end_offset
+        self.role = Role.FOLLOWER
+        self.producers = ProducerTable()
+        self.cursors: CursorTable | None = CursorTable() if config.name == CURSOR_STREAM else None
+        self._clock = clock
+        self._lease = lease
+        self._fenced = False
+        self._lock = threading.RLock()
+        self._append_lock = threading.Lock()
+        """Orders a producer check with its append (appends themselves are the log's to order)."""
+        self._advanced = threading.Condition(self._lock)
+        self._followers: dict[str, FollowerProgress] = {}
+        self._isr: tuple[str, ...] = state.isr
+        self._pending_isr: tuple[str, ...] | None = None
+        self._waiters: list[tuple[int, int, Committed]] = []
+        self._ids = itertools.count()
+        self._rebuild_tables()
+
+    # ---- roles ---------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
         """Whether the partition is shutting down (readers should stop waiting)."""
-        return self._closed
+        return self.role is Role.CLOSED
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this broker leads the partition and may acknowledge writes now."""
+        return self.role is Role.LEADER and not self._fenced
+
+    @property
+    def isr(self) -> tuple[str, ...]:
+        """The in-sync replicas the high watermark waits for (the leader included)."""
+        return self._isr
+
+    def become_leader(self, state: PartitionState) -> None:
+        """Lead from now on, in ``state.leader_epoch``: stamp appends with it and track followers."""
+        with self._lock:
+            self._check_not_closed()
+            self.log.assign_leader_epoch(state.leader_epoch)
+            self.state = state
+            self.role = Role.LEADER
+            self._isr = state.isr
+            self._pending_isr = None
+            now = self._clock()
+            self._followers = {
+                r: FollowerProgress(last_caught_up=now) for r in state.replicas if r != self.broker_id
+            }
+            self._advance_high_watermark()
+        logger.info(
+            "%s/%d: leader in epoch %d, ISR %s", self.stream, self.number, state.leader_epoch, state.isr
+        )
+
+    def become_follower(self, state: PartitionState) -> None:
+        """Follow ``state.leader``: stop acknowledging; waiting writes fail with ``NotLeaderError``."""
+        with self._lock:
+            self._check_not_closed()
+            self.state = state
+            self.role = Role.FOLLOWER
+            self._followers = {}
+            self._isr = state.isr
+            self._pending_isr = None
+            self._fail_waiters(self._not_leader())
+        logger.info("%s/%d: follower of %s", self.stream, self.number, state.leader or "(nobody yet)")
+
+    def update_state(self, state: PartitionState) -> None:
+        """Take a newer version of the same leadership (the ISR changed in the coordinator)."""
+        with self._lock:
+            self.state = state
+            if self.role is Role.LEADER:
+                if self._pending_isr is not None and state.isr == self._pending_isr:
+                    self._pending_isr = None
+                self._isr = state.isr if self._pending_isr is None else self._merged(state.isr)
+                self._advance_high_watermark()
+            else:
+                self._isr = state.isr
+
+    def fence(self, fenced: bool) -> None:
+        """Stop (or resume) acknowledging as leader: the coordinator session is in doubt."""
+        with self._lock:
+            self._fenced = fenced
+            if fenced:
+                self._fail_waiters(
+                    NotLeaderError(
+                        f"{self.stream}/{self.number}: this broker lost touch with the coordinator",
+                        stream=self.stream,
+                        partition=self.number,
+                    )
+                )
+
+    # ---- leader: appends and commits ----------------------------------------------------
+
+    def append(self, records: Records) -> range:
+        """Append as leader; return the offsets.  ``NotLeaderError`` if this broker may not lead."""
+        with self._lock:
+            self._check_leader()
+        offsets = self.log.append(records)
+        with self._lock:
+            self._advance_high_watermark()
+        return offsets
+
+    def append_idempotent(
+        self, records: Records, producer_id: str, epoch: int, sequence: int, *, target: bool = True
+    ) -> Ack:
+        """Append one producer's message(s) unless the sequence says not to (see ``producers``).
+
+        ``target`` is whether this partition is the one the producer named.
+        Returns the ack: ``ok`` with the offsets, ``duplicate`` with the
+        original ones, or a refusal (out of order, fenced) that stored nothing.
+        """
+        with self._append_lock:
+            check = self.producers.check(producer_id, epoch, sequence, target=target)
+            if check.verdict is Verdict.DUPLICATE:
+                return self._ack(check.first, check.last, ErrorCode.DUPLICATE)
+            if check.verdict is Verdict.OUT_OF_ORDER:
+                return self._ack(-1, -1, ErrorCode.OUT_OF_ORDER_SEQUENCE, check.reason)
+            if check.verdict is Verdict.FENCED:
+                return self._ack(-1, -1, ErrorCode.PRODUCER_FENCED, check.reason)
+            offsets = self.append(records)
+            self.producers.record(producer_id, epoch, sequence, offsets.start, offsets[-1])
+            return self._ack(offsets.start, offsets[-1])
+
+    def _ack(self, first: int, last: int, error: ErrorCode = ErrorCode.OK, message: str = "") -> Ack:
+        return Ack(self.stream, self.number, first, last, "", error, message)
+
+    def check_min_insync(self) -> None:
+        """Raise ``NotEnoughReplicasError`` if fewer replicas are in sync than the stream requires."""
+        required = self.config.min_insync_replicas
+        if len(self.state.isr) < required:
+            raise NotEnoughReplicasError(
+                f"{self.stream}/{self.number} has {len(self.state.isr)} in-sync replica(s) "
+                f"({', '.join(self.state.isr)}), fewer than min_insync_replicas={required}",
+                stream=self.stream,
+                partition=self.number,
+            )
+
+    def when_committed(self, last_offset: int, callback: Committed) -> None:
+        """Call ``callback(None)`` once offsets up to ``last_offset`` are committed (on some thread).
+
+        It gets ``NotEnoughReplicasError`` instead if the ISR shrank below
+        ``min_insync_replicas`` by then, or ``NotLeaderError`` if leadership
+        was lost first.  Called at once when already committed.
+        """
+        with self._lock:
+            if self.role is not Role.LEADER or self._fenced:
+                error: JetStreamError | None = self._not_leader()
+            elif self.log.high_watermark > last_offset:
+                error = self._commit_error()
+            else:
+                heapq.heappush(self._waiters, (last_offset, next(self._ids), callback))
+                return
+        callback(error)
 
     @property
     def high_watermark(self) -> int:
         """Offsets below this are committed and visible to consumers."""
         return self.log.high_watermark
 
-    def append(self, records: Records) -> range:
-        """Append as leader and commit (single replica); return the offsets."""
-        offsets = self.log.append(records)
-        self.log.high_watermark = self.log.log_end_offset
-        with self._advanced:
-            self._advanced.notify_all()
+    @property
+    def max_batch_bytes(self) -> int:
+        """The largest batch the log takes, as stored."""
+        return self.log.config.max_batch_bytes
+
+    # ---- leader: followers -----------------------------------------------------------------
+
+    def record_fetch(self, replica: str, fetch_offset: int) -> tuple[str, ...] | None:
+        """A follower fetched from ``fetch_offset`` (so it holds everything before it).
+
+        Returns a proposed ISR (with ``replica`` added) when it caught up while
+        out of the ISR, else ``None``.  ``NotLeaderError`` if this broker does
+        not lead, ``InvalidArgument`` semantics are the caller's.
+        """
+        with self._lock:
+            if self.role is not Role.LEADER:
+                raise self._not_leader()
+            progress = self._followers.get(replica)
+            if progress is None:
+                raise NotLeaderError(
+                    f"{replica} is not a replica of {self.stream}/{self.number} in epoch "
+                    f"{self.state.leader_epoch}",
+                    stream=self.stream,
+                    partition=self.number,
+                )
+            now = self._clock()
+            leader_end = self.log.log_end_offset
+            if fetch_offset >= leader_end:
+                progress.last_caught_up = now
+            elif fetch_offset >= progress.previous_fetch_leader_end >= 0:
+                progress.last_caught_up = max(progress.last_caught_up, progress.previous_fetch_time)
+            progress.previous_fetch_leader_end = leader_end
+            progress.previous_fetch_time = now
+            progress.log_end_offset = fetch_offset
+            self._advance_high_watermark()
+            wanted = self._pending_isr or self._isr
+            epoch_start = self.log.end_offset_for_epoch(self.state.leader_epoch - 1).end_offset
+            if (
+                replica not in wanted
+                and fetch_offset >= self.log.high_watermark
+                and fetch_offset >= max(epoch_start, 0)
+            ):
+                return tuple(r for r in self.state.replicas if r in wanted or r == replica)
+            return None
+
+    def lagging_replicas(self, max_lag: float) -> tuple[str, ...] | None:
+        """A proposed ISR without the followers not caught up for ``max_lag`` seconds, or ``None``."""
+        with self._lock:
+            if self.role is not Role.LEADER:
+                return None
+            now = self._clock()
+            current = self._pending_isr or self._isr
+            lagging = {
+                r
+                for r in current
+                if r != self.broker_id
+                and (progress := self._followers.get(r)) is not None
+                and now - progress.last_caught_up > max_lag
+            }
+            if not lagging:
+                return None
+            return tuple(r for r in current if r not in lagging)
+
+    def propose_isr(self, isr: tuple[str, ...]) -> PartitionState | None:
+        """Mark ``isr`` as being written; the state to write, or ``None`` if not leader any more."""
+        with self._lock:
+            if self.role is not Role.LEADER:
+                return None
+            self._pending_isr = isr
+            self._isr = self._merged(isr)
+            return PartitionState(
+                self.state.leader, self.state.replicas, isr, self.state.leader_epoch, self.state.version
+            )
+
+    def isr_written(self, state: PartitionState | None) -> None:
+        """The coordinator stored ``state`` (or refused the proposal: ``None``)."""
+        with self._lock:
+            self._pending_isr = None
+            if state is not None and self.role is Role.LEADER:
+                if state.isr != self.state.isr:
+                    logger.info("%s/%d: ISR %s -> %s", self.stream, self.number, self.state.isr, state.isr)
+                self.state = state
+            self._isr = self.state.isr
+            self._advance_high_watermark()
+
+    def follower_log_ends(self) -> dict[str, int]:
+        """Each follower's last fetch offset as this leader knows it (-1: not heard from)."""
+        with self._lock:
+            return {r: p.log_end_offset for r, p in self._followers.items()}
+
+    # ---- follower ----------------------------------------------------------------------------
+
+    def append_replicated(self, frames: Iterable[pa.Buffer], leader_high_watermark: int) -> range:
+        """Append frames fetched from the leader and take its high watermark (up to our log end)."""
+        with self._lock:
+            if self.role is not Role.FOLLOWER:
+                raise self._not_leader()
+        frames = list(frames)
+        offsets = self.log.append_replicated(frames)
+        with self._lock:
+            self._learn_from(frames)
+            hw = min(leader_high_watermark, self.log.log_end_offset)
+            if hw > self.log.high_watermark:
+                self.log.high_watermark = hw
+                self._advanced.notify_all()
         return offsets
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop everything from ``offset`` on (a diverged tail); the tables are rebuilt."""
+        with self._lock:
+            if offset < self.log.log_end_offset:
+                logger.warning(
+                    "%s/%d: truncating from %d to %d",
+                    self.stream,
+                    self.number,
+                    self.log.log_end_offset,
+                    offset,
+                )
+                self.log.truncate_to(offset)
+                self._rebuild_tables()
+
+    def reset_to(self, offset: int) -> None:
+        """Start over empty at ``offset`` (the leader no longer has what lies before)."""
+        with self._lock:
+            logger.warning("%s/%d: starting over at offset %d", self.stream, self.number, offset)
+            self.log.reset_to(offset)
+            self._rebuild_tables()
+
+    # ---- readers -------------------------------------------------------------------------------
 
     def wait_for_data(self, offset: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until an offset >= ``offset`` is committed."""
         with self._advanced:
-            return (
-                self._advanced.wait_for(lambda: self._closed or self.log.high_watermark > offset, timeout)
-                and not self._closed
-            )
+            return self._advanced.wait_for(
+                lambda: self.role is Role.CLOSED or self.log.high_watermark > offset, timeout
+            ) and (self.role is not Role.CLOSED)
 
     def maintain(self) -> None:
         """Apply retention, and key compaction if the stream has it."""
@@ -65,11 +409,111 @@ class Partition:
 
     def wake_readers(self) -> None:
         """Release every long-polling reader now and from now on (shutdown is coming)."""
-        with self._advanced:
-            self._closed = True
+        with self._lock:
+            self.role = Role.CLOSED
             self._advanced.notify_all()
+            self._fail_waiters(NotLeaderError(f"{self.stream}/{self.number} is closing on this broker"))
 
     def close(self) -> None:
         """Wake every waiting reader and close the log."""
         self.wake_readers()
         self.log.close()
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _check_leader(self) -> None:
+        if self.role is not Role.LEADER:
+            raise self._not_leader()
+        if self._fenced or not self._lease():
+            raise NotLeaderError(
+                f"{self.stream}/{self.number}: this broker lost touch with the coordinator and "
+                "must not lead until it is back",
+                stream=self.stream,
+                partition=self.number,
+            )
+
+    def _check_not_closed(self) -> None:
+        if self.role is Role.CLOSED:
+            raise NotLeaderError(f"{self.stream}/{self.number} is closed on this broker")
+
+    def _not_leader(self) -> NotLeaderError:
+        leader = self.state.leader
+        where = f"the leader is {leader}" if leader and leader != self.broker_id else "it has no leader now"
+        return NotLeaderError(
+            f"broker {self.broker_id} does not lead {self.stream}/{self.number}: {where}",
+            stream=self.stream,
+            partition=self.number,
+            leader=leader if leader != self.broker_id else None,
+        )
+
+    def _commit_error(self) -> JetStreamError | None:
+        try:
+            self.check_min_insync()
+        except NotEnoughReplicasError as exc:
+            return exc
+        return None
+
+    def _merged(self, proposed: tuple[str, ...]) -> tuple[str, ...]:
+        """The ISR the high watermark waits for: the stored one with pending removals kept."""
+        stored = self.state.isr
+        return tuple(r for r in self.state.replicas if r in stored or (r in proposed and r in self._isr))
+
+    def _advance_high_watermark(self) -> None:
+        """Move the high watermark to the lowest log end offset in the ISR (leader only)."""
+        if self.role is not Role.LEADER:
+            return
+        ends = [self.log.log_end_offset]
+        for replica in self._isr:
+            if replica == self.broker_id:
+                continue
+            progress = self._followers.get(replica)
+            if progress is None or progress.log_end_offset < 0:
+                return  # not heard from since this broker became leader
+            ends.append(progress.log_end_offset)
+        hw = min(ends)
+        if hw <= self.log.high_watermark:
+            return
+        self.log.high_watermark = hw
+        self._advanced.notify_all()
+        if self._waiters and self._waiters[0][0] < hw:
+            error = self._commit_error()
+            while self._waiters and self._waiters[0][0] < hw:
+                _, _, callback = heapq.heappop(self._waiters)
+                _call(callback, error)
+
+    def _fail_waiters(self, error: JetStreamError) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, _, callback in waiters:
+            _call(callback, error)
+
+    def _learn_from(self, frames: list[pa.Buffer]) -> None:
+        """Keep the producer and cursor tables in step with what a follower appended."""
+        for frame in frames:
+            batch = decode(frame)
+            self.producers.learn(batch)
+            if self.cursors is not None:
+                self.cursors.learn(batch)
+
+    def _rebuild_tables(self) -> None:
+        def skipped(error: CorruptSegmentError) -> None:
+            logger.error(
+                "%s/%d: %s; rebuilding without it (duplicates of what it held may be stored again)",
+                self.stream,
+                self.number,
+                error,
+            )
+
+        self.producers = ProducerTable()
+        cursors = CursorTable() if self.cursors is not None else None
+        for batch in self.log.scan(max_bytes=64 * 1024 * 1024, on_damaged=skipped):
+            self.producers.learn(batch)
+            if cursors is not None:
+                cursors.learn(batch)
+        self.cursors = cursors
+
+
+def _call(callback: Committed, error: JetStreamError | None) -> None:
+    try:
+        callback(error)
+    except Exception:
+        logger.exception("a commit callback failed")

@@ -112,7 +112,7 @@ class BrokerConnection:
 
     def error(self, exc: flight.FlightError) -> JetStreamError:
         """The error a failed Flight call stands for."""
-        known = error_from_message(str(exc))
+        known = error_from_message(str(exc), getattr(exc, "extra_info", None))
         if known is not None:
             return known
         if isinstance(exc, flight.FlightUnavailableError):

@@ -44,7 +44,7 @@ Producer
     must start at sequence 0 and each next message is the previous sequence
     plus one; a repeat is acked as a duplicate, a gap is refused as out of
     order, an older epoch is refused as fenced (see
-    ``broker_node/ingest/producers.py``).  In the log both travel as one
+    ``broker_node/replication/producers.py``).  In the log both travel as one
     int64: ``epoch << 32 | sequence`` (:func:`producer_position`).
 
 Batches

@@ -1,8 +1,12 @@
 """Error codes shared by broker and client, and the exceptions they map to.
 
-One root, :class:`JetStreamError`, with a ``retriable`` flag.  Every error the
-broker reports (in an ack or a Flight error) carries a stable code; the
-client turns the code back into the same class through :data:`ERRORS_BY_CODE`.
+One root, :class:`JetStreamError`, with two flags that retry loops read
+instead of listing classes: ``retriable`` (the same request may succeed
+later) and ``invalid_metadata`` (refresh cluster metadata -- who leads what --
+before retrying).  Every error the broker reports (in an ack or a Flight
+error) carries a stable code, and structured fields (stream, partition,
+offset, leader, leader_address, ...) that survive the wire; the client turns
+the code back into the same class through :data:`ERRORS_BY_CODE`.
 """
 
 from __future__ import annotations
@@ -30,10 +34,26 @@ class ErrorCode(enum.Enum):
 
 
 class JetStreamError(Exception):
-    """Root of every pyspark-jetstream error a user sees."""
+    """Root of every pyspark-jetstream error a user sees.
+
+    ``fields`` holds structured detail (``stream``, ``partition``,
+    ``offset``, ``leader``, ``leader_address``...), each also readable as an
+    attribute; ``None`` values are left out.
+    """
 
     code = ErrorCode.STORAGE
     retriable = False
+    invalid_metadata = False
+
+    def __init__(self, message: str = "", **fields: object) -> None:
+        super().__init__(message)
+        self.fields: dict[str, object] = {k: v for k, v in fields.items() if v is not None}
+
+    def __getattr__(self, name: str) -> object:
+        fields = self.__dict__.get("fields", {})
+        if name in fields:
+            return fields[name]
+        raise AttributeError(name)
 
 
 class InvalidArgumentError(JetStreamError, ValueError):
@@ -64,10 +84,14 @@ class MessageTooLargeError(JetStreamError):
 
 
 class NotLeaderError(JetStreamError):
-    """This broker does not lead the partition; ask the leader."""
+    """This broker does not lead the partition; ask the leader.
+
+    ``leader`` and ``leader_address`` name the leader where this broker knows it.
+    """
 
     code = ErrorCode.NOT_LEADER
     retriable = True
+    invalid_metadata = True
 
 
 class NotEnoughReplicasError(JetStreamError):
@@ -140,10 +164,10 @@ ERRORS_BY_CODE: dict[ErrorCode, type[JetStreamError]] = {
 }
 
 
-def error_from_code(code: str, message: str) -> JetStreamError:
+def error_from_code(code: str, message: str, fields: dict[str, object] | None = None) -> JetStreamError:
     """The exception for a wire error ``code`` (an unknown code becomes a StorageError)."""
     try:
         cls = ERRORS_BY_CODE[ErrorCode(code)]
     except (ValueError, KeyError):
         cls = StorageError
-    return cls(message)
+    return cls(message, **(fields or {}))

@@ -75,6 +75,10 @@ class ActionType(enum.Enum):
     FETCH_CURSOR = "fetch_cursor"
     STATUS = "status"
     HEALTH = "health"
+    METADATA = "metadata"
+    ELECT_PREFERRED_LEADERS = "elect_preferred_leaders"
+    OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"
+    CONTROLLER_CALL = "controller_call"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,8 @@ class ReadRequest:
     max_wait: float = 0.0
     follow: float = 0.0
     columns: tuple[str, ...] | None = None
+    from_replicas: bool = False
+    """Let an in-sync follower serve the read (up to its own high watermark)."""
 
     def to_ticket(self) -> bytes:
         """The ticket bytes."""
@@ -139,6 +145,7 @@ class ReadRequest:
                 "max_wait": self.max_wait,
                 "follow": self.follow,
                 "columns": None if self.columns is None else list(self.columns),
+                "from_replicas": self.from_replicas,
             }
         ).encode()
 
@@ -155,6 +162,7 @@ class ReadRequest:
             "max_wait",
             "follow",
             "columns",
+            "from_replicas",
         }
         unknown = sorted(set(data) - allowed)
         if unknown:
@@ -192,6 +200,7 @@ class ReadRequest:
             max_wait=float(max_wait),
             follow=float(follow),
             columns=columns,
+            from_replicas=_flag("from_replicas", data.get("from_replicas", False)),
         )
 
 
@@ -281,15 +290,29 @@ def error_message(error: JetStreamError) -> str:
     return f"[{error.code.value}] {error}"
 
 
+def error_detail(error: JetStreamError) -> bytes:
+    """The Flight error's ``extra_info``: the error's structured fields as a JSON object."""
+    return json.dumps(
+        {k: v for k, v in error.fields.items() if isinstance(v, str | int | float | bool)},
+        separators=(",", ":"),
+    ).encode()
+
+
 _ERROR_TEXT = re.compile(r"\[([a-z_]+)\] (.*?)(?:\. Detail: .*)?$", re.DOTALL)
 
 
-def error_from_message(text: str) -> JetStreamError | None:
-    """The error a broker's Flight error text stands for, or ``None`` if it is not one of ours."""
+def error_from_message(text: str, detail: bytes | None = None) -> JetStreamError | None:
+    """The error a broker's Flight error text (and ``extra_info``) stands for; ``None`` if not ours."""
     match = _ERROR_TEXT.search(text)
     if match is None:
         return None
-    return error_from_code(match.group(1), match.group(2))
+    try:
+        fields = json.loads(detail) if detail else {}
+    except (ValueError, RecursionError):
+        fields = {}
+    if not isinstance(fields, dict):
+        fields = {}
+    return error_from_code(match.group(1), match.group(2), fields)
 
 
 def validate_offset(name: str, value: object) -> int:
@@ -344,6 +367,12 @@ def _check_depth(data: object, what: str) -> None:
             raise InvalidArgumentError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels")
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be true or false, got {shown(value)}")
+    return value
 
 
 def _is_number(value: object) -> bool:

@@ -237,6 +237,12 @@ class StreamConfig:
     """How stored batches are compressed: ``none``, ``lz4`` or ``zstd``."""
     ack_reply: bool = True
     """Ack plain NATS messages that carry a reply subject, on that subject."""
+    min_insync_replicas: int = 1
+    """``ALL``-acked writes (and plain messages with a reply subject) are refused with
+    ``NotEnoughReplicasError`` while fewer replicas are in sync; 1 to the replication factor."""
+    unclean_leader_election: bool = False
+    """When every in-sync replica is down, let a replica outside the ISR lead: the
+    partition is writable again sooner, but committed messages it lacks are lost."""
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
@@ -262,7 +268,13 @@ class StreamConfig:
             bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
         if self.retention_messages is not None:
             bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
-        for option in ("compaction", "ack_reply"):
+        bounded_int("min_insync_replicas", self.min_insync_replicas, 1, MAX_REPLICATION_FACTOR)
+        if self.min_insync_replicas > self.replication_factor:
+            raise InvalidArgumentError(
+                f"min_insync_replicas ({self.min_insync_replicas}) cannot exceed replication_factor "
+                f"({self.replication_factor}): no write could ever be acknowledged"
+            )
+        for option in ("compaction", "ack_reply", "unclean_leader_election"):
             if not isinstance(getattr(self, option), bool):
                 raise InvalidArgumentError(
                     f"{option} must be true or false, got {shown(getattr(self, option))}"

@@ -18,7 +18,8 @@ lenient rule: anything after the producer's last stored position is stored,
 repeats are dropped, nothing is refused (they send no ack).
 
 The table is rebuilt from the log's ``producer_id`` and ``sequence`` columns
-(``sequence`` holds ``epoch << 32 | sequence``), so it survives restarts.
+(``sequence`` holds ``epoch << 32 | sequence``) by the partition, so it
+survives restarts and leader changes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_node.log import Log
 from pyspark_jetstream.protocol.envelope import producer_position, split_position
 
 WINDOW = 8
@@ -114,24 +114,18 @@ class ProducerTable:
         known.position = max(known.position, position)
         known.window.append((position, first, last))
 
-    @classmethod
-    def rebuild(cls, log: Log) -> ProducerTable:
-        """Read the whole log and remember what every producer stored."""
-        table = cls()
-        for batch in log.scan(max_bytes=64 * 1024 * 1024):
-            producers = batch.column("producer_id")
-            if producers.null_count < len(producers):
-                stamped = pc.and_(pc.is_valid(producers), pc.is_valid(batch.column("sequence")))
-                table._learn(batch.filter(stamped))
-        return table
-
-    def _learn(self, batch: pa.RecordBatch) -> None:
+    def learn(self, batch: pa.RecordBatch) -> None:
+        """Take in a stored batch, in log order: remember what its producers stored."""
+        producers = batch.column("producer_id")
+        if producers.null_count == len(producers):
+            return
+        stamped = batch.filter(pc.and_(pc.is_valid(producers), pc.is_valid(batch.column("sequence"))))
         grouped = (
             pa.table(
                 {
-                    "producer_id": batch.column("producer_id"),
-                    "sequence": batch.column("sequence"),
-                    "offset": batch.column("offset"),
+                    "producer_id": stamped.column("producer_id"),
+                    "sequence": stamped.column("sequence"),
+                    "offset": stamped.column("offset"),
                 }
             )
             .group_by(["producer_id", "sequence"], use_threads=False)

@@ -3,8 +3,8 @@
 Cursors live in the internal, key-compacted stream ``__cursors``: each is a
 message keyed ``<consumer>/<stream>/<partition>`` whose value is the offset in
 decimal ASCII (so ``jetstream tail __cursors`` is readable).  The newest
-message per key wins; an in-memory table, rebuilt from the stream when the
-broker starts, answers reads.
+message per key wins; an in-memory table, rebuilt from the stream by its
+partition (when it opens, becomes leader, or is truncated), answers reads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from broker_node.log import Log
+import pyarrow as pa
+
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
@@ -42,6 +43,8 @@ class CursorTable:
     def __init__(self) -> None:
         self._cursors: dict[bytes, int] = {}
         self._lock = threading.Lock()
+        self.skipped = 0
+        """Records seen that were not cursors."""
 
     def get(self, key: bytes) -> int | None:
         """The stored offset for ``key``, or ``None``."""
@@ -58,17 +61,14 @@ class CursorTable:
         with self._lock:
             return sorted(self._cursors.items())
 
-    @classmethod
-    def rebuild(cls, log: Log) -> CursorTable:
-        """Replay the cursor stream: the newest value per key wins.
+    def learn(self, batch: pa.RecordBatch) -> None:
+        """Take in a batch of the cursor stream, in log order: the newest value per key wins.
 
         A record that is not a cursor (no key, or a value that is not a
         decimal offset in range) is skipped and logged, never fatal: anyone
-        may publish to the cursor stream's subject.
+        may have written to the cursor stream's log.
         """
-        table = cls()
-        skipped = 0
-        for batch in log.scan():
+        with self._lock:
             for offset, key, value in zip(
                 batch.column("offset").to_pylist(),
                 batch.column("key").to_pylist(),
@@ -76,24 +76,20 @@ class CursorTable:
                 strict=True,
             ):
                 if key is not None and value is None:
-                    table._cursors.pop(key, None)
+                    self._cursors.pop(key, None)
                     continue
                 position = parse_cursor(value)
                 if key is None or position is None:
-                    skipped += 1
-                    if skipped <= 10:
+                    self.skipped += 1
+                    if self.skipped <= 10:
                         logger.warning(
-                            "skipping record %d of %s: not a cursor (key %r, value %r)",
+                            "skipping record %d of the cursor stream: not a cursor (key %r, value %r)",
                             offset,
-                            log.directory,
                             key,
                             value if value is None else value[:40],
                         )
                     continue
-                table._cursors[key] = position
-        if skipped:
-            logger.warning("skipped %d record(s) of %s that are not cursors", skipped, log.directory)
-        return table
+                self._cursors[key] = position
 
 
 def parse_cursor(value: bytes | None) -> int | None:

@@ -1,0 +1,260 @@
+"""A follower's fetcher: one thread per followed partition, pulling the leader's log over Flight.
+
+It first truncates the follower's log where it may differ from the leader's
+(:mod:`.truncation`: the leader says where the follower's latest epoch ends),
+then fetches in a loop from its log end offset (see
+:mod:`pyspark_jetstream.protocol.replica`), appends what it gets byte for byte
+and takes the leader's high watermark.  A fetch offset below the leader's log
+start (retention moved on) starts the follower over there; one past the
+leader's log end means the logs diverged again, and truncation runs again.
+
+Damaged batches of the follower's own log (:attr:`Log.damaged`) are fetched
+again from the leader and repaired in place.
+
+Errors never end the thread: a leader that is unreachable or not ready (it
+has not taken up the epoch yet) is retried with a backoff; the replica
+manager stops the fetcher when leadership moves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import flight
+
+from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
+from broker_node.log.frames import decode
+from pyspark_jetstream.protocol.errors import JetStreamError, OffsetOutOfRangeError, UnavailableError
+from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
+from pyspark_jetstream.protocol.replica import ReplicaFetch, parse_fetch_metadata
+
+from .partition import Partition
+from .truncation import truncation_offset
+
+logger = logging.getLogger(__name__)
+
+BACKOFF = (0.05, 2.0)
+"""First and longest pause (seconds) between failed attempts."""
+REPAIR_EVERY = 5.0
+"""Seconds between attempts to repair damaged batches from the leader."""
+
+
+class Fetcher:
+    """Keeps one follower partition in step with its leader (see the module docstring)."""
+
+    def __init__(
+        self,
+        partition: Partition,
+        leader: str,
+        leader_epoch: int,
+        address_of: Callable[[str], str | None],
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        max_wait: float = 0.5,
+    ) -> None:
+        """``address_of(broker_id)`` gives a live broker's Flight address (``None`` if unknown)."""
+        self.partition = partition
+        self.leader = leader
+        self.leader_epoch = leader_epoch
+        self._address_of = address_of
+        self._max_bytes = max_bytes
+        self._max_wait = max_wait
+        self._stopped = threading.Event()
+        self._client: flight.FlightClient | None = None
+        self._address: str | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"fetch-{partition.stream}-{partition.number}", daemon=True
+        )
+        self.fetches = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        """Begin fetching on its own thread."""
+        self._thread.start()
+
+    def stop(self, wait: bool = True) -> None:
+        """Stop after the fetch under way (at most ``max_wait`` plus a round trip)."""
+        self._stopped.set()
+        if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(self._max_wait + 10)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = BACKOFF[0]
+        truncated = False
+        next_repair = 0.0
+        while not self._stopped.is_set():
+            try:
+                if not truncated:
+                    self._truncate()
+                    truncated = True
+                self._fetch()
+                if self.partition.log.damaged and time.monotonic() >= next_repair:
+                    next_repair = time.monotonic() + REPAIR_EVERY
+                    self._repair()
+                backoff = BACKOFF[0]
+                self.last_error = None
+                continue
+            except OffsetOutOfRangeError as exc:
+                truncated = self._out_of_range(exc)
+            except InvalidRecordsError as exc:
+                logger.warning(
+                    "%s: the leader's batches do not follow ours (%s); truncating again", self, exc
+                )
+                truncated = False
+            except (JetStreamError, LogError, flight.FlightError, OSError) as exc:
+                self._note(exc)
+            except Exception:
+                logger.exception("%s: unexpected failure", self)
+            if self._stopped.wait(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF[1])
+
+    def _note(self, exc: BaseException) -> None:
+        text = str(exc) or type(exc).__name__
+        if text != self.last_error:
+            logger.info("%s: %s; retrying", self, text)
+        self.last_error = text
+        if isinstance(exc, UnavailableError | flight.FlightUnavailableError):
+            self._disconnect()
+
+    def _truncate(self) -> None:
+        log = self.partition.log
+        latest = log.leader_epoch if log.leader_epochs else None
+
+        def leader_end_for(epoch: int) -> tuple[int, int]:
+            answer = self._action(
+                ActionType.OFFSETS_FOR_LEADER_EPOCH,
+                {"stream": self.partition.stream, "partition": self.partition.number, "epoch": epoch},
+            )
+            return answer["epoch"], answer["end_offset"]
+
+        cut = truncation_offset(
+            latest,
+            log.log_start_offset,
+            lambda e: EpochEndOffset(*leader_end_for(e)),
+            log.end_offset_for_epoch,
+        )
+        self.partition.truncate_to(cut)
+
+    def _fetch(self) -> None:
+        partition = self.partition
+        request = ReplicaFetch(
+            partition.stream,
+            partition.number,
+            partition.broker_id,
+            partition.log.log_end_offset,
+            self.leader_epoch,
+            self._max_bytes,
+            self._max_wait,
+        )
+        table = self._do_get(request)
+        offsets = parse_fetch_metadata(table.schema.metadata)
+        frames = [frame.as_buffer() for frame in _frames(table)]
+        partition.append_replicated(frames, offsets["high_watermark"])
+        self.fetches += 1
+
+    def _out_of_range(self, exc: OffsetOutOfRangeError) -> bool:
+        """Return whether the log is still truncated correctly after handling ``exc``."""
+        log = self.partition.log
+        start = exc.fields.get("log_start_offset")
+        end = exc.fields.get("log_end_offset")
+        if isinstance(start, int) and log.log_end_offset < start:
+            self.partition.reset_to(start)
+            return True
+        if isinstance(end, int) and log.log_end_offset > end:
+            return False  # we are ahead of the leader: truncate by epoch again
+        self._note(exc)
+        return True
+
+    def _repair(self) -> None:
+        log = self.partition.log
+        for damaged in log.damaged:
+            request = ReplicaFetch(
+                self.partition.stream,
+                self.partition.number,
+                self.partition.broker_id,
+                damaged.first_offset,
+                self.leader_epoch,
+                self._max_bytes,
+                0.0,
+            )
+            first, last = damaged.first_offset, damaged.last_offset
+            try:
+                table = self._do_get(request)
+                batches = [decode(frame.as_buffer()) for frame in _frames(table)]
+                wanted = [b for b in batches if b.column(0)[0].as_py() <= last]
+                if not wanted:
+                    continue
+                copy = pa.concat_batches(wanted)
+                offsets = copy.column(0)
+                copy = copy.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
+                for fixed in log.repair([copy]):
+                    logger.warning(
+                        "%s: repaired offsets %d to %d from the leader",
+                        self,
+                        fixed.first_offset,
+                        fixed.last_offset,
+                    )
+            except (JetStreamError, LogError, flight.FlightError) as exc:
+                logger.warning("%s: cannot repair offsets %d to %d yet: %s", self, first, last, exc)
+
+    # ---- Flight ----------------------------------------------------------------------------
+
+    def _connect(self) -> flight.FlightClient:
+        address = self._address_of(self.leader)
+        if address is None:
+            raise UnavailableError(f"leader {self.leader} is not registered (not running?)")
+        if self._client is None or address != self._address:
+            self._disconnect()
+            self._client = flight.connect(address)
+            self._address = address
+        return self._client
+
+    def _disconnect(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client = None
+        self._address = None
+
+    def _do_get(self, request: ReplicaFetch) -> pa.Table:
+        client = self._connect()
+        options = flight.FlightCallOptions(timeout=request.max_wait + 10)
+        try:
+            return client.do_get(flight.Ticket(request.to_ticket()), options).read_all()
+        except flight.FlightError as exc:
+            raise _error(exc, self._address) from None
+
+    def _action(self, action: ActionType, body: dict[str, object]) -> dict[str, int]:
+        client = self._connect()
+        options = flight.FlightCallOptions(timeout=10)
+        try:
+            results = list(client.do_action(flight.Action(action.value, encode_json(body)), options))
+        except flight.FlightError as exc:
+            raise _error(exc, self._address) from None
+        answer: dict[str, int] = json.loads(results[0].body.to_pybytes())
+        return answer
+
+    def __str__(self) -> str:
+        return f"{self.partition.stream}/{self.partition.number} following {self.leader}"
+
+
+def _frames(table: pa.Table) -> list[pa.Scalar]:
+    return [frame for chunk in table.column("frame").chunks for frame in chunk]
+
+
+def _error(exc: flight.FlightError, address: str | None) -> JetStreamError:
+    known = error_from_message(str(exc), getattr(exc, "extra_info", None))
+    if known is not None:
+        return known
+    return UnavailableError(f"leader at {address} failed: {exc}")

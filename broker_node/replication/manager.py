@@ -1,0 +1,380 @@
+"""The replica manager: the partitions this broker holds, in the roles the coordinator gives them.
+
+:meth:`ReplicaManager.apply` reads the coordinator's metadata and makes this
+broker's partitions fit it: it opens the partitions assigned here (checking
+each directory belongs to that very stream), makes them leaders or followers
+(starting a :class:`~.fetcher.Fetcher` for each follower), applies ISR
+changes, and closes partitions no longer here, removing the directories of
+deleted streams (only those: see :mod:`.records`).  It runs on whatever
+thread calls it, one call at a time.
+
+A thread of its own keeps the ISRs of the partitions led here: it drops
+followers that have not caught up for ``replica_max_lag`` seconds and adds
+back those that caught up (proposed by their fetches), each change a
+compare-and-set through the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from broker_node.coordination.base import Coordinator, PartitionState, StreamMetadata
+from broker_node.coordination.errors import CoordinationError, MetadataError
+from broker_node.coordination.local import RECOVERY_HINT
+from broker_node.log import Log, LogConfig, LogError
+from pyspark_jetstream.protocol.errors import NotLeaderError, UnknownStreamError
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .fetcher import Fetcher
+from .partition import Partition, Role
+from .records import partition_directories, partition_record, read_record, write_record
+from .settings import ReplicationConfig
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class ReplicaManager:
+    """The partitions held by one broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        data_dir: Path,
+        coordinator: Coordinator,
+        config: ReplicationConfig,
+        log_config: Callable[[StreamConfig], LogConfig],
+        *,
+        lease: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.broker_id = broker_id
+        self.data_dir = data_dir
+        self.coordinator = coordinator
+        self.config = config
+        self._log_config = log_config
+        self._lease = lease
+        self._partitions: dict[Key, Partition] = {}
+        self._fetchers: dict[Key, Fetcher] = {}
+        self.offline: dict[Key, str] = {}
+        """Partitions this broker should hold but cannot, and why."""
+        self.strays: dict[str, str] = {}
+        """Partition directories the metadata does not know, and why they are kept."""
+        self._lock = threading.RLock()
+        self._apply_lock = threading.Lock()
+        self._fenced = False
+        self._isr_requests: queue.Queue[tuple[Partition, tuple[str, ...]] | None] = queue.Queue()
+        self._stopped = threading.Event()
+        self._isr_thread = threading.Thread(target=self._keep_isrs, name="isr", daemon=True)
+
+    def start(self) -> None:
+        """Start keeping ISRs (call once the first :meth:`apply` is done)."""
+        self._isr_thread.start()
+
+    # ---- lookups ---------------------------------------------------------------------------
+
+    def get(self, stream: str, number: int) -> Partition | None:
+        """The partition if this broker holds it."""
+        with self._lock:
+            return self._partitions.get((stream, number))
+
+    def held(self) -> list[Partition]:
+        """Every partition held here."""
+        with self._lock:
+            return list(self._partitions.values())
+
+    def leaders(self) -> dict[Key, Partition]:
+        """The partitions this broker leads now."""
+        with self._lock:
+            return {k: p for k, p in self._partitions.items() if p.role is Role.LEADER}
+
+    def fetchers(self) -> dict[Key, Fetcher]:
+        """The running fetchers, by partition."""
+        with self._lock:
+            return dict(self._fetchers)
+
+    def require(self, stream: str, number: int, *, leader: bool, from_replicas: bool = False) -> Partition:
+        """The partition to serve a request, or the error that names who can.
+
+        ``leader``: only its leader may serve (writes, cursors); otherwise an
+        in-sync follower may too when ``from_replicas``.  A partition held
+        elsewhere raises ``NotLeaderError`` with its leader; a stream or
+        partition that does not exist, ``UnknownStreamError``.
+        """
+        partition = self.get(stream, number)
+        if partition is not None:
+            if partition.role is Role.LEADER and (partition.is_leader or not leader):
+                return partition
+            in_sync = self.broker_id in partition.state.isr
+            if not leader and from_replicas and partition.role is Role.FOLLOWER and in_sync:
+                return partition
+        metadata = self.coordinator.get_stream(stream)  # raises UnknownStreamError
+        if not 0 <= number < len(metadata.partitions):
+            raise UnknownStreamError(
+                f"stream {stream!r} has partitions 0 to {len(metadata.partitions) - 1}, not {number}",
+                stream=stream,
+                partition=number,
+            )
+        state = metadata.partitions[number]
+        address = next(
+            (b.flight_address for b in self.coordinator.brokers() if b.broker_id == state.leader), None
+        )
+        where = (
+            f"ask its leader {state.leader} at {address}" if state.leader else "it has no leader right now"
+        )
+        raise NotLeaderError(
+            f"broker {self.broker_id} does not lead {stream}/{number}: {where}",
+            stream=stream,
+            partition=number,
+            leader=state.leader or None,
+            leader_address=address,
+        )
+
+    def address_of(self, broker_id: str) -> str | None:
+        """A live broker's Flight address."""
+        return next((b.flight_address for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
+
+    # ---- applying the coordinator's state -------------------------------------------------
+
+    def apply(self) -> None:
+        """Make the partitions held here fit the coordinator's metadata (see the module docstring)."""
+        with self._apply_lock:
+            streams = self.coordinator.list_streams()
+            wanted = {
+                (m.config.name, n): (m, state)
+                for m in streams
+                for n, state in enumerate(m.partitions)
+                if self.broker_id in state.replicas
+            }
+            for key, (metadata, state) in wanted.items():
+                partition = self.get(*key)
+                if partition is None:
+                    partition = self._open(metadata, key[1], state)
+                    if partition is None:
+                        continue
+                self._apply_role(partition, state)
+            for key in [k for k in self.offline if k not in wanted]:
+                del self.offline[key]
+            with self._lock:
+                gone = [(k, self._partitions.pop(k)) for k in list(self._partitions) if k not in wanted]
+            for key, partition in gone:
+                self._stop_fetcher(key)
+                partition.close()
+                logger.info("closed partition %s/%d", *key)
+            if gone:
+                self.clean_up()
+
+    def _apply_role(self, partition: Partition, state: PartitionState) -> None:
+        key = (partition.stream, partition.number)
+        current = partition.state
+        if state.leader == self.broker_id:
+            if partition.role is not Role.LEADER or current.leader_epoch != state.leader_epoch:
+                self._stop_fetcher(key)
+                partition.become_leader(state)
+                partition.fence(self._fenced)
+            elif state.version != current.version:
+                partition.update_state(state)
+            return
+        new_leader = partition.role is not Role.FOLLOWER or current.leader_epoch != state.leader_epoch
+        if new_leader or current.leader != state.leader:
+            self._stop_fetcher(key)
+            partition.become_follower(state)
+            if state.leader:
+                fetcher = Fetcher(
+                    partition,
+                    state.leader,
+                    state.leader_epoch,
+                    self.address_of,
+                    max_bytes=self.config.fetch_max_bytes,
+                    max_wait=self.config.fetch_max_wait,
+                )
+                with self._lock:
+                    self._fetchers[key] = fetcher
+                fetcher.start()
+        elif state.version != current.version:
+            partition.update_state(state)
+
+    def _stop_fetcher(self, key: Key) -> None:
+        with self._lock:
+            fetcher = self._fetchers.pop(key, None)
+        if fetcher is not None:
+            fetcher.stop()
+
+    def _open(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition | None:
+        key = (metadata.config.name, number)
+        try:
+            partition = self._open_partition(metadata, number, state)
+        except Exception as exc:
+            # One damaged partition must not keep the others from serving.
+            logger.exception("cannot open partition %s/%d; it stays offline", *key)
+            self.offline[key] = f"cannot be opened: {exc}"
+            return None
+        self.offline.pop(key, None)
+        with self._lock:
+            self._partitions[key] = partition
+        return partition
+
+    def _open_partition(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition:
+        config = metadata.config
+        directory = self.partition_dir(config.name, number)
+        record = read_record(directory)
+        if record is not None and record["stream_id"] != metadata.stream_id:
+            if record["stream_id"] not in self.coordinator.deleted_stream_ids():
+                raise MetadataError(
+                    f"{directory} holds partition {number} of another stream named {config.name!r} "
+                    f"(id {record['stream_id']}) that the metadata does not know: move it away "
+                    "to reuse the name"
+                )
+            logger.warning("removing %s: it holds a deleted stream of the same name", directory)
+            shutil.rmtree(directory)
+        log = Log.open(directory, self._log_config(config))
+        try:
+            write_record(directory, partition_record(metadata, number))
+            return Partition(config, number, log, self.broker_id, state, lease=self._lease)
+        except BaseException:
+            log.close()
+            raise
+
+    def partition_dir(self, stream: str, number: int) -> Path:
+        """Where a partition's log lives."""
+        return self.data_dir / "streams" / stream / str(number)
+
+    def check_data(self) -> None:
+        """Refuse to start when the metadata knows no stream but the data directory holds some.
+
+        That is lost metadata (a missing file, a wrong ZooKeeper chroot), and
+        starting would serve nothing and tempt someone to clean up.
+        """
+        if self.coordinator.list_streams():
+            return
+        deleted = self.coordinator.deleted_stream_ids()
+        names = set()
+        for directory in partition_directories(self.data_dir / "streams"):
+            record = read_record(directory)
+            if record is None:
+                names.add(f"{directory.parent.name!r} (without partition.json)")
+            elif record["stream_id"] not in deleted:
+                names.add(repr(record["stream"]))
+        if names:
+            raise MetadataError(
+                f"the metadata ({self.coordinator.describe()}) has no streams, but "
+                f"{self.data_dir / 'streams'} holds partitions of {', '.join(sorted(names))}. {RECOVERY_HINT}"
+            )
+
+    def clean_up(self) -> None:
+        """Remove partition directories of deleted streams; note any the metadata does not know.
+
+        Only a directory whose ``partition.json`` names a deleted stream id
+        is removed: absent or unreadable metadata never deletes data.
+        """
+        deleted = self.coordinator.deleted_stream_ids()
+        streams = self.coordinator.list_streams()
+        known = {
+            (m.config.name, str(n))
+            for m in streams
+            for n, state in enumerate(m.partitions)
+            if self.broker_id in state.replicas
+        }
+        strays = {}
+        for directory in partition_directories(self.data_dir / "streams"):
+            if (directory.parent.name, directory.name) in known:
+                continue
+            record = read_record(directory)
+            if record is not None and record["stream_id"] in deleted:
+                logger.warning("removing %s: its stream was deleted", directory)
+                shutil.rmtree(directory)
+            else:
+                strays[str(directory)] = (
+                    "not in the metadata; kept untouched (move it away, or rebuild the metadata)"
+                )
+        for stream_dir in self.data_dir.joinpath("streams").glob("*"):
+            if stream_dir.is_dir() and not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+        self.strays = strays
+
+    # ---- fencing and ISRs -----------------------------------------------------------------
+
+    def fence(self, fenced: bool) -> None:
+        """Stop (or resume) acknowledging in every partition led here."""
+        self._fenced = fenced
+        for partition in self.held():
+            if partition.role is Role.LEADER:
+                partition.fence(fenced)
+
+    def request_isr(self, partition: Partition, isr: tuple[str, ...]) -> None:
+        """Ask for ``isr`` to be written for ``partition`` (a follower caught up)."""
+        self._isr_requests.put((partition, isr))
+
+    def _keep_isrs(self) -> None:
+        interval = min(self.config.replica_max_lag / 2, 1.0)
+        while not self._stopped.is_set():
+            try:
+                item = self._isr_requests.get(timeout=interval)
+            except queue.Empty:
+                item = None
+            if self._stopped.is_set():
+                return
+            try:
+                if item is not None:
+                    self._write_isr(*item)
+                for partition in list(self.leaders().values()):
+                    shrunk = partition.lagging_replicas(self.config.replica_max_lag)
+                    if shrunk is not None:
+                        self._write_isr(partition, shrunk)
+            except Exception:
+                logger.exception("keeping the ISRs failed")
+
+    def _write_isr(self, partition: Partition, isr: tuple[str, ...]) -> None:
+        if isr == partition.state.isr:
+            return
+        proposal = partition.propose_isr(isr)
+        if proposal is None:
+            return
+        try:
+            stored = self.coordinator.update_partition(
+                partition.stream, partition.number, proposal.version, proposal
+            )
+        except CoordinationError as exc:
+            logger.info(
+                "%s/%d: ISR change to %s not written (%s); reading the metadata again",
+                partition.stream,
+                partition.number,
+                isr,
+                exc,
+            )
+            partition.isr_written(None)
+            refresh = getattr(self.coordinator, "refresh", None)
+            if refresh is not None:
+                refresh()
+            return
+        partition.isr_written(stored)
+
+    def close(self) -> list[str]:
+        """Stop fetchers and the ISR thread, close every partition; return what could not be closed.
+
+        Every partition is closed even when one fails (a full disk, say).
+        """
+        self._stopped.set()
+        self._isr_requests.put(None)
+        with self._lock:
+            fetchers, self._fetchers = list(self._fetchers.values()), {}
+            partitions, self._partitions = list(self._partitions.values()), {}
+        for fetcher in fetchers:
+            fetcher.stop()
+        for partition in partitions:
+            partition.wake_readers()
+        failures = []
+        for partition in partitions:
+            try:
+                partition.close()
+            except LogError as exc:
+                failures.append(str(exc))
+                logger.error("closing %s/%d: %s", partition.stream, partition.number, exc)
+        if self._isr_thread.is_alive():
+            self._isr_thread.join(5)
+        return failures

@@ -1,0 +1,450 @@
+"""What a broker answers over Flight: reads, replica fetches, admin, cursors, status.
+
+:class:`BrokerService` satisfies the API's ``BrokerView``.  Requests that only
+a partition's leader may serve raise ``NotLeaderError`` naming the leader and
+its address elsewhere; stream creation and deletion, which only the controller
+may do, are forwarded to it (``controller_call``), so a client never needs to
+know who the controller is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from pyarrow import flight
+
+from broker_node.coordination.base import StreamMetadata
+from broker_node.coordination.errors import NotControllerError
+from broker_node.log import Record, ReplicaFrame
+from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
+from broker_node.replication.partition import Partition, Role
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    RequestTimeoutError,
+    UnavailableError,
+    UnknownStreamError,
+)
+from pyspark_jetstream.protocol.flight import (
+    ActionType,
+    PartitionInfo,
+    StreamInfo,
+    encode_json,
+    error_from_message,
+)
+from pyspark_jetstream.protocol.replica import ReplicaFetch
+from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+logger = logging.getLogger(__name__)
+
+CONTROLLER_DEADLINE = 30.0
+"""Seconds an admin request keeps trying to reach the controller (it may be changing)."""
+SERVED_DEADLINE = 30.0
+"""Seconds ``create_stream`` waits for every partition's leader to serve it."""
+CURSOR_COMMIT_TIMEOUT = 10.0
+
+
+class BrokerService:
+    """The broker as the Flight API sees it (see the module docstring)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._cursor_lock = threading.Lock()
+
+    @property
+    def flight_address(self) -> str:
+        """Where this broker serves Flight."""
+        return self.broker.flight_address
+
+    def discovery(self) -> dict[str, object]:
+        """The answer to a discovery request on NATS."""
+        return {"broker_id": self.broker.broker_id, "flight": self.broker.flight_address}
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> Partition:
+        """The partition to read from here: its leader, or an in-sync follower when allowed."""
+        return self.broker.manager.require(stream, number, leader=False, from_replicas=from_replicas)
+
+    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
+        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replica`)."""
+        manager = self.broker.manager
+        partition = manager.require(request.stream, request.partition, leader=True)
+        epoch = partition.state.leader_epoch
+        if request.leader_epoch != epoch:
+            raise NotLeaderError(
+                f"{request.replica} fetches {request.stream}/{request.partition} in leader epoch "
+                f"{request.leader_epoch}, but this leader is in epoch {epoch}",
+                stream=request.stream,
+                partition=request.partition,
+            )
+        log = partition.log
+        start, end = log.log_start_offset, log.log_end_offset
+        if not start <= request.fetch_offset <= end:
+            raise OffsetOutOfRangeError(
+                f"{request.replica} fetches {request.stream}/{request.partition} from "
+                f"{request.fetch_offset}, but the leader holds offsets {start} to {end}",
+                stream=request.stream,
+                partition=request.partition,
+                offset=request.fetch_offset,
+                log_start_offset=start,
+                log_end_offset=end,
+            )
+        proposal = partition.record_fetch(request.replica, request.fetch_offset)
+        if proposal is not None:
+            manager.request_isr(partition, proposal)
+        if request.fetch_offset == end and request.max_wait > 0:
+            log.wait_for_end(request.fetch_offset, request.max_wait)
+        frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
+        return frames, {
+            "high_watermark": partition.high_watermark,
+            "log_start_offset": log.log_start_offset,
+            "log_end_offset": log.log_end_offset,
+            "leader_epoch": epoch,
+        }
+
+    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]:
+        """Where ``epoch`` ends in the leader's log (the largest epoch it has <= ``epoch``)."""
+        leader = self.broker.manager.require(stream, partition, leader=True)
+        answer = leader.log.end_offset_for_epoch(epoch)
+        return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+
+    # ---- admin ----------------------------------------------------------------------------------
+
+    def create_stream(self, config: StreamConfig) -> StreamInfo:
+        """Create (or confirm) a stream and return once every partition's leader serves it.
+
+        A new stream that cannot be served on a single broker (NATS refuses
+        its subscription, or its directory holds another stream's data) is
+        deleted again and the reason raised: nothing half-made stays behind.
+        """
+        validate_stream_name(config.name)  # internal names are the broker's own
+        broker = self.broker
+        existed = any(m.config.name == config.name for m in broker.coordinator.list_streams())
+        self._controller("create_stream", config.to_json())
+        if not broker.clustered:
+            broker.wait_for_sync()
+            problems = {**broker.manager.offline, **self._ingest_failures()}
+            refused = [why for (stream, _), why in sorted(problems.items()) if stream == config.name]
+            if refused and not existed:
+                broker.coordinator.delete_stream(config.name)
+                broker.wait_for_sync()
+                raise InvalidArgumentError(f"stream {config.name!r} was not created: {refused[0]}")
+        else:
+            self._wait_until_served(config.name)
+        return self.describe_stream(config.name)
+
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream and its data (the data of each replica as its broker applies the change)."""
+        if name.startswith("__"):
+            raise InvalidArgumentError(f"stream {name!r} is internal and cannot be deleted")
+        self._controller("delete_stream", {"name": name})
+        self.broker.wait_for_sync()
+
+    def elect_preferred_leaders(self) -> dict[str, Any]:
+        """Move leadership back to each partition's preferred (first) replica where it is in sync."""
+        result = self._controller("elect_preferred_leaders", {})
+        self.broker.wait_for_sync()
+        return result if isinstance(result, dict) else {}
+
+    def controller_call(self, action: str, body: dict[str, Any]) -> object:
+        """Run an admin action as the controller (``NotControllerError`` if this broker is not)."""
+        coordinator = self.broker.coordinator
+        if action == "create_stream":
+            created = coordinator.create_stream(StreamConfig.from_json(body))
+            return {"name": created.config.name}
+        if action == "delete_stream":
+            name = body.get("name")
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"delete_stream needs a 'name', got {body!r}")
+            coordinator.delete_stream(name)
+            return {}
+        if action == "elect_preferred_leaders":
+            return coordinator.elect_preferred_leaders()
+        raise InvalidArgumentError(f"unknown controller action {action!r}")
+
+    def _controller(self, action: str, body: dict[str, Any]) -> object:
+        """Run ``action`` here if this broker is controller, else on the controller."""
+        deadline = time.monotonic() + CONTROLLER_DEADLINE
+        while True:
+            try:
+                return self.controller_call(action, body)
+            except NotControllerError as exc:
+                controller = exc.fields.get("controller") or self.broker.coordinator.controller()
+                address = self.broker.manager.address_of(str(controller)) if controller else None
+                if address is not None and controller != self.broker.broker_id:
+                    try:
+                        return _call(address, ActionType.CONTROLLER_CALL, {"action": action, "body": body})
+                    except NotControllerError:
+                        pass  # it stopped being controller: ask again
+                if time.monotonic() > deadline:
+                    raise UnavailableError(
+                        f"no controller answered within {CONTROLLER_DEADLINE:g}s ({exc}); retry later",
+                    ) from None
+                time.sleep(0.1)
+
+    def _wait_until_served(self, name: str) -> None:
+        """Wait until every partition of ``name`` is led by a broker that ingests it."""
+        broker = self.broker
+        deadline = time.monotonic() + SERVED_DEADLINE
+        refresh = getattr(broker.coordinator, "refresh", None)
+        waiting: list[str] = []
+        while time.monotonic() < deadline:
+            if callable(refresh):
+                refresh()
+            try:
+                metadata = broker.coordinator.get_stream(name)
+            except UnknownStreamError:
+                time.sleep(0.05)
+                continue
+            waiting = [
+                f"{name}/{n}"
+                for n, state in enumerate(metadata.partitions)
+                if not self._serves(state.leader, name, n)
+            ]
+            if not waiting:
+                return
+            time.sleep(0.05)
+        raise RequestTimeoutError(
+            f"stream {name!r} was created, but {', '.join(waiting)} had no serving leader within "
+            f"{SERVED_DEADLINE:g}s; it will be served once its leader is up"
+        )
+
+    def _serves(self, leader: str, stream: str, number: int) -> bool:
+        broker = self.broker
+        if not leader:
+            return False
+        key = f"{stream}/{number}"
+        if leader == broker.broker_id:
+            broker.wait_for_sync()
+            return key in self._leading()
+        address = broker.manager.address_of(leader)
+        if address is None:
+            return False
+        try:
+            answer = _call(address, ActionType.METADATA, {})
+        except JetStreamError:
+            return False
+        return isinstance(answer, dict) and key in answer.get("leading", [])
+
+    def _leading(self) -> list[str]:
+        """Partitions this broker leads and ingests (internal ones need no subscription)."""
+        ingesting = self.broker.ingestor.ingesting() if self.broker.ingestor is not None else set()
+        return sorted(
+            f"{s}/{n}"
+            for (s, n), p in self.broker.manager.leaders().items()
+            if p.is_leader and (s.startswith("__") or (s, n) in ingesting)
+        )
+
+    def describe_stream(self, name: str) -> StreamInfo:
+        """A stream's config, and its partitions' leadership and offsets (-1 where not held here)."""
+        return self._describe(self.broker.coordinator.get_stream(name))
+
+    def list_streams(self) -> list[StreamInfo]:
+        """Every stream (internal ones included), by name."""
+        return [self._describe(m) for m in self.broker.coordinator.list_streams()]
+
+    def _describe(self, metadata: StreamMetadata) -> StreamInfo:
+        infos = []
+        for number, state in enumerate(metadata.partitions):
+            partition = self.broker.manager.get(metadata.config.name, number)
+            log = partition.log if partition is not None else None
+            infos.append(
+                PartitionInfo(
+                    partition=number,
+                    leader=state.leader,
+                    replicas=state.replicas,
+                    isr=state.isr,
+                    leader_epoch=state.leader_epoch,
+                    log_start_offset=log.log_start_offset if log else -1,
+                    log_end_offset=log.log_end_offset if log else -1,
+                    high_watermark=partition.high_watermark if partition else -1,
+                )
+            )
+        return StreamInfo(metadata.config.to_json(), tuple(infos))
+
+    def metadata(self) -> dict[str, Any]:
+        """The cluster as this broker sees it: brokers, controller, leaders; what it leads itself."""
+        coordinator = self.broker.coordinator
+        return {
+            "broker_id": self.broker.broker_id,
+            "controller": coordinator.controller(),
+            "brokers": [
+                {"broker_id": b.broker_id, "flight": b.flight_address, "nats": list(b.nats_urls)}
+                for b in coordinator.brokers()
+            ],
+            "leading": self._leading(),
+            "streams": [info.to_json() for info in self.list_streams()],
+        }
+
+    # ---- cursors --------------------------------------------------------------------------------
+
+    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """Store ``consumer``'s position in the cursor stream, and return once it is committed."""
+        key = cursor_key(consumer, stream, partition)
+        self._check_partition(stream, partition)
+        if offset < 0:
+            raise InvalidArgumentError(f"cursor offset must not be negative, got {offset}")
+        cursors = self.broker.manager.require(CURSOR_STREAM, 0, leader=True)
+        committed = threading.Event()
+        failure: list[JetStreamError] = []
+        with self._cursor_lock:  # the log and the table see cursor writes in one order
+            cursors.check_min_insync()
+            offsets = cursors.append([Record(str(offset).encode(), key=key)])
+            if cursors.cursors is not None:
+                cursors.cursors.put(key, offset)
+
+        def done(error: JetStreamError | None) -> None:
+            if error is not None:
+                failure.append(error)
+            committed.set()
+
+        cursors.when_committed(offsets[-1], done)
+        if not committed.wait(CURSOR_COMMIT_TIMEOUT):
+            raise RequestTimeoutError(
+                f"the cursor of {consumer} on {stream}/{partition} is stored but not committed to the "
+                f"in-sync replicas within {CURSOR_COMMIT_TIMEOUT:g}s"
+            )
+        if failure:
+            raise failure[0]
+
+    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """The stored position, or ``None`` if the consumer never set one."""
+        key = cursor_key(consumer, stream, partition)
+        self._check_partition(stream, partition)
+        cursors = self.broker.manager.require(CURSOR_STREAM, 0, leader=True)
+        return cursors.cursors.get(key) if cursors.cursors is not None else None
+
+    def _check_partition(self, stream: str, number: int) -> None:
+        metadata = self.broker.coordinator.get_stream(stream)
+        if not 0 <= number < len(metadata.partitions):
+            raise UnknownStreamError(
+                f"stream {stream!r} has partitions 0 to {len(metadata.partitions) - 1}, not {number}",
+                stream=stream,
+                partition=number,
+            )
+
+    # ---- status ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """Identity, health, streams, the partitions held here, and cursors with their lag."""
+        broker = self.broker
+        return {
+            "broker_id": broker.broker_id,
+            "flight": broker.flight_address,
+            "nats": broker.nats_urls,
+            "controller": broker.coordinator.controller(),
+            "health": self.health(),
+            "streams": [info.to_json() for info in self.list_streams()],
+            "partitions": [self._partition_status(p) for p in broker.manager.held()],
+            "cursors": self._cursors(),
+        }
+
+    def _partition_status(self, partition: Partition) -> dict[str, Any]:
+        log = partition.log
+        fetcher = self.broker.manager.fetchers().get((partition.stream, partition.number))
+        return {
+            "stream": partition.stream,
+            "partition": partition.number,
+            "role": partition.role.value,
+            "leader": partition.state.leader,
+            "leader_epoch": partition.state.leader_epoch,
+            "isr": list(partition.state.isr),
+            "log_start_offset": log.log_start_offset,
+            "log_end_offset": log.log_end_offset,
+            "high_watermark": partition.high_watermark,
+            "followers": partition.follower_log_ends() if partition.role is Role.LEADER else {},
+            "fetch_error": fetcher.last_error if fetcher is not None else None,
+            "damaged": [[d.first_offset, d.last_offset, d.detail] for d in log.damaged],
+        }
+
+    def _cursors(self) -> list[dict[str, Any]]:
+        manager = self.broker.manager
+        holder = manager.get(CURSOR_STREAM, 0)
+        if holder is None or holder.role is not Role.LEADER or holder.cursors is None:
+            return []
+        out = []
+        for key, offset in holder.cursors.items():
+            consumer, stream, number = key.decode().rsplit("/", 2)
+            partition = manager.get(stream, int(number))
+            hw = partition.high_watermark if partition is not None and partition.role is Role.LEADER else None
+            out.append(
+                {
+                    "consumer": consumer,
+                    "stream": stream,
+                    "partition": int(number),
+                    "offset": offset,
+                    "lag": None if hw is None else max(hw - offset, 0),
+                }
+            )
+        return out
+
+    def health(self) -> dict[str, Any]:
+        """Whether the broker can do its job: ``{"ok": bool, "problems": [one line each]}``.
+
+        A problem is anything that stops it ingesting, replicating or serving
+        some data: the embedded nats-server or the NATS connection down, the
+        coordinator out of reach, a partition it cannot open, a subscription
+        NATS refused, a follower that cannot fetch, damaged batches, data the
+        metadata does not know.
+        """
+        broker = self.broker
+        problems = []
+        if broker.nats_server is not None and not broker.nats_server.running:
+            problems.append("the embedded nats-server is not running (restarting it)")
+        if broker.ingestor is None or not broker.ingestor.connected:
+            problems.append(f"not connected to NATS at {', '.join(broker.nats_urls)}: nothing is ingested")
+        lease = getattr(broker.coordinator, "lease_valid", None)
+        if callable(lease) and not lease():
+            problems.append(f"out of touch with {broker.coordinator.describe()}: not leading anything")
+        failures = broker.ingestor.failures if broker.ingestor is not None else {}
+        for (stream, number), reason in sorted({**broker.manager.offline, **failures}.items()):
+            problems.append(f"{stream}/{number}: {reason}")
+        for key, fetcher in sorted(broker.manager.fetchers().items()):
+            if fetcher.last_error:
+                problems.append(
+                    f"{key[0]}/{key[1]}: cannot fetch from leader {fetcher.leader}: {fetcher.last_error}"
+                )
+        for partition in broker.manager.held():
+            for damaged in partition.log.damaged:
+                problems.append(
+                    f"{partition.stream}/{partition.number}: offsets {damaged.first_offset} to "
+                    f"{damaged.last_offset} are damaged ({damaged.detail})"
+                )
+        problems += [f"{directory}: {reason}" for directory, reason in sorted(broker.manager.strays.items())]
+        return {"ok": not problems, "problems": problems}
+
+    def _ingest_failures(self) -> dict[tuple[str, int], str]:
+        return self.broker.ingestor.failures if self.broker.ingestor is not None else {}
+
+
+def _call(address: str, action: ActionType, body: dict[str, Any]) -> object:
+    """An admin action on another broker; its errors as ``JetStreamError``."""
+    client = flight.connect(address)
+    try:
+        results = list(
+            client.do_action(
+                flight.Action(action.value, encode_json(body)),
+                flight.FlightCallOptions(timeout=SERVED_DEADLINE),
+            )
+        )
+    except flight.FlightError as exc:
+        known = error_from_message(str(exc), getattr(exc, "extra_info", None))
+        if known is not None and known.fields.get("not_controller"):
+            controller = known.fields.get("controller")
+            raise NotControllerError(
+                str(known), controller if isinstance(controller, str) else None
+            ) from None
+        raise known or UnavailableError(f"broker at {address} failed: {exc}") from None
+    finally:
+        client.close()
+    return json.loads(results[0].body.to_pybytes()) if results else None
