@@ -1,4 +1,4 @@
-"""A broker on this machine, for notebooks, demos, tests and benchmarks.
+"""Brokers on this machine, for notebooks, demos, tests and benchmarks.
 
 ``LocalBroker`` runs ``python -m broker_node`` as a child process with its own
 data directory, either with an embedded nats-server (the default) or against
@@ -6,6 +6,12 @@ given NATS servers, and waits until it serves::
 
     with LocalBroker() as broker:
         client = SyncClient(nats_urls=broker.nats_url, broker=broker.flight)
+
+``LocalCluster`` runs a whole cluster: a ZooKeeper (Debian's package, no
+system service), one nats-server and several brokers, each a child process::
+
+    with LocalCluster(brokers=3) as cluster:
+        client = SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight)
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class LocalBroker:
         *,
         nats_url: str | None = None,
         embedded_nats_port: int = -1,
+        broker_id: str = "broker-1",
         extra_config: str = "",
         maintenance_interval: float = 30.0,
         log_level: str = "INFO",
@@ -48,7 +55,8 @@ class LocalBroker:
         self.log_path = stem.with_suffix(".log")
         nats_table = f'servers = ["{nats_url}"]' if nats_url else f"embedded_port = {embedded_nats_port}"
         self.config_path.write_text(
-            f'[broker]\ndata_dir = "{self.data_dir}"\nmaintenance_interval = {maintenance_interval}\n'
+            f'[broker]\nid = "{broker_id}"\ndata_dir = "{self.data_dir}"\n'
+            f"maintenance_interval = {maintenance_interval}\n"
             f"[nats]\n{nats_table}\n[flight]\nport = 0\n{extra_config}"
         )
         self.process: subprocess.Popen[bytes] | None = None
@@ -104,6 +112,21 @@ class LocalBroker:
         """SIGKILL: a crash."""
         self.stop(signal.SIGKILL)
 
+    @property
+    def running(self) -> bool:
+        """Whether the broker process is alive (a paused one counts)."""
+        return self.process is not None and self.process.poll() is None
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker freezes, sockets open, as in a long GC pause or a stalled VM."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
     def log_tail(self) -> str:
         """The end of the broker's log."""
         try:
@@ -113,6 +136,105 @@ class LocalBroker:
 
     def __enter__(self) -> LocalBroker:
         return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalCluster:
+    """ZooKeeper, one nats-server and ``brokers`` broker processes, each with its own data directory.
+
+    Broker ids are ``broker-1`` ... ``broker-N``.  ``extra_config`` is TOML
+    appended to every broker's configuration (``[replication]``, ``[log]``
+    ...); ``session_timeout`` is the brokers' ZooKeeper session timeout.
+    """
+
+    def __init__(
+        self,
+        brokers: int = 3,
+        *,
+        base_dir: str | Path | None = None,
+        session_timeout: float = 3.0,
+        cursor_replication_factor: int | None = None,
+        extra_config: str = "",
+        chroot: str = "/pyspark-jetstream",
+        log_level: str = "INFO",
+        maintenance_interval: float = 30.0,
+    ) -> None:
+        from broker_node.nats_server import NatsServer
+        from broker_node.zookeeper_server import ZooKeeperServer
+
+        self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="jetstream-cluster-"))
+        self.zookeeper = ZooKeeperServer(data_dir=self.base_dir / "zookeeper")
+        self.nats = NatsServer()
+        self._brokers_wanted = brokers
+        self._factor = cursor_replication_factor or min(3, brokers)
+        self.session_timeout = session_timeout
+        self.extra_config = extra_config
+        self.chroot = chroot
+        self.log_level = log_level
+        self.maintenance_interval = maintenance_interval
+        self.brokers: list[LocalBroker] = []
+
+    @property
+    def nats_url(self) -> str:
+        """The cluster's NATS server."""
+        return self.nats.url
+
+    @property
+    def flight(self) -> str:
+        """A running broker's Flight address (clients find the rest)."""
+        return next(b.flight for b in self.brokers if b.running)
+
+    @property
+    def flights(self) -> list[str]:
+        """Every running broker's Flight address."""
+        return [b.flight for b in self.brokers if b.running]
+
+    def start(self) -> LocalCluster:
+        """Start ZooKeeper, NATS and every broker; return once all serve."""
+        self.zookeeper.start()
+        self.nats.start()
+        zookeeper_table = (
+            f'[zookeeper]\nhosts = "{self.zookeeper.hosts}"\nchroot = "{self.chroot}"\n'
+            f"session_timeout = {self.session_timeout}\ncursor_replication_factor = {self._factor}\n"
+        )
+        for n in range(1, self._brokers_wanted + 1):
+            self.brokers.append(
+                LocalBroker(
+                    self.base_dir / f"broker-{n}",
+                    nats_url=self.nats.url,
+                    broker_id=f"broker-{n}",
+                    extra_config=zookeeper_table + self.extra_config,
+                    log_level=self.log_level,
+                    maintenance_interval=self.maintenance_interval,
+                )
+            )
+        for broker in self.brokers:
+            broker.start()
+        return self
+
+    def broker(self, broker_id: str) -> LocalBroker:
+        """The broker process with that id."""
+        return self.brokers[int(broker_id.rsplit("-", 1)[1]) - 1]
+
+    def stop(self) -> None:
+        """Stop every broker (gracefully, then by force), NATS and ZooKeeper."""
+        for broker in self.brokers:
+            try:
+                broker.resume()
+                broker.stop(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        self.nats.stop()
+        self.zookeeper.kill()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -127,7 +127,7 @@ class FlightApi(flight.FlightServerBase):
                 "base_offset": pa.array([f.base_offset for f in frames], pa.int64()),
                 "last_offset": pa.array([f.last_offset for f in frames], pa.int64()),
                 "leader_epoch": pa.array([f.leader_epoch for f in frames], pa.int32()),
-                "frame": pa.array([f.data for f in frames], pa.large_binary()),
+                "frame": pa.array([memoryview(f.data) for f in frames], pa.large_binary()),
             },
             schema=FETCH_SCHEMA.with_metadata(fetch_metadata(**offsets)),
         )

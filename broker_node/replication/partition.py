@@ -69,6 +69,8 @@ Committed = Callable[[JetStreamError | None], None]
 class Role(enum.Enum):
     """What this broker does for a partition."""
 
+    OPENED = "opened"
+    """Opened, no role given yet."""
     LEADER = "leader"
     FOLLOWER = "follower"
     CLOSED = "closed"
@@ -107,7 +109,7 @@ class Partition:
         self.log = log
         self.broker_id = broker_id
         self.state = state
-        self.role = Role.FOLLOWER
+        self.role = Role.OPENED
         self.producers = ProducerTable()
         self.cursors: CursorTable | None = CursorTable() if config.name == CURSOR_STREAM else None
         self._clock = clock

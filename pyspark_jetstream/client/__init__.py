@@ -9,6 +9,7 @@ from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 from .client import Client, Message
+from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
 from .partitioners import RoundRobin, key_hash
 from .sync import SyncClient
@@ -18,6 +19,7 @@ __all__ = [
     "AckPolicy",
     "BrokerConnection",
     "Client",
+    "ClusterConnection",
     "FetchResult",
     "JetStreamError",
     "Message",

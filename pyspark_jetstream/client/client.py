@@ -47,6 +47,7 @@ from pyspark_jetstream.protocol.flight import (
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
 from pyspark_jetstream.protocol.subjects import subject_matches
 
+from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
 from .partitioners import Partitioner, key_hash
 
@@ -146,7 +147,7 @@ class Client:
         self._deadlines: list[tuple[float, str, str, float]] = []
         self._sweeper: asyncio.Future[None] | None = None
         self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
-        self._broker = BrokerConnection(broker, timeout=timeout)
+        self._broker = ClusterConnection(broker, timeout=timeout)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._ids = itertools.count()
@@ -225,12 +226,12 @@ class Client:
         self._streams.pop(name, None)
 
     async def describe_stream(self, name: str) -> StreamInfo:
-        """A stream's configuration and its partitions' offsets."""
-        return StreamInfo.from_json(await self._action(ActionType.DESCRIBE_STREAM, {"name": name}))
+        """A stream's configuration and its partitions: leaders, ISRs and offsets (from each leader)."""
+        return await asyncio.to_thread(self._broker.describe, name)
 
     async def list_streams(self) -> list[StreamInfo]:
         """Every stream."""
-        return [StreamInfo.from_json(s) for s in await self._action(ActionType.LIST_STREAMS, {})]
+        return await asyncio.to_thread(self._broker.list_streams)
 
     async def status(self) -> dict[str, Any]:
         """The broker's status: streams, partitions, cursors and their lag."""
@@ -539,9 +540,23 @@ class Client:
         max_records: int | None = None,
         max_bytes: int | None = None,
         max_wait: float = 0.0,
+        from_replicas: bool = False,
     ) -> FetchResult:
-        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet."""
-        request = ReadRequest(stream, partition, start_position(start), max_records, max_bytes, max_wait)
+        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet.
+
+        Reads go to the partition's leader; with ``from_replicas`` an in-sync
+        follower may answer (up to its own high watermark), which spreads
+        readers over the replicas.  Leadership changes are followed.
+        """
+        request = ReadRequest(
+            stream,
+            partition,
+            start_position(start),
+            max_records,
+            max_bytes,
+            max_wait,
+            from_replicas=from_replicas,
+        )
         return await asyncio.to_thread(self._broker.read, request)
 
     async def tail(
@@ -561,14 +576,30 @@ class Client:
         request of its own.  Batches are in the log schema.
         """
         position = start_position(start)
+        retry_until: float | None = None
         while True:
             request = ReadRequest(stream, partition, position, max_records, max_bytes, 0.0, follow)
-            async for item in self._follow(request):
-                if isinstance(item, int):  # where the broker resolved the start to
-                    position = StartPosition("offset", item)
-                    continue
-                position = StartPosition("offset", item.column(0)[-1].as_py() + 1)
-                yield item
+            try:
+                async for item in self._follow(request):
+                    retry_until = None
+                    if isinstance(item, int):  # where the broker resolved the start to
+                        position = StartPosition("offset", item)
+                        continue
+                    position = StartPosition("offset", item.column(0)[-1].as_py() + 1)
+                    yield item
+            except JetStreamError as exc:
+                # The leader moved or went away: find the new one and go on from here.
+                now = asyncio.get_running_loop().time()
+                retry_until = retry_until or now + self.timeout
+                if not exc.retriable or now > retry_until:
+                    raise
+                if exc.invalid_metadata or isinstance(exc, UnavailableError):
+                    await asyncio.to_thread(self._refresh_quietly)
+                await asyncio.sleep(0.1)
+
+    def _refresh_quietly(self) -> None:
+        with contextlib.suppress(JetStreamError):
+            self._broker.refresh()
 
     async def _follow(self, request: ReadRequest) -> AsyncIterator[pa.RecordBatch | int]:
         """One follow stream: its resolved start offset, then its batches."""
@@ -590,8 +621,9 @@ class Client:
         def pump() -> None:
             # A thread of its own: it blocks for the whole stream.
             item: pa.RecordBatch | int | JetStreamError | None = None
+            connection: BrokerConnection | None = None
             try:
-                reader = self._broker.follow(request)
+                reader, connection = self._broker.follow(request)
                 readers.append(reader)
                 if stopped.is_set():
                     reader.cancel()
@@ -604,7 +636,12 @@ class Client:
             except JetStreamError as exc:
                 item = None if stopped.is_set() else exc
             except flight.FlightError as exc:
-                item = None if stopped.is_set() else self._broker.error(exc)
+                if stopped.is_set():
+                    item = None
+                elif connection is not None:
+                    item = connection.error(exc)
+                else:
+                    item = UnavailableError(f"cannot follow {request.stream}/{request.partition}: {exc}")
             except RuntimeError:
                 return  # the consumer's loop is gone
             put(item)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
@@ -48,7 +48,7 @@ class PartitionState:
     high_watermark: int
 
 
-def describe(connection: BrokerConnection, options: SourceOptions) -> dict[str, dict[str, PartitionState]]:
+def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str, dict[str, PartitionState]]:
     """The streams this source reads, with each partition's readable range."""
     if options.stream_pattern is not None:
         pattern = re.compile(options.stream_pattern)
@@ -67,7 +67,7 @@ def _states(info: StreamInfo) -> dict[str, PartitionState]:
 
 
 def resolve(
-    connection: BrokerConnection,
+    connection: ClusterConnection,
     spec: str | Offsets,
     timestamp: float | None,
     layout: dict[str, dict[str, PartitionState]],
@@ -99,7 +99,7 @@ def resolve(
     return out
 
 
-def offset_for_time(connection: BrokerConnection, stream: str, partition: int, seconds: float) -> int:
+def offset_for_time(connection: ClusterConnection, stream: str, partition: int, seconds: float) -> int:
     """The first offset at or after ``seconds`` (or the high watermark if none)."""
     result = connection.read(
         ReadRequest(stream, partition, StartPosition("timestamp", seconds), max_records=1)
@@ -160,7 +160,7 @@ def read_range(
     spec: RangeSpec, target: pa.Schema, *, fail_on_data_loss: bool, timeout: float
 ) -> Iterator[pa.RecordBatch]:
     """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema."""
-    connection = BrokerConnection(spec.broker, timeout=timeout)
+    connection = ClusterConnection(spec.broker, timeout=timeout)
     try:
         offset = spec.start
         while offset < spec.end:
@@ -200,7 +200,7 @@ def read_range(
 
 
 def _after_data_loss(
-    connection: BrokerConnection, spec: RangeSpec, offset: int, exc: Exception, fail: bool
+    connection: ClusterConnection, spec: RangeSpec, offset: int, exc: Exception, fail: bool
 ) -> int:
     info = connection.describe(spec.stream).partitions[spec.partition]
     if offset >= info.log_start_offset:

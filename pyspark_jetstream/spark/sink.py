@@ -39,7 +39,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
@@ -94,7 +94,7 @@ class _Publishing:
         self.options = options
         self.stream_config: StreamConfig | None = None
         if options.stream is not None:  # on the driver: fail early for an unknown stream
-            broker = BrokerConnection(options.broker, timeout=options.timeout)
+            broker = ClusterConnection(options.broker, timeout=options.timeout)
             try:
                 self.stream_config = StreamConfig.from_json(broker.describe(options.stream).config)
             finally:

@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pyspark_jetstream.client.connection import BrokerConnection
+from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.protocol.flight import ActionType
 
 from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
@@ -47,16 +47,16 @@ from .reading import (
 
 logger = logging.getLogger(__name__)
 
-_connections: dict[str, BrokerConnection] = {}
+_connections: dict[str, ClusterConnection] = {}
 _connections_lock = threading.Lock()
 
 
-def connection(options: SourceOptions) -> BrokerConnection:
+def connection(options: SourceOptions) -> ClusterConnection:
     """One Flight connection per broker per process (readers themselves must stay picklable)."""
     with _connections_lock:
         found = _connections.get(options.broker)
         if found is None:
-            found = _connections[options.broker] = BrokerConnection(options.broker, timeout=options.timeout)
+            found = _connections[options.broker] = ClusterConnection(options.broker, timeout=options.timeout)
         return found
 
 

@@ -1,0 +1,245 @@
+"""Blocking calls to a deployment of one or more brokers, routed to the broker that can answer.
+
+:class:`ClusterConnection` knows the cluster's metadata (which brokers exist,
+where they serve Flight, who leads each partition), asked of any broker it
+reaches.  Reads and cursors go to the partition's leader (reads may go to an
+in-sync follower with ``from_replicas``); admin goes to any broker, which
+forwards what only the controller may do.  An error whose ``invalid_metadata``
+flag is set (``NotLeaderError``: leadership moved) makes it refresh the
+metadata -- taking the new leader's address straight from the error when it
+carries one -- and retry; other ``retriable`` errors are retried after a short
+backoff; all within the connection's timeout.  Nothing is retried that could
+store twice: reads, metadata and cursors are idempotent.
+
+The asynchronous :class:`~.client.Client` runs these calls in worker threads;
+Spark executors, which have no event loop, use them directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pyarrow import flight
+
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    RequestTimeoutError,
+    UnavailableError,
+)
+from pyspark_jetstream.protocol.flight import LATEST, ActionType, ReadRequest, StreamInfo
+
+from .connection import BrokerConnection, FetchResult
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CURSOR_STREAM = "__cursors"
+BACKOFF = (0.05, 1.0)
+"""First and longest pause (seconds) between retries."""
+
+
+class ClusterConnection:
+    """Flight calls to whichever broker should answer them (see the module docstring)."""
+
+    def __init__(self, servers: str | Sequence[str], *, timeout: float = 10.0) -> None:
+        """``servers``: one or more broker Flight addresses (``grpc://host:port``), any will do."""
+        self.bootstrap = [servers] if isinstance(servers, str) else list(servers)
+        if not self.bootstrap:
+            raise InvalidArgumentError("give at least one broker address (grpc://host:port)")
+        self.timeout = timeout
+        self._connections: dict[str, BrokerConnection] = {}
+        self._brokers: dict[str, str] = {}
+        self._leaders: dict[tuple[str, int], str] = {}
+        self._isr: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._lock = threading.RLock()
+        self._known = False
+        self.connection(self.bootstrap[0])  # a malformed address fails here, naming it
+
+    @property
+    def address(self) -> str:
+        """The first broker address given."""
+        return self.bootstrap[0]
+
+    def close(self) -> None:
+        """Close every channel."""
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+
+    def connection(self, address: str) -> BrokerConnection:
+        """The (shared) connection to one broker."""
+        with self._lock:
+            found = self._connections.get(address)
+            if found is None:
+                found = self._connections[address] = BrokerConnection(address, timeout=self.timeout)
+            return found
+
+    # ---- metadata --------------------------------------------------------------------------
+
+    def refresh(self) -> dict[str, Any]:
+        """Ask any reachable broker for the cluster's metadata and remember it."""
+        metadata = self._any(lambda c: c.action(ActionType.METADATA, {}))
+        with self._lock:
+            self._brokers = {b["broker_id"]: b["flight"] for b in metadata["brokers"]}
+            self._leaders = {}
+            self._isr = {}
+            for stream in metadata["streams"]:
+                name = stream["config"]["name"]
+                for p in stream["partitions"]:
+                    self._leaders[(name, p["partition"])] = p["leader"]
+                    self._isr[(name, p["partition"])] = tuple(p["isr"])
+            self._known = True
+        result: dict[str, Any] = metadata
+        return result
+
+    def brokers(self) -> dict[str, str]:
+        """Live brokers as last seen: ``{broker id: Flight address}``."""
+        if not self._known:
+            self.refresh()
+        with self._lock:
+            return dict(self._brokers)
+
+    def _address_for(self, stream: str, partition: int, *, from_replicas: bool) -> str:
+        if not self._known:
+            self.refresh()
+        with self._lock:
+            key = (stream, partition)
+            if from_replicas and self._isr.get(key):
+                candidates = [self._brokers[b] for b in self._isr[key] if b in self._brokers]
+                if candidates:
+                    return random.choice(candidates)
+            leader = self._leaders.get(key)
+            if leader and leader in self._brokers:
+                return self._brokers[leader]
+        # Unknown partition, or no leader right now: any broker answers with the reason.
+        return self.bootstrap[0]
+
+    # ---- calls ---------------------------------------------------------------------------------
+
+    def action(self, action: ActionType, body: dict[str, Any]) -> Any:
+        """An admin action on any broker (cursors go to the cursor stream's leader)."""
+        if action in (ActionType.SET_CURSOR, ActionType.FETCH_CURSOR):
+            return self._routed(CURSOR_STREAM, 0, False, lambda c: c.action(action, body))
+        return self._any(lambda c: c.action(action, body))
+
+    def describe(self, stream: str) -> StreamInfo:
+        """A stream's configuration and its partitions, with each partition's offsets from its leader."""
+        found, address = self._any(
+            lambda c: (c.action(ActionType.DESCRIBE_STREAM, {"name": stream}), c.address)
+        )
+        return self._with_leader_offsets(StreamInfo.from_json(found), address)
+
+    def list_streams(self) -> list[StreamInfo]:
+        """Every stream, each partition's offsets from its leader."""
+        found, address = self._any(lambda c: (c.action(ActionType.LIST_STREAMS, {}), c.address))
+        return [self._with_leader_offsets(StreamInfo.from_json(s), address) for s in found]
+
+    def _with_leader_offsets(self, info: StreamInfo, answered_at: str) -> StreamInfo:
+        """``info`` with the offsets of partitions the answering broker does not lead, from their leaders."""
+        brokers = self.brokers()
+        answered_by = next((b for b, a in brokers.items() if a == answered_at), None)
+        partitions = []
+        for p in info.partitions:
+            read = None
+            if p.leader and p.leader != answered_by:
+                with contextlib.suppress(JetStreamError):  # the leader is away: keep what was answered
+                    read = self.read(ReadRequest(info.config["name"], p.partition, LATEST, max_records=1))
+            partitions.append(
+                p
+                if read is None
+                else dataclasses.replace(
+                    p,
+                    log_start_offset=read.log_start_offset,
+                    log_end_offset=read.log_end_offset,
+                    high_watermark=read.high_watermark,
+                )
+            )
+        return dataclasses.replace(info, partitions=tuple(partitions))
+
+    def read(self, request: ReadRequest) -> FetchResult:
+        """One read from the partition's leader (or an in-sync follower), long-polling up to ``max_wait``."""
+        return self._routed(
+            request.stream,
+            request.partition,
+            request.from_replicas,
+            lambda c: c.read(request),
+            extra=request.max_wait,
+        )
+
+    def follow(self, request: ReadRequest) -> tuple[flight.FlightStreamReader, BrokerConnection]:
+        """Open a follow read on the partition's leader; the connection is for turning errors."""
+        address = self._address_for(request.stream, request.partition, from_replicas=request.from_replicas)
+        connection = self.connection(address)
+        return connection.follow(request), connection
+
+    def _routed(
+        self,
+        stream: str,
+        partition: int,
+        from_replicas: bool,
+        call: Callable[[BrokerConnection], T],
+        *,
+        extra: float = 0.0,
+    ) -> T:
+        deadline = time.monotonic() + self.timeout + extra
+        backoff = BACKOFF[0]
+        while True:
+            address = self._address_for(stream, partition, from_replicas=from_replicas)
+            try:
+                return call(self.connection(address))
+            except JetStreamError as exc:
+                if not exc.retriable or time.monotonic() + backoff > deadline:
+                    raise
+                hinted = exc.fields.get("leader_address")
+                if exc.invalid_metadata or isinstance(exc, UnavailableError):
+                    self._forget(stream, partition, hinted if isinstance(hinted, str) else None, exc)
+                logger.debug("retrying %s/%d at another broker: %s", stream, partition, exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF[1])
+
+    def _forget(self, stream: str, partition: int, hinted: str | None, exc: JetStreamError) -> None:
+        leader = exc.fields.get("leader")
+        if hinted and isinstance(leader, str):
+            with self._lock:
+                self._brokers[leader] = hinted
+                self._leaders[(stream, partition)] = leader
+            return
+        try:
+            self.refresh()
+        except JetStreamError:
+            with self._lock:
+                self._known = False
+
+    def _any(self, call: Callable[[BrokerConnection], T]) -> T:
+        """``call`` on the first broker that answers (the bootstrap ones, then those it knows)."""
+        deadline = time.monotonic() + self.timeout
+        backoff = BACKOFF[0]
+        last: JetStreamError | None = None
+        while True:
+            with self._lock:
+                addresses = list(dict.fromkeys([*self.bootstrap, *self._brokers.values()]))
+            for address in addresses:
+                try:
+                    return call(self.connection(address))
+                except (UnavailableError, RequestTimeoutError) as exc:
+                    last = exc
+                    continue
+                except JetStreamError as exc:
+                    if not exc.retriable or time.monotonic() + backoff > deadline:
+                        raise
+                    last = exc
+                    break
+            if time.monotonic() + backoff > deadline:
+                assert last is not None
+                raise last
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF[1])
