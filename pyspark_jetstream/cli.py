@@ -23,7 +23,8 @@ from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
-from pyspark_jetstream.protocol.streams import number_range
+from pyspark_jetstream.protocol.streams import StreamConfig, number_range
+from pyspark_jetstream.protocol.subjects import subjects_overlap
 
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 3600.0
@@ -110,7 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--subject", required=True, help="NATS subject; wildcards * and > allowed")
     create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=1, help="copies on as many brokers")
+    create.add_argument(
+        "--min-insync-replicas", type=int, default=1, help="ALL acks need this many in-sync replicas"
+    )
+    create.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="let an out-of-sync replica lead when no in-sync one is left (may lose committed data)",
+    )
     create.add_argument("--group", help="load-balance group (shared NATS queue group)")
     create.add_argument("--retention-age", type=float, help="seconds")
     create.add_argument("--retention-bytes", type=int)
@@ -168,6 +177,17 @@ def _parser() -> argparse.ArgumentParser:
     put.set_defaults(run=_cursor_set)
 
     commands.add_parser("status", help="streams, partitions, cursors and lag").set_defaults(run=_status)
+    commands.add_parser("health", help="problems, if any; exit 1 when there are some").set_defaults(
+        run=_health
+    )
+    cluster = commands.add_parser("cluster", help="brokers, the controller, replicas and lag")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster_commands.add_parser(
+        "status", help="every partition: leader, replicas, ISR, high watermark and each replica's lag"
+    ).set_defaults(run=_cluster_status)
+    cluster_commands.add_parser(
+        "elect-leaders", help="lead each partition from its preferred replica again (after restarts)"
+    ).set_defaults(run=_elect_leaders)
     return parser
 
 
@@ -182,6 +202,8 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         "compaction": args.compaction,
         "compression": args.compression,
         "ack_reply": not args.no_ack_reply,
+        "min_insync_replicas": args.min_insync_replicas,
+        "unclean_leader_election": args.unclean_leader_election,
     }
     if args.segment_bytes is not None:
         options["segment_bytes"] = args.segment_bytes
@@ -189,6 +211,23 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         options["max_message_bytes"] = args.max_message_bytes
     info = client.create_stream(args.name, args.subject, **options)
     print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
+    mine = StreamConfig.from_json(info.config).partition_subjects()
+    sharing = sorted(
+        other.config["name"]
+        for other in client.list_streams()
+        if other.config["name"] != args.name
+        and any(
+            subjects_overlap(a, b)
+            for a in mine
+            for b in StreamConfig.from_json(other.config).partition_subjects()
+        )
+    )
+    if sharing:
+        print(
+            f"note: stream(s) {', '.join(sharing)} also listen on subjects that overlap "
+            f"{args.subject!r}: each stores its own copy of those messages (a publish that names "
+            "its stream is acked by it alone)"
+        )
 
 
 def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
@@ -313,6 +352,75 @@ def _status(client: SyncClient, args: argparse.Namespace) -> None:
             for c in status["cursors"]
         ],
     )
+
+
+def _health(client: SyncClient, args: argparse.Namespace) -> None:
+    health = client.health()
+    if health["ok"]:
+        print("ok")
+        return
+    for problem in health["problems"]:
+        print(problem)
+    raise SystemExit(1)
+
+
+def _cluster_status(client: SyncClient, args: argparse.Namespace) -> None:
+    metadata = client.metadata()
+    statuses = client.cluster_status()
+    print(f"controller {metadata['controller'] or '(none)'}")
+    _table(
+        ["broker", "flight", "health"],
+        [
+            [b["broker_id"], b["flight"], _broker_health(statuses.get(b["broker_id"]))]
+            for b in metadata["brokers"]
+        ],
+    )
+    print()
+    held = {
+        (p["stream"], p["partition"], broker_id): p
+        for broker_id, status in statuses.items()
+        for p in status.get("partitions", [])
+    }
+    rows = []
+    for stream in metadata["streams"]:
+        name = stream["config"]["name"]
+        for p in stream["partitions"]:
+            leader = held.get((name, p["partition"], p["leader"]))
+            ends = [_replica_end(held.get((name, p["partition"], r)), r, leader) for r in p["replicas"]]
+            rows.append(
+                [
+                    name,
+                    str(p["partition"]),
+                    p["leader"] or "(none)",
+                    str(p["leader_epoch"]),
+                    ",".join(p["isr"]),
+                    "?" if leader is None else str(leader["high_watermark"]),
+                    "  ".join(ends),
+                ]
+            )
+    _table(["stream", "partition", "leader", "epoch", "isr", "high watermark", "log end offsets"], rows)
+
+
+def _broker_health(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "unreachable"
+    if "error" in status:
+        return f"unreachable: {status['error']}"
+    health = status["health"]
+    return "ok" if health["ok"] else "; ".join(health["problems"])
+
+
+def _replica_end(mine: dict[str, Any] | None, replica: str, leader: dict[str, Any] | None) -> str:
+    if mine is None:
+        return f"{replica}=?"
+    end = mine["log_end_offset"]
+    lag = "" if leader is None else f" (lag {max(leader['log_end_offset'] - end, 0)})"
+    return f"{replica}={end}{lag}"
+
+
+def _elect_leaders(client: SyncClient, args: argparse.Namespace) -> None:
+    moved = client.elect_preferred_leaders().get("moved", [])
+    print("\n".join(moved) if moved else "every partition is led by its preferred replica already")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> None:

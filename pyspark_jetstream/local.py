@@ -46,6 +46,7 @@ class LocalBroker:
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="jetstream-")) / "data"
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.broker_id = broker_id
         self.nats_url = nats_url
         self.flight = ""
         self.log_level = log_level

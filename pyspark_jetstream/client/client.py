@@ -238,6 +238,30 @@ class Client:
         result: dict[str, Any] = await self._action(ActionType.STATUS, {})
         return result
 
+    async def metadata(self) -> dict[str, Any]:
+        """The cluster as a broker sees it: brokers, the controller, every partition's leader and ISR."""
+        return await asyncio.to_thread(self._broker.refresh)
+
+    async def cluster_status(self) -> dict[str, Any]:
+        """Every live broker's status (``{broker id: status}``; an unreachable one maps to its error)."""
+
+        def gather() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for broker_id, address in sorted(self._broker.brokers().items()):
+                try:
+                    out[broker_id] = self._broker.connection(address).action(ActionType.STATUS, {})
+                except JetStreamError as exc:
+                    out[broker_id] = {"error": str(exc)}
+            return out
+
+        await asyncio.to_thread(self._broker.refresh)
+        return await asyncio.to_thread(gather)
+
+    async def elect_preferred_leaders(self) -> dict[str, Any]:
+        """Move leadership back to each partition's first replica where it is in sync (after restarts)."""
+        result: dict[str, Any] = await self._action(ActionType.ELECT_PREFERRED_LEADERS, {})
+        return result
+
     async def health(self) -> dict[str, Any]:
         """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""
         result: dict[str, Any] = await self._action(ActionType.HEALTH, {})

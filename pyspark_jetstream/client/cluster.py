@@ -50,8 +50,10 @@ class ClusterConnection:
     """Flight calls to whichever broker should answer them (see the module docstring)."""
 
     def __init__(self, servers: str | Sequence[str], *, timeout: float = 10.0) -> None:
-        """``servers``: one or more broker Flight addresses (``grpc://host:port``), any will do."""
-        self.bootstrap = [servers] if isinstance(servers, str) else list(servers)
+        """``servers``: one or more broker Flight addresses (``grpc://host:port``, a list or one
+        comma-separated string), any will do."""
+        listed = servers.split(",") if isinstance(servers, str) else list(servers)
+        self.bootstrap = [s.strip() for s in listed if s.strip()]
         if not self.bootstrap:
             raise InvalidArgumentError("give at least one broker address (grpc://host:port)")
         self.timeout = timeout

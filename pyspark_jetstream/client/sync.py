@@ -88,6 +88,18 @@ class SyncClient:
         """See :meth:`Client.status`."""
         return self._run(self._client.status())
 
+    def metadata(self) -> dict[str, Any]:
+        """See :meth:`Client.metadata`."""
+        return self._run(self._client.metadata())
+
+    def cluster_status(self) -> dict[str, Any]:
+        """See :meth:`Client.cluster_status`."""
+        return self._run(self._client.cluster_status())
+
+    def elect_preferred_leaders(self) -> dict[str, Any]:
+        """See :meth:`Client.elect_preferred_leaders`."""
+        return self._run(self._client.elect_preferred_leaders())
+
     def health(self) -> dict[str, Any]:
         """See :meth:`Client.health`."""
         return self._run(self._client.health())

@@ -159,7 +159,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 
 def resolve_broker(opts: Mapping[str, str]) -> str:
-    """The Flight address to use: the first of ``servers``, or one found through ``nats``."""
+    """The brokers' Flight addresses to start from (``servers``, comma-separated), or one found
+    through ``nats``; the rest of a cluster is learnt from any of them."""
     servers = [s.strip() for s in opts.get("servers", "").split(",") if s.strip()]
     for server in servers:
         if not re.fullmatch(r"grpc(\+tcp|\+tls)?://[^\s/]+:\d+", server):
@@ -167,7 +168,7 @@ def resolve_broker(opts: Mapping[str, str]) -> str:
                 f"option 'servers' has {server!r}; use grpc://host:port[,grpc://host:port]"
             )
     if servers:
-        return servers[0]
+        return ",".join(servers)
     urls = _nats_urls(opts)
     from pyspark_jetstream.client.client import discover_broker
 

@@ -1,0 +1,184 @@
+"""Leadership under faults: session expiry, divergent logs, the controller, unclean election, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from pyspark_jetstream.client import AckPolicy
+from pyspark_jetstream.local import LocalBroker, LocalCluster
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotEnoughReplicasError
+
+from ..broker.harness import wait_until
+from .conftest import FAST
+from .helpers import caught_up, leader_of, publish_all, replica_table, status, stored_frames
+
+
+def expire_session(cluster: LocalCluster, broker: LocalBroker) -> None:
+    """Expire a broker's ZooKeeper session for real: another client takes it over and closes it."""
+    session = json.loads((broker.data_dir / "zookeeper.session").read_text())
+    thief = KazooClient(
+        hosts=cluster.zookeeper.hosts, client_id=(session["session_id"], bytes.fromhex(session["password"]))
+    )
+    thief.start(10)
+    thief.stop()
+    thief.close()
+
+
+def test_a_leader_whose_session_expires_stops_leading_and_nothing_acked_is_lost(cluster, client):
+    client.create_stream("exp", "exp", replication_factor=3, min_insync_replicas=2)
+    assert len(publish_all(client, "exp", [b"v%d" % i for i in range(20)], "p")) == 20
+    leader = leader_of(client, "exp")
+    epoch = client.describe_stream("exp").partitions[0].leader_epoch
+    expire_session(cluster, cluster.broker(leader))
+    # Leadership moves (a new epoch), and the old leader knows it no longer leads.
+    wait_until(
+        lambda: client.describe_stream("exp").partitions[0].leader_epoch > epoch,
+        timeout=30,
+        message="a new leader epoch",
+    )
+    acked = publish_all(client, "exp", [b"w%d" % i for i in range(20)], "p", first=20)
+    assert len(acked) == 20
+    wait_until(
+        lambda: (
+            next(
+                p["role"] for p in status(cluster.broker(leader).flight)["partitions"] if p["stream"] == "exp"
+            )
+            == "follower"
+            or leader_of(client, "exp") == leader
+        ),
+        timeout=30,
+        message="the old leader to follow (or lead again in a newer epoch)",
+    )
+    log = cluster.broker(leader).log_path.read_text()
+    assert "coordinator session lost: this broker stops acting as leader" in log
+    wait_until(lambda: caught_up(cluster, "exp"), timeout=30, message="caught up")
+    stored = client.fetch("exp", max_records=1000).to_table().column("value").to_pylist()
+    assert stored == [b"v%d" % i for i in range(20)] + [b"w%d" % i for i in range(20)]
+
+
+def test_replicas_that_diverged_converge_by_leader_epoch(tmp_path):
+    """KIP-101's second case: a deposed leader's unreplicated write is cut by epoch, not kept."""
+    config = FAST + "[replication]\n" if False else FAST
+    with LocalCluster(
+        2, base_dir=tmp_path / "c", extra_config=config, cursor_replication_factor=1
+    ) as cluster:
+        from pyspark_jetstream.client import SyncClient
+
+        with SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as client:
+            client.create_stream("div", "div", replication_factor=2, unclean_leader_election=True)
+            assert len(publish_all(client, "div", [b"a", b"b"], "p")) == 2
+            wait_until(lambda: caught_up(cluster, "div"), message="both have a, b")
+            first = leader_of(client, "div")
+            other = next(b for b in ("broker-1", "broker-2") if b != first)
+            # The follower stalls and leaves the ISR; the leader takes one more write alone.
+            cluster.broker(other).pause()
+            wait_until(lambda: client.describe_stream("div").partitions[0].isr == (first,), timeout=30)
+            assert client.publish("div", b"only-on-the-old-leader", ack_policy=AckPolicy.LEADER).ok
+            # The leader dies; the stale follower is back and leads (unclean: the stream allows it).
+            cluster.broker(first).kill()
+            cluster.broker(other).resume()
+            wait_until(lambda: leader_of(client, "div") == other, timeout=60, message="the unclean leader")
+            assert client.publish("div", b"on-the-new-leader", ack_policy=AckPolicy.LEADER).ok
+            # The old leader comes back as a follower: its extra write goes, the logs agree.
+            cluster.broker(first).start()
+            wait_until(lambda: caught_up(cluster, "div"), timeout=60, message="the logs to agree")
+            wait_until(lambda: len(client.describe_stream("div").partitions[0].isr) == 2, timeout=30)
+            values = replica_table(cluster.broker(first).flight, "div").column("value").to_pylist()
+            assert values == [b"a", b"b", b"on-the-new-leader"]
+        cluster.stop()
+        assert stored_frames(cluster.broker(first), "div") == stored_frames(cluster.broker(other), "div")
+
+
+def test_without_unclean_election_a_partition_waits_for_an_in_sync_replica(cluster, client):
+    client.create_stream("clean", "clean", replication_factor=2)
+    assert len(publish_all(client, "clean", [b"committed"], "p")) == 1
+    state = client.describe_stream("clean").partitions[0]
+    leader = state.leader
+    other = next(b for b in state.replicas if b != leader)
+    cluster.broker(other).pause()
+    wait_until(lambda: client.describe_stream("clean").partitions[0].isr == (leader,), timeout=30)
+    cluster.broker(leader).kill()
+    cluster.broker(other).resume()
+    wait_until(lambda: client.describe_stream("clean").partitions[0].leader == "", timeout=30)
+    time.sleep(1)  # an unclean election would have happened by now
+    assert client.describe_stream("clean").partitions[0].leader == ""
+    cluster.broker(leader).start()  # the last in-sync replica returns and leads again
+    assert leader_of(client, "clean") == leader
+    assert client.fetch("clean").to_table().column("value").to_pylist() == [b"committed"]
+
+
+def test_the_controller_fails_over_and_finishes_its_work(cluster, client):
+    controller = status(cluster.flight)["controller"]
+    client.create_stream("c1", "c1", partitions=3, replication_factor=2)
+    led_by_controller = [
+        p.partition for p in client.describe_stream("c1").partitions if p.leader == controller
+    ]
+    cluster.broker(controller).kill()
+    others = [b for b in cluster.brokers if b.broker_id != controller]
+    wait_until(
+        lambda: status(others[0].flight)["controller"] not in (None, controller),
+        timeout=30,
+        message="a new controller",
+    )
+    # The dead controller's partitions move too, and streams can be created again.
+    wait_until(
+        lambda: all(
+            client.describe_stream("c1").partitions[p].leader not in ("", controller)
+            for p in led_by_controller
+        ),
+        timeout=30,
+    )
+    client.create_stream("c2", "c2", replication_factor=2)
+    assert client.publish("c2", b"x", ack_policy=AckPolicy.ALL).ok
+
+
+def test_bad_cluster_input_is_refused_clearly(cluster, client):
+    with pytest.raises(NotEnoughReplicasError, match="replication factor 4 needs 4 live brokers, but 3"):
+        client.create_stream("big", "big", replication_factor=4)
+    with pytest.raises(InvalidArgumentError, match=r"min_insync_replicas \(3\) cannot exceed"):
+        client.create_stream("m", "m", replication_factor=2, min_insync_replicas=3)
+    with pytest.raises(InvalidArgumentError, match="replication_factor must be"):
+        client.create_stream("z", "z", replication_factor=0)
+    assert [s.config["name"] for s in client.list_streams()] == ["__cursors"]
+    # A second broker with an id that is running: refused, naming the id.
+    twin = LocalBroker(
+        cluster.base_dir / "twin",
+        nats_url=cluster.nats_url,
+        broker_id="broker-1",
+        extra_config=f'[zookeeper]\nhosts = "{cluster.zookeeper.hosts}"\nchroot = "{cluster.chroot}"\n'
+        "session_timeout = 3.0\n",
+    )
+    with pytest.raises(Exception, match="broker id 'broker-1' is already registered"):
+        twin.start()
+    # Two brokers on one data directory: refused, the directory is locked.
+    same_dir = LocalBroker(cluster.brokers[0].data_dir, nats_url=cluster.nats_url, broker_id="broker-9")
+    with pytest.raises(Exception, match="is in use by another broker"):
+        same_dir.start()
+
+
+def test_a_broker_with_zookeeper_down_says_so_and_gives_up_after_its_timeout(tmp_path):
+    from broker_node.zookeeper_server import free_port
+
+    port = free_port()
+    config = tmp_path / "b.toml"
+    config.write_text(
+        f'[broker]\nid = "b"\ndata_dir = "{tmp_path / "d"}"\n[flight]\nport = 0\n[nats]\nembedded_port = -1\n'
+        f'[zookeeper]\nhosts = "127.0.0.1:{port}"\nconnect_timeout = 2.0\n'
+    )
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "broker_node", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert f"cannot reach ZooKeeper at 127.0.0.1:{port} within 2s" in run.stderr
+    assert time.monotonic() - started < 30
