@@ -7,7 +7,7 @@ PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: demo test bootstrap lint bench
+.PHONY: demo test bootstrap lint bench cluster cluster-clean
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -29,3 +29,10 @@ bench: bootstrap
 	$(PY) bench/log_bench.py --quick
 	$(PY) bench/broker_bench.py --quick
 	$(PY) bench/spark_bench.py --quick
+
+# A three-broker cluster on this machine (ZooKeeper, NATS, conf/cluster/*.toml) until Ctrl-C.
+cluster: bootstrap
+	$(PY) scripts/cluster.py
+
+cluster-clean:
+	rm -rf .cluster

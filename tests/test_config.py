@@ -103,3 +103,30 @@ def test_option_limits_are_inclusive(tmp_path):
     )
     config = load_broker_config(path)
     assert (config.log.segment_bytes, config.flight.port, config.nats.embedded_port) == (1024, 65535, -1)
+
+
+def test_the_cluster_configs_load_and_differ_only_where_they_must():
+    configs = [load_broker_config(CONF / "cluster" / f"broker-{n}.toml") for n in (1, 2, 3)]
+    assert [c.broker_id for c in configs] == ["broker-1", "broker-2", "broker-3"]
+    assert len({c.data_dir for c in configs}) == 3 and len({c.flight.port for c in configs}) == 3
+    assert {c.zookeeper.hosts for c in configs} == {"127.0.0.1:2181"}
+    assert configs[0].zookeeper == configs[1].zookeeper == configs[2].zookeeper
+    assert configs[0].replication == configs[1].replication
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[zookeeper]\nchroot = "no-slash"\n', "chroot must start with '/'"),
+        ("[zookeeper]\nsession_timeout = 0.1\n", "session_timeout must be 1 to 120 seconds"),
+        ("[zookeeper]\ncursor_replication_factor = 0\n", "cursor_replication_factor must be 1 to 16"),
+        ("[replication]\nreplica_max_lag = 0\n", "replica_max_lag must be 0.1 to 3600 seconds"),
+        ("[replication]\nfetch_max_bytes = 10\n", "fetch_max_bytes must be 1 KiB to 1 GiB"),
+        ("[zookeeper]\nhost = 'x'\n", "unknown option.*host.*known options"),
+    ],
+)
+def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_broker_config(path)
