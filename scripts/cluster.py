@@ -33,6 +33,8 @@ CONFIGS = sorted((ROOT / "conf" / "cluster").glob("broker-*.toml"))
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As a server binds: connections of an earlier server in TIME_WAIT do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
