@@ -32,6 +32,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal, overload
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -296,7 +297,12 @@ class Log(ReplicaMethods):
 
     # ---- appending -------------------------------------------------------------
 
-    def append(self, records: Records) -> range:
+    @overload
+    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    @overload
+    def append(self, records: Records, *, wait: bool) -> range | None: ...
+
+    def append(self, records: Records, *, wait: bool = True) -> range | None:
         """Append messages and return the offsets they were given.
 
         ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
@@ -309,9 +315,15 @@ class Log(ReplicaMethods):
         Raises ``InvalidRecordsError`` for empty or malformed input and
         ``RecordTooLargeError`` for a message over ``max_message_bytes`` or a
         batch over ``max_batch_bytes``; the log is unchanged then.
+
+        With ``wait=False`` the call returns ``None`` at once, appending
+        nothing, if another call holds the log (a compaction, say): a caller
+        on an event loop can then append from a worker thread instead.
         """
         inputs = to_input_columns(records, self.config.max_message_bytes)
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             self._check_open()
             base = self.log_end_offset
             count = len(inputs[0])
@@ -346,6 +358,8 @@ class Log(ReplicaMethods):
             self._last_timestamp = now
             self._grown.notify_all()
             return range(base, last + 1)
+        finally:
+            self._lock.release()
 
     def roll(self) -> None:
         """Close the active segment and start a new one at the log end offset (if it holds data)."""

@@ -41,11 +41,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import pyarrow as pa
 
 from broker_node.coordination.base import PartitionState
-from broker_node.log import CorruptSegmentError, Log
+from broker_node.log import CorruptSegmentError, FsyncPolicy, Log
 from broker_node.log.frames import decode
 from broker_node.log.records import Records
 from pyspark_jetstream.protocol.ack import Ack
@@ -200,13 +201,23 @@ class Partition:
 
     # ---- leader: appends and commits ----------------------------------------------------
 
-    def append(self, records: Records) -> range:
-        """Append as leader; return the offsets.  ``NotLeaderError`` if this broker may not lead."""
+    @overload
+    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    @overload
+    def append(self, records: Records, *, wait: bool) -> range | None: ...
+
+    def append(self, records: Records, *, wait: bool = True) -> range | None:
+        """Append as leader; return the offsets.  ``NotLeaderError`` if this broker may not lead.
+
+        With ``wait=False``, ``None`` (nothing appended) if the log is busy
+        (see :meth:`Log.append`).
+        """
         with self._lock:
             self._check_leader()
-        offsets = self.log.append(records)
-        with self._lock:
-            self._advance_high_watermark()
+        offsets = self.log.append(records, wait=wait)
+        if offsets is not None:
+            with self._lock:
+                self._advance_high_watermark()
         return offsets
 
     def append_idempotent(
@@ -265,6 +276,11 @@ class Partition:
     def high_watermark(self) -> int:
         """Offsets below this are committed and visible to consumers."""
         return self.log.high_watermark
+
+    @property
+    def appends_sync(self) -> bool:
+        """Whether every append is forced to disk (then appends are slow: keep them off event loops)."""
+        return self.log.config.fsync is FsyncPolicy.ALWAYS
 
     @property
     def max_batch_bytes(self) -> int:
