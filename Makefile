@@ -29,6 +29,7 @@ bench: bootstrap
 	$(PY) bench/log_bench.py --quick
 	$(PY) bench/broker_bench.py --quick
 	$(PY) bench/spark_bench.py --quick
+	$(PY) bench/cluster_bench.py --quick
 
 # A three-broker cluster on this machine (ZooKeeper, NATS, conf/cluster/*.toml) until Ctrl-C.
 cluster: bootstrap

@@ -147,6 +147,12 @@ class NatsServer:
         self.stop()
         raise NatsServerError(f"nats-server did not start within {timeout:g}s: {self._log_tail()}")
 
+    def kill(self) -> None:
+        """SIGKILL: a crash (the files are kept, for a restart)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
         process, self._process = self._process, None

@@ -104,6 +104,41 @@ def parse_frame(view: pa.Buffer, position: int, previous_last: int, limit: int |
     return BatchEntry(base, last, position, size, crc, epoch, batch.num_rows, max_ts)
 
 
+def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
+    """The index entry of a frame fetched from a leader, or ``None`` if it is not one sound batch.
+
+    Cheaper than :func:`parse_frame` (which judges bytes found in a damaged
+    file): the frame comes from a leader that checksummed it, so the checks
+    are structural -- one whole record-batch message in the log schema, rows,
+    no null offsets, offsets increasing from after ``previous_last``, one
+    leader epoch -- without reading every value.
+    """
+    try:
+        message = pa.ipc.read_message(frame)
+        if message.type != "record batch" or 8 + message.metadata.size + message.body.size != frame.size:
+            return None
+        batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
+        batch.validate()
+        offsets, epochs = batch.column(0), batch.column(2)
+        rows = batch.num_rows
+        if rows == 0 or offsets.null_count:
+            return None
+        base, last = offsets[0].as_py(), offsets[-1].as_py()
+        epoch = epochs[0].as_py()
+        if rows > 1 and not (
+            pc.all(pc.greater(offsets.slice(1), offsets.slice(0, rows - 1))).as_py()
+            and pc.all(pc.equal(epochs, epoch)).as_py()
+        ):
+            return None
+        newest = pc.max(batch.column(1).cast(pa.int64())).as_py() if rows > 1 else batch.column(1)[0].value
+    except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
+        logger.debug("not a replicated frame: %s", exc)
+        return None
+    if base <= previous_last:
+        return None
+    return BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, rows, newest)
+
+
 def scan(
     view: pa.Buffer, start: int, end: int, base_offset: int, *, limit: int | None = None
 ) -> tuple[SegmentIndex, dict[int, str]]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from .errors import InvalidRecordsError, LogStorageError, OffsetOutOfRangeError
-from .frames import parse_frame
+from .frames import replicated_entry
 from .reads import ReplicaFrame, read_frames
 from .segment import Segment, encode_frame
 
@@ -106,8 +106,8 @@ class ReplicaMethods:
                 data = (
                     encode_frame(item, self.config.compression) if isinstance(item, pa.RecordBatch) else item
                 )
-                entry = parse_frame(data, 0, self.log_end_offset - 1, None)
-                if entry is None or entry.size != data.size:
+                entry = replicated_entry(data, self.log_end_offset - 1)
+                if entry is None:
                     raise InvalidRecordsError(
                         f"a replicated frame of {data.size} bytes is not one sound batch following "
                         f"offset {self.log_end_offset - 1} in the log schema"

@@ -99,9 +99,10 @@ class Fetcher:
                     self._truncate()
                     truncated = True
                 self._fetch()
-                if self.partition.log.damaged and time.monotonic() >= next_repair:
+                if time.monotonic() >= next_repair:
                     next_repair = time.monotonic() + REPAIR_EVERY
-                    self._repair()
+                    if self.partition.log.damaged:
+                        self._repair()
                 backoff = BACKOFF[0]
                 self.last_error = None
                 continue

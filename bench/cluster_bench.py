@@ -1,0 +1,333 @@
+"""Cluster benchmark: three brokers with RF=3 against NATS JetStream R3, measured in the same run.
+
+Ours: a ZooKeeper (Debian's package), one nats-server and three broker
+processes (``LocalCluster``, default settings: a 3 s ZooKeeper session
+timeout).  JetStream: three clustered nats-servers from the same binary with
+an R3 file stream.  100-byte values; the same nats-py client in this process
+drives both.
+
+1. single-message publishes, pipelined (at most 4,000 acks pending): ours
+   with ``ALL`` acks on an RF=3 stream against JetStream R3 ``publish_async``;
+2. 10,000-row Arrow batch publishes: ``ALL`` on RF=3 against our own RF=1
+   ``LEADER`` (what replication costs);
+3. failover: publishes acked one at a time (``ALL``, retried every 0.25 s);
+   the partition leader gets SIGKILL; the time from the kill to the next
+   ack.  JetStream: the same, killing the R3 stream's leader server;
+4. publish-to-consumer latency at a steady 1,000 messages/s (plain NATS
+   publishes with a send timestamp; consumers see only committed messages):
+   our ``tail`` against a JetStream pull consumer, RF=3 / R3.
+
+Prints a table; the last line is one JSON object.
+
+    python bench/cluster_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+import pyarrow as pa
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import ConsumerConfig, StorageType, StreamConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.broker_bench import _latency, _percentile, _steady_publish
+from broker_node.nats_server import NatsServer
+from broker_node.zookeeper_server import free_port
+from pyspark_jetstream.client import AckPolicy, Client
+from pyspark_jetstream.local import LocalCluster
+from pyspark_jetstream.protocol.errors import JetStreamError
+
+VALUE = 100
+WINDOW = 4000
+RETRY = 0.25
+
+
+# ---- JetStream R3 ------------------------------------------------------------------------
+
+
+class JetStreamCluster:
+    """Three clustered nats-servers with JetStream."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.routes = [free_port() for _ in range(3)]
+        self.servers = []
+        for n, route in enumerate(self.routes, start=1):
+            others = ", ".join(f"nats-route://127.0.0.1:{r}" for r in self.routes if r != route)
+            config = (
+                f"server_name: n{n}\n"
+                f'jetstream {{ store_dir: "{workdir / f"js{n}"}" }}\n'
+                f"cluster {{ name: bench, listen: 127.0.0.1:{route}, routes: [{others}] }}\n"
+            )
+            self.servers.append(NatsServer(config=config))
+
+    def start(self) -> JetStreamCluster:
+        for server in self.servers:
+            server.launch()
+        for server in self.servers:
+            server.wait_ready()
+        return self
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers if s.running]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+async def js_ready(js: nats.js.JetStreamContext, name: str, subject: str) -> None:
+    """Create an R3 file stream, waiting for the JetStream cluster to elect its meta leader."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await js.add_stream(
+                StreamConfig(name=name, subjects=[subject], storage=StorageType.FILE, num_replicas=3)
+            )
+            return
+        except (nats.js.errors.Error, nats.errors.Error):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def js_single(js: nats.js.JetStreamContext, name: str, n: int) -> float:
+    await js_ready(js, name, f"js.{name}")
+    payload = b"x" * VALUE
+    start = time.perf_counter()
+    for _ in range(n):
+        await js.publish_async(f"js.{name}", payload)
+    await js.publish_async_completed()
+    return n / (time.perf_counter() - start)
+
+
+async def js_failover(js_cluster: JetStreamCluster, name: str) -> float:
+    nc = await nats.connect(servers=js_cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    js = nc.jetstream()
+    await js_ready(js, name, f"js.{name}")
+    for _ in range(50):
+        await js.publish(f"js.{name}", b"x" * VALUE)
+    info = await js.stream_info(name)
+    leader = info.cluster.leader if info.cluster else None
+    victim = next(s for s in js_cluster.servers if leader == f"n{js_cluster.servers.index(s) + 1}")
+    victim.kill()
+    killed = time.perf_counter()
+    while True:
+        try:
+            await js.publish(f"js.{name}", b"x" * VALUE, timeout=RETRY)
+            break
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error):
+            await asyncio.sleep(0)
+    took = time.perf_counter() - killed
+    await nc.close()
+    return took
+
+
+async def js_latency(js: nats.js.JetStreamContext, nc: nats.NATS, name: str, seconds: float) -> list[float]:
+    await js_ready(js, name, f"js.{name}")
+    subscription = await js.pull_subscribe(
+        f"js.{name}", stream=name, config=ConsumerConfig(ack_policy=JsAckPolicy.NONE)
+    )
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        while not done.is_set():
+            try:
+                messages = await subscription.fetch(100, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            now = time.perf_counter_ns()
+            latencies.extend(_latency(m.data, now) for m in messages)
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.2)
+    sent = await _steady_publish(nc, f"js.{name}", seconds, 1000)
+    while len(latencies) < sent:
+        await asyncio.sleep(0.05)
+    done.set()
+    await consumer
+    return latencies
+
+
+# ---- ours ---------------------------------------------------------------------------------
+
+
+async def ours_single(client: Client, name: str, n: int) -> float:
+    await client.create_stream(name, f"bench.{name}", replication_factor=3, min_insync_replicas=2)
+    payload = b"x" * VALUE
+    start = time.perf_counter()
+    futures = [await client.publish_async(name, payload, ack_policy=AckPolicy.ALL) for _ in range(n)]
+    await asyncio.gather(*futures)
+    return n / (time.perf_counter() - start)
+
+
+async def ours_batches(client: Client, name: str, rows: int, factor: int, policy: AckPolicy) -> float:
+    await client.create_stream(name, f"bench.{name}", replication_factor=factor)
+    batch = pa.table({"value": pa.array([b"x" * VALUE] * 10_000, pa.binary())})
+    start = time.perf_counter()
+    for _ in range(rows // 10_000):
+        await client.publish_batch(name, batch, ack_policy=policy, timeout=60)
+    return rows / (time.perf_counter() - start)
+
+
+async def ours_failover(cluster: LocalCluster, client: Client, name: str) -> float:
+    await client.create_stream(name, f"bench.{name}", replication_factor=3, min_insync_replicas=2)
+    sequence = 0
+    for _ in range(50):
+        await client.publish(name, b"x" * VALUE, ack_policy=AckPolicy.ALL, producer_id="f", sequence=sequence)
+        sequence += 1
+    leader = (await client.describe_stream(name)).partitions[0].leader
+    cluster.broker(leader).kill()
+    killed = time.perf_counter()
+    while True:
+        try:
+            await client.publish(
+                name,
+                b"x" * VALUE,
+                ack_policy=AckPolicy.ALL,
+                producer_id="f",
+                sequence=sequence,
+                timeout=RETRY,
+            )
+            break
+        except JetStreamError:
+            await asyncio.sleep(0)
+    return time.perf_counter() - killed
+
+
+async def ours_latency(client: Client, nc: nats.NATS, name: str, seconds: float) -> list[float]:
+    await client.create_stream(name, f"bench.{name}", replication_factor=3, min_insync_replicas=2)
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        async for batch in client.tail(name, start="earliest", follow=5.0):
+            now = time.perf_counter_ns()
+            latencies.extend(_latency(v, now) for v in batch.column("value").to_pylist())
+            if done.is_set():
+                return
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.2)
+    sent = await _steady_publish(nc, f"bench.{name}", seconds, 1000)
+    while len(latencies) < sent:
+        await asyncio.sleep(0.05)
+    done.set()
+    consumer.cancel()
+    return latencies
+
+
+async def run(quick: bool) -> dict[str, float]:
+    single_n = 10_000 if quick else 50_000
+    batch_rows = 200_000 if quick else 2_000_000
+    latency_s = 5.0 if quick else 30.0
+    workdir = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
+    results: dict[str, float] = {}
+    cluster = LocalCluster(3, base_dir=workdir / "ours", log_level="WARNING")
+    js_cluster = JetStreamCluster(workdir)
+    try:
+        cluster.start()
+        js_cluster.start()
+        results["session_timeout_s"] = cluster.session_timeout
+        client = await Client.connect(
+            nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=60, max_pending=WINDOW
+        )
+        our_nc = await nats.connect(cluster.nats_url)
+        js_nc = await nats.connect(servers=js_cluster.urls)
+        js = js_nc.jetstream(publish_async_max_pending=WINDOW)
+
+        results["js_r3_single_publish_msgs_per_s"] = await js_single(js, "JS_SINGLE", single_n)
+        results["rf3_single_publish_msgs_per_s"] = await ours_single(client, "single", single_n)
+        results["rf1_batch_rows_per_s"] = await ours_batches(client, "rf1", batch_rows, 1, AckPolicy.LEADER)
+        results["rf3_batch_rows_per_s"] = await ours_batches(client, "rf3", batch_rows, 3, AckPolicy.ALL)
+        js_lat = await js_latency(js, js_nc, "JS_LATENCY", latency_s)
+        our_lat = await ours_latency(client, our_nc, "latency", latency_s)
+        results["js_r3_p99_latency_ms"] = _percentile(js_lat, 0.99)
+        results["rf3_p99_latency_ms"] = _percentile(our_lat, 0.99)
+        results["js_r3_p50_latency_ms"] = statistics.median(js_lat)
+        results["rf3_p50_latency_ms"] = statistics.median(our_lat)
+        await js_nc.close()
+        results["js_r3_failover_s"] = await js_failover(js_cluster, "JS_FAILOVER")
+        results["failover_s"] = await ours_failover(cluster, client, "failover")
+        await our_nc.close()
+        await client.close()
+    finally:
+        cluster.stop()
+        js_cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["rf3_single_publish_ratio_to_js_r3"] = (
+        results["rf3_single_publish_msgs_per_s"] / results["js_r3_single_publish_msgs_per_s"]
+    )
+    results["rf3_batch_ratio_to_rf1"] = results["rf3_batch_rows_per_s"] / results["rf1_batch_rows_per_s"]
+    results["failover_ratio_to_js_r3"] = results["failover_s"] / results["js_r3_failover_s"]
+    results["rf3_p99_latency_ratio_to_js_r3"] = (
+        results["rf3_p99_latency_ms"] / results["js_r3_p99_latency_ms"]
+    )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller runs, finishes within 180 s")
+    args = parser.parse_args()
+    r = asyncio.run(run(args.quick))
+    rows = [
+        (
+            "single publish, pipelined, RF3 ALL vs JS R3 (msg/s)",
+            r["rf3_single_publish_msgs_per_s"],
+            r["js_r3_single_publish_msgs_per_s"],
+            r["rf3_single_publish_ratio_to_js_r3"],
+            ">= 1.0",
+        ),
+        (
+            "batch publish, RF3 ALL vs our RF1 LEADER (rows/s)",
+            r["rf3_batch_rows_per_s"],
+            r["rf1_batch_rows_per_s"],
+            r["rf3_batch_ratio_to_rf1"],
+            ">= 0.5",
+        ),
+        (
+            "failover: kill to next ack (s)",
+            r["failover_s"],
+            r["js_r3_failover_s"],
+            r["failover_ratio_to_js_r3"],
+            "<= 1.0",
+        ),
+        (
+            "latency p50 at 1,000 msg/s (ms)",
+            r["rf3_p50_latency_ms"],
+            r["js_r3_p50_latency_ms"],
+            r["rf3_p50_latency_ms"] / r["js_r3_p50_latency_ms"],
+            "",
+        ),
+        (
+            "latency p99 at 1,000 msg/s (ms)",
+            r["rf3_p99_latency_ms"],
+            r["js_r3_p99_latency_ms"],
+            r["rf3_p99_latency_ratio_to_js_r3"],
+            "",
+        ),
+    ]
+    print(f"ZooKeeper session timeout: {r['session_timeout_s']:g} s")
+    print(f"{'measure':<52} {'ours':>14} {'peer':>14} {'ratio':>8} {'target':>8}")
+    for name, ours, theirs, ratio, target in rows:
+        print(f"{name:<52} {ours:>14,.2f} {theirs:>14,.2f} {ratio:>8.2f} {target:>8}")
+    print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
+
+
+if __name__ == "__main__":
+    main()
