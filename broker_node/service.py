@@ -180,7 +180,7 @@ class BrokerService:
                 return self.controller_call(action, body)
             except NotControllerError as exc:
                 controller = exc.fields.get("controller") or self.broker.coordinator.controller()
-                address = self.broker.manager.address_of(str(controller)) if controller else None
+                address = self.broker.manager.peer_address_of(str(controller)) if controller else None
                 if address is not None and controller != self.broker.broker_id:
                     try:
                         return _call(address, ActionType.CONTROLLER_CALL, {"action": action, "body": body})
@@ -227,7 +227,7 @@ class BrokerService:
         if leader == broker.broker_id:
             broker.wait_for_sync()
             return key in self._leading()
-        address = broker.manager.address_of(leader)
+        address = broker.manager.peer_address_of(leader)
         if address is None:
             return False
         try:

@@ -39,6 +39,7 @@ class LocalBroker:
         nats_url: str | None = None,
         embedded_nats_port: int = -1,
         broker_id: str = "broker-1",
+        flight_port: int = 0,
         extra_config: str = "",
         maintenance_interval: float = 30.0,
         log_level: str = "INFO",
@@ -58,7 +59,7 @@ class LocalBroker:
         self.config_path.write_text(
             f'[broker]\nid = "{broker_id}"\ndata_dir = "{self.data_dir}"\n'
             f"maintenance_interval = {maintenance_interval}\n"
-            f"[nats]\n{nats_table}\n[flight]\nport = 0\n{extra_config}"
+            f"[nats]\n{nats_table}\n[flight]\nport = {flight_port}\n{extra_config}"
         )
         self.process: subprocess.Popen[bytes] | None = None
 

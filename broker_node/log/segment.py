@@ -627,6 +627,10 @@ class Segment:
         """Index of the first batch whose last offset is >= ``offset`` (may be ``len``)."""
         return bisect.bisect_left(self.index.lasts, offset)
 
+    def unverified(self) -> list[int]:
+        """Batches not yet checked against their index entry (nor known damaged)."""
+        return [i for i, done in enumerate(self._verified) if not done and i not in self.damage]
+
     def frame(self, i: int) -> pa.Buffer:
         """The stored bytes of batch ``i`` (checked as :meth:`batch` checks them), for replicas."""
         if not self._verified[i]:

@@ -136,8 +136,15 @@ class ReplicaManager:
         )
 
     def address_of(self, broker_id: str) -> str | None:
-        """A live broker's Flight address."""
+        """A live broker's Flight address, as it advertises it to clients."""
         return next((b.flight_address for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
+
+    def peer_address_of(self, broker_id: str) -> str | None:
+        """Where this broker reaches a live peer: ``peer_addresses`` if set, else its advertised address."""
+        address = self.address_of(broker_id)
+        if address is None:
+            return None
+        return self.config.peer_addresses.get(broker_id, address)
 
     # ---- applying the coordinator's state -------------------------------------------------
 
@@ -189,7 +196,7 @@ class ReplicaManager:
                     partition,
                     state.leader,
                     state.leader_epoch,
-                    self.address_of,
+                    self.peer_address_of,
                     max_bytes=self.config.fetch_max_bytes,
                     max_wait=self.config.fetch_max_wait,
                 )

@@ -63,6 +63,9 @@ from .producers import ProducerTable, Verdict
 
 logger = logging.getLogger(__name__)
 
+SCRUB_BYTES = 32 * 1024 * 1024
+"""Bytes of not yet checked batches each maintenance pass checks against their checksums."""
+
 Committed = Callable[[JetStreamError | None], None]
 """Called once with ``None`` when an offset is committed, or with the error that ended the wait."""
 
@@ -420,10 +423,15 @@ class Partition:
             ) and (self.role is not Role.CLOSED)
 
     def maintain(self) -> None:
-        """Apply retention, and key compaction if the stream has it."""
+        """Apply retention, key compaction if the stream has it, and check some unread data.
+
+        The check (``SCRUB_BYTES`` per pass) finds damage in data nobody has
+        read, so a follower can repair it from its leader before it is needed.
+        """
         self.log.enforce_retention()
         if self.log.config.compaction:
             self.log.compact()
+        self.log.verify(SCRUB_BYTES)
 
     def wake_readers(self) -> None:
         """Release every long-polling reader now and from now on (shutdown is coming)."""

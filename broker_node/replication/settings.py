@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,12 +15,21 @@ class ReplicationConfig:
     """Most bytes of stored batches one fetch brings (at least one batch)."""
     fetch_max_wait: float = 0.5
     """How long a leader holds a fetch that finds nothing new."""
+    peer_addresses: dict[str, str] = field(default_factory=dict)
+    """Broker id -> the Flight address this broker uses to reach that peer, instead of
+    the address the peer advertises to clients: a separate replication network, NAT,
+    or a fault-injecting proxy.  Peers not listed are reached where they advertise."""
 
     def __post_init__(self) -> None:
         for name, low, high in (("replica_max_lag", 0.1, 3600.0), ("fetch_max_wait", 0.0, 30.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
                 raise ValueError(f"{name} must be {low:g} to {high:g} seconds, got {value!r}")
+        for broker, address in self.peer_addresses.items():
+            if not isinstance(address, str) or not address.startswith("grpc"):
+                raise ValueError(
+                    f"peer_addresses[{broker!r}] must be a grpc://host:port address, got {address!r}"
+                )
         value = self.fetch_max_bytes
         if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 1 << 30:
             raise ValueError(f"fetch_max_bytes must be 1 KiB to 1 GiB, got {value!r}")

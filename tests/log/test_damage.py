@@ -164,3 +164,17 @@ def test_compaction_waits_for_a_repair(tmp_path):
         assert log.damaged and log.damaged[0][1:3] == (first, last)
         assert rows(log, last + 1) == expected[last + 1 :]
         assert log.compact() == 0
+
+
+@pytest.mark.parametrize("how", ["bit flip", "index checksum"])
+def test_verifying_finds_damage_nobody_has_read_yet(tmp_path, how):
+    _fill(tmp_path)
+    path, first, last = _damage(tmp_path, how)
+    with Log.open(tmp_path, CONFIG) as log:
+        assert log.damaged == []
+        checked = 0
+        while (done := log.verify(1_000)) > 0:  # bounded passes, as the broker's maintenance runs them
+            checked += done
+        assert checked > 0
+        assert [(d.path, d.first_offset, d.last_offset) for d in log.damaged] == [(str(path), first, last)]
+        assert log.verify(1_000_000) == 0  # everything is checked now
