@@ -7,7 +7,7 @@ PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: demo test bootstrap lint bench cluster cluster-clean
+.PHONY: demo test bootstrap lint bench cluster cluster-clean chaos
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -37,3 +37,10 @@ cluster: bootstrap
 
 cluster-clean:
 	rm -rf .cluster
+
+# The fault matrix, long: 10 minutes of random faults on a real cluster, then the checker's table
+# (make chaos SEED=7 MINUTES=2 for another run).
+SEED ?= 1
+MINUTES ?= 10
+chaos: bootstrap
+	$(PY) scripts/chaos.py --seed $(SEED) --minutes $(MINUTES)

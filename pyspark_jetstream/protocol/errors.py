@@ -126,9 +126,14 @@ class ProducerFencedError(JetStreamError):
 
 
 class StorageError(JetStreamError):
-    """The broker failed to store or read data."""
+    """The broker failed to store or read data (a full disk, an I/O error).
+
+    Retriable: nothing was stored, and the usual causes pass (space is freed,
+    leadership moves to a replica whose disk works).
+    """
 
     code = ErrorCode.STORAGE
+    retriable = True
 
 
 class UnavailableError(JetStreamError):
