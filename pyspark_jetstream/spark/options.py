@@ -62,6 +62,7 @@ class SourceOptions:
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    read_from_replicas: bool = False
     consumer_id: str = ""
     timeout: float = 30.0
     options: dict[str, str] = field(default_factory=dict)
@@ -136,6 +137,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
         fail_on_data_loss=_boolean(opts, "failOnDataLoss", True),
         include_headers=_boolean(opts, "includeHeaders", False),
+        read_from_replicas=_boolean(opts, "readFromReplicas", False),
         consumer_id=consumer,
         timeout=_seconds(opts, "timeout", 30.0),
         options=dict(options),

@@ -157,10 +157,21 @@ def plan_ranges(options: SourceOptions, start: Offsets, end: Offsets) -> list[Ra
 
 
 def read_range(
-    spec: RangeSpec, target: pa.Schema, *, fail_on_data_loss: bool, timeout: float
+    spec: RangeSpec,
+    target: pa.Schema,
+    *,
+    fail_on_data_loss: bool,
+    timeout: float,
+    from_replicas: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema."""
+    """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
+
+    With ``from_replicas`` an in-sync follower may serve the range; the range
+    was planned from the leader's high watermark, so what a follower has not
+    committed yet is read from the leader instead of waited for.
+    """
     connection = ClusterConnection(spec.broker, timeout=timeout)
+    replicas = from_replicas
     try:
         offset = spec.start
         while offset < spec.end:
@@ -173,6 +184,7 @@ def read_range(
                         max_records=spec.end - offset,
                         max_bytes=READ_BYTES,
                         columns=_columns_for(target),
+                        from_replicas=replicas,
                     )
                 )
             except OffsetOutOfRangeError as exc:
@@ -188,6 +200,9 @@ def read_range(
                 if inside.num_rows:
                     yield to_spark_batch(inside, spec.stream, spec.partition, target)
             if result.next_offset <= offset:
+                if replicas:
+                    replicas = False  # a follower behind the leader: the rest from the leader
+                    continue
                 if result.high_watermark < spec.end:
                     raise OffsetOutOfRangeError(
                         f"{spec.stream}/{spec.partition}: the range ends at {spec.end} but the partition's "

@@ -124,7 +124,11 @@ class _Reading:
             return
         target = to_arrow_schema(self.schema, timezone="UTC")
         yield from read_range(
-            spec, target, fail_on_data_loss=self.options.fail_on_data_loss, timeout=self.options.timeout
+            spec,
+            target,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+            timeout=self.options.timeout,
+            from_replicas=self.options.read_from_replicas,
         )
 
 

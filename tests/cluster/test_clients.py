@@ -108,6 +108,7 @@ def test_a_streaming_query_reads_and_writes_across_leader_changes(cluster, clien
         .option("servers", ",".join(cluster.flights))
         .option("stream", "source")
         .option("startingOffsets", "earliest")
+        .option("readFromReplicas", "true")  # followers serve, the leader what they lack
         .option("maxRecordsPerTrigger", "60")
         .load()
         .selectExpr("key", "value", "partition")

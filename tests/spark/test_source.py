@@ -163,6 +163,7 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
         ({"stream": "a", "startingOffsets": "{not json"}, "option 'startingOffsets' is '{not json'"),
         ({"stream": "a", "startingOffsets": '{"a": {"0": "x"}}'}, "offset 'x' of a/0 must be an integer"),
         ({"stream": "a", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss' must be true or false"),
+        ({"stream": "a", "readFromReplicas": "yes"}, "option 'readFromReplicas' must be true or false"),
         (
             {"stream": "a", "maxRecordsPerTrigger": "0"},
             "option 'maxRecordsPerTrigger' must be a positive integer",
@@ -174,6 +175,12 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
 def test_bad_options_name_the_option(options, message):
     with pytest.raises(Exception, match=message):
         parse_source_options({"servers": "grpc://127.0.0.1:1", **options}, streaming=True)
+
+
+def test_read_from_replicas_is_off_unless_asked():
+    base = {"servers": "grpc://127.0.0.1:1", "stream": "a"}
+    assert not parse_source_options(base, streaming=True).read_from_replicas
+    assert parse_source_options({**base, "readFromReplicas": "TRUE"}, streaming=True).read_from_replicas
 
 
 def test_query_errors_reach_the_user(spark, deployment, client, name):
