@@ -131,6 +131,11 @@ def _latency(payload: bytes, now_ns: int) -> float:
 
 async def ours_latency(client: Client, nc: nats.NATS, stream: str, seconds: float) -> list[float]:
     await client.create_stream(stream, f"bench.{stream}")
+    return await tail_latencies(client, nc, stream, seconds)
+
+
+async def tail_latencies(client: Client, nc: nats.NATS, stream: str, seconds: float) -> list[float]:
+    """Publish-to-consume latencies (ms) of an existing stream on ``bench.<stream>`` at 1,000 msg/s."""
     latencies: list[float] = []
     done = asyncio.Event()
 
@@ -155,6 +160,13 @@ async def jetstream_latency(
     js: nats.js.JetStreamContext, nc: nats.NATS, stream: str, seconds: float
 ) -> list[float]:
     await js.add_stream(StreamConfig(name=stream, subjects=[f"js.{stream}"], storage=StorageType.FILE))
+    return await pull_latencies(js, nc, stream, seconds)
+
+
+async def pull_latencies(
+    js: nats.js.JetStreamContext, nc: nats.NATS, stream: str, seconds: float
+) -> list[float]:
+    """Publish-to-consume latencies (ms) of an existing JetStream stream on ``js.<stream>`` at 1,000 msg/s."""
     subscription = await js.pull_subscribe(
         f"js.{stream}", stream=stream, config=ConsumerConfig(ack_policy=JsAckPolicy.NONE)
     )

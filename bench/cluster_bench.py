@@ -36,12 +36,11 @@ from pathlib import Path
 
 import nats
 import pyarrow as pa
-from nats.js.api import AckPolicy as JsAckPolicy
-from nats.js.api import ConsumerConfig, StorageType, StreamConfig
+from nats.js.api import StorageType, StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.broker_bench import _latency, _percentile, _steady_publish
+from bench.broker_bench import _percentile, pull_latencies, tail_latencies
 from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client
@@ -136,29 +135,7 @@ async def js_failover(js_cluster: JetStreamCluster, name: str) -> float:
 
 async def js_latency(js: nats.js.JetStreamContext, nc: nats.NATS, name: str, seconds: float) -> list[float]:
     await js_ready(js, name, f"js.{name}")
-    subscription = await js.pull_subscribe(
-        f"js.{name}", stream=name, config=ConsumerConfig(ack_policy=JsAckPolicy.NONE)
-    )
-    latencies: list[float] = []
-    done = asyncio.Event()
-
-    async def consume() -> None:
-        while not done.is_set():
-            try:
-                messages = await subscription.fetch(100, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue
-            now = time.perf_counter_ns()
-            latencies.extend(_latency(m.data, now) for m in messages)
-
-    consumer = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.2)
-    sent = await _steady_publish(nc, f"js.{name}", seconds, 1000)
-    while len(latencies) < sent:
-        await asyncio.sleep(0.05)
-    done.set()
-    await consumer
-    return latencies
+    return await pull_latencies(js, nc, name, seconds)
 
 
 # ---- ours ---------------------------------------------------------------------------------
@@ -209,24 +186,7 @@ async def ours_failover(cluster: LocalCluster, client: Client, name: str) -> flo
 
 async def ours_latency(client: Client, nc: nats.NATS, name: str, seconds: float) -> list[float]:
     await client.create_stream(name, f"bench.{name}", replication_factor=3, min_insync_replicas=2)
-    latencies: list[float] = []
-    done = asyncio.Event()
-
-    async def consume() -> None:
-        async for batch in client.tail(name, start="earliest", follow=5.0):
-            now = time.perf_counter_ns()
-            latencies.extend(_latency(v, now) for v in batch.column("value").to_pylist())
-            if done.is_set():
-                return
-
-    consumer = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.2)
-    sent = await _steady_publish(nc, f"bench.{name}", seconds, 1000)
-    while len(latencies) < sent:
-        await asyncio.sleep(0.05)
-    done.set()
-    consumer.cancel()
-    return latencies
+    return await tail_latencies(client, nc, name, seconds)
 
 
 async def run(quick: bool) -> dict[str, float]:

@@ -45,6 +45,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now."""
+    with socket.socket() as s:
+        # As a server binds: connections of an earlier server in TIME_WAIT do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class ZooKeeperServer:
     """A standalone ZooKeeper server child process."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,21 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from broker_node.config import load_broker_config  # noqa: E402
 from broker_node.nats_server import NatsServer  # noqa: E402
-from broker_node.zookeeper_server import ZooKeeperServer  # noqa: E402
+from broker_node.zookeeper_server import ZooKeeperServer, port_is_free  # noqa: E402
 
 STATE = ROOT / ".cluster"
 CONFIGS = sorted((ROOT / "conf" / "cluster").glob("broker-*.toml"))
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As a server binds: connections of an earlier server in TIME_WAIT do not count.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     zookeeper_port = int(configs[0].zookeeper.hosts.rsplit(":", 1)[1])
     nats_port = int(configs[0].nats.servers[0].rsplit(":", 1)[1])
     ports = [zookeeper_port, nats_port, *(c.flight.port for c in configs)]
-    busy = [p for p in ports if not _port_free(p)]
+    busy = [p for p in ports if not port_is_free(p)]
     if busy:
         print(
             f"cluster: port(s) {', '.join(map(str, busy))} are in use (a cluster already running?)",

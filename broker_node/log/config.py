@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
 from pyspark_jetstream.protocol.streams import (
-    INT64_MAX,
     MAX_AGE,
     MAX_MESSAGE_BYTES,
     MAX_SEGMENT_BYTES,
@@ -25,6 +24,7 @@ from pyspark_jetstream.protocol.streams import (
     MiB,
     bounded_int,
     bounded_number,
+    check_retention,
 )
 
 MIN_BATCH_BYTES = 1 * KiB
@@ -103,12 +103,7 @@ class LogConfig:
         bounded_number(
             "high_watermark_checkpoint_interval", self.high_watermark_checkpoint_interval, 0, MAX_INTERVAL
         )
-        if self.retention_age is not None:
-            bounded_number("retention_age", self.retention_age, 0, MAX_AGE)
-        if self.retention_bytes is not None:
-            bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
-        if self.retention_messages is not None:
-            bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
+        check_retention(self.retention_age, self.retention_bytes, self.retention_messages)
         if not isinstance(self.compaction, bool):
             raise ValueError(f"compaction must be true or false, got {self.compaction!r}")
         if self.compression not in COMPRESSIONS:

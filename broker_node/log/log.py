@@ -462,15 +462,19 @@ class Log(ReplicaMethods):
         if upper_bound is not None:
             _check_offset_arg("upper_bound", upper_bound)
         with self._lock:
-            self._check_open()
-            end = self.log_end_offset
-            if not self.log_start_offset <= start_offset <= end:
-                raise OffsetOutOfRangeError(
-                    start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
-                )
-            if upper_bound is not None:
-                end = min(end, upper_bound)
+            end = self._read_end(start_offset, upper_bound)
             return self._read(start_offset, end, max_records, max_bytes)
+
+    def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
+        """Where a read from ``start_offset`` stops (the log end, or ``upper_bound`` if lower);
+        raises ``OffsetOutOfRangeError`` for a start outside the log.  Called holding the lock."""
+        self._check_open()
+        end = self.log_end_offset
+        if not self.log_start_offset <= start_offset <= end:
+            raise OffsetOutOfRangeError(
+                start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
+            )
+        return end if upper_bound is None else min(end, upper_bound)
 
     def _read(
         self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True

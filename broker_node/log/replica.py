@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from .errors import InvalidRecordsError, LogStorageError, OffsetOutOfRangeError
+from .errors import InvalidRecordsError, LogStorageError
 from .frames import replicated_entry
 from .reads import ReplicaFrame, read_frames
 from .segment import Segment, encode_frame
@@ -52,6 +52,7 @@ class ReplicaMethods:
         @property
         def _active(self) -> Segment: ...
         def _check_open(self) -> None: ...
+        def _read_end(self, start_offset: int, upper_bound: int | None) -> int: ...
         def _maybe_roll(self, frame_size: int, last_offset: int, now_us: int) -> None: ...
         def _fsync_due(self) -> bool: ...
         def _record_segments(self, *, required: bool) -> None: ...
@@ -68,14 +69,7 @@ class ReplicaMethods:
         """
         _check_offset("start_offset", start_offset)
         with self._lock:
-            self._check_open()
-            end = self.log_end_offset
-            if not self.log_start_offset <= start_offset <= end:
-                raise OffsetOutOfRangeError(
-                    start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
-                )
-            if upper_bound is not None:
-                end = min(end, upper_bound)
+            end = self._read_end(start_offset, upper_bound)
             return read_frames(
                 self._segments,
                 self._bases,

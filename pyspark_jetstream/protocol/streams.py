@@ -262,12 +262,7 @@ class StreamConfig:
             )
         if self.group is not None:
             validate_group(self.group)
-        if self.retention_age is not None:
-            bounded_number("retention_age", self.retention_age, 0, MAX_AGE)
-        if self.retention_bytes is not None:
-            bounded_int("retention_bytes", self.retention_bytes, 0, INT64_MAX, unit="bytes")
-        if self.retention_messages is not None:
-            bounded_int("retention_messages", self.retention_messages, 0, INT64_MAX)
+        check_retention(self.retention_age, self.retention_bytes, self.retention_messages)
         bounded_int("min_insync_replicas", self.min_insync_replicas, 1, MAX_REPLICATION_FACTOR)
         if self.min_insync_replicas > self.replication_factor:
             raise InvalidArgumentError(
@@ -309,6 +304,16 @@ class StreamConfig:
     def partition_subjects(self) -> list[str]:
         """The subject of each partition, by partition number."""
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
+
+
+def check_retention(age: object, size: object, messages: object) -> None:
+    """Check the retention limits (each ``None`` for no limit) as a stream and a log take them."""
+    if age is not None:
+        bounded_number("retention_age", age, 0, MAX_AGE)
+    if size is not None:
+        bounded_int("retention_bytes", size, 0, INT64_MAX, unit="bytes")
+    if messages is not None:
+        bounded_int("retention_messages", messages, 0, INT64_MAX)
 
 
 def bounded_int(name: str, value: object, low: int, high: int, *, unit: str = "") -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from broker_node.broker import NATS_PID_FILE
 from broker_node.nats_server import NatsServer, nats_server_binary, pid_alive
+from broker_node.zookeeper_server import port_is_free
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
@@ -22,17 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As a server binds: connections of an earlier server in TIME_WAIT do not count.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def health(broker) -> dict:
