@@ -545,9 +545,10 @@ class Log(ReplicaMethods):
     def truncate_to(self, offset: int) -> None:
         """Remove every message at and after ``offset``; the log end offset becomes ``offset``.
 
-        Used by replication to drop a diverged tail.  An offset at or past the
-        log end offset changes nothing; one below the log start offset raises
-        ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
+        Used by replication to drop a diverged tail.  An offset past the log
+        end offset changes nothing; at the log end offset only leader epochs
+        that began there (and hold no data) are forgotten; one below the log
+        start offset raises ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
         are cut back with it.  The segment cut in two is rewritten from its
         batches below ``offset``: a damaged one among them raises
         ``CorruptSegmentError`` and leaves the log as it was.
@@ -556,6 +557,10 @@ class Log(ReplicaMethods):
         with self._lock:
             self._check_open()
             if offset >= self.log_end_offset:
+                if offset == self.log_end_offset:
+                    # A leadership that wrote nothing: the new leader's batches of an
+                    # older epoch must be able to follow.
+                    self._epochs.truncate_from_end(offset)
                 return
             if offset < self.log_start_offset:
                 raise OffsetOutOfRangeError(

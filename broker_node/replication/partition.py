@@ -405,6 +405,8 @@ class Partition:
                 )
                 self.log.truncate_to(offset)
                 self._rebuild_tables()
+            else:
+                self.log.truncate_to(offset)  # forgets epochs begun at the end without data
 
     def reset_to(self, offset: int) -> None:
         """Start over empty at ``offset`` (the leader no longer has what lies before)."""

@@ -132,6 +132,28 @@ def test_truncation_at_a_batch_boundary_cuts_the_files(open_log):
     assert everything(reopened).column("offset").to_pylist() == list(range(32))
 
 
+def test_an_epoch_that_wrote_nothing_is_forgotten_by_a_truncation_to_the_end(open_log):
+    # A follower led epoch 7 briefly and wrote nothing; the next leader has more of epoch 6.
+    leader, follower = open_log("leader"), open_log("follower")
+    for log in (leader, follower):
+        log.assign_leader_epoch(6)
+        log.append(values(1))
+    leader.append(values(2, start=1))
+    follower.assign_leader_epoch(7)
+    cut = truncation_offset(
+        follower.leader_epoch,
+        follower.log_start_offset,
+        leader.end_offset_for_epoch,
+        follower.end_offset_for_epoch,
+    )
+    assert cut == 1
+    follower.truncate_to(cut)
+    assert follower.leader_epochs == ((6, 0),)
+    replicate(leader, follower)  # refused as "older than epoch 7" without the fix
+    assert pa.Table.from_batches(follower.read(1)) == pa.Table.from_batches(leader.read(1))
+    assert follower.leader_epochs == leader.leader_epochs
+
+
 def test_reset_starts_the_log_over_at_an_offset(open_log):
     log = open_log("log", LogConfig(segment_bytes=2048))
     log.assign_leader_epoch(1)
