@@ -99,9 +99,8 @@ class BrokerService:
                 log_start_offset=start,
                 log_end_offset=end,
             )
-        proposal = partition.record_fetch(request.replica, request.fetch_offset)
-        if proposal is not None:
-            manager.request_isr(partition, proposal)
+        if partition.record_fetch(request.replica, request.fetch_offset):
+            manager.request_isr(partition, request.replica)
         if request.fetch_offset == end and request.max_wait > 0:
             log.wait_for_end(request.fetch_offset, request.max_wait)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)

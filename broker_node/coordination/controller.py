@@ -85,6 +85,9 @@ class Controller:
         )
         self._thread = threading.Thread(target=self._run, name=f"controller-{epoch}", daemon=True)
         self._stopped = False
+        self.dirty = False
+        """The last reconciliation failed (ZooKeeper unreachable, say): run it again even if
+        the metadata did not change meanwhile."""
 
     def start(self) -> None:
         """Begin: reconcile the whole cluster first."""
@@ -116,6 +119,8 @@ class Controller:
             work, future = item
             try:
                 future.set_result(self._with_retries(work))
+                if work == self.reconcile:
+                    self.dirty = False
             except NotControllerError as exc:
                 logger.warning("controller epoch %d fenced: %s", self.epoch, exc)
                 future.set_exception(exc)
@@ -123,6 +128,8 @@ class Controller:
             except Exception as exc:
                 if not isinstance(exc, StreamExistsError | UnknownStreamError | NotEnoughReplicasError):
                     logger.exception("controller event failed")
+                if work == self.reconcile:
+                    self.dirty = True
                 future.set_exception(exc)
         while not self._events.empty():  # fail whatever is left
             left = self._events.get_nowait()

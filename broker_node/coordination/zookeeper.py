@@ -90,6 +90,8 @@ DELETED = "/deleted_streams"
 SHUTDOWN = "/admin/shutdown"
 RELOAD_EVERY = 10.0
 """Seconds between reloads when no watch fires (a safety net, not the mechanism)."""
+RETRY_AFTER = 1.0
+"""Seconds before campaigning or registering again after ZooKeeper failed us."""
 CONTROLLER_CALL_TIMEOUT = 30.0
 
 
@@ -422,11 +424,20 @@ class ZooKeeperCoordinator(Coordinator):
         try:
             client.create(CONTROLLER, wire.controller_to_bytes(me, -1), ephemeral=True)
         except NodeExistsError:
-            if client.exists(CONTROLLER, watch=self._on_controller_gone) is None:
-                self._work.put(self._campaign)  # gone between the two calls
+            try:
+                stat = client.exists(CONTROLLER, watch=self._on_controller_gone)
+                if stat is None:
+                    self._work.put(self._campaign)  # gone between the two calls
+                elif stat.ephemeralOwner == client.client_id[0] and self._controller is None:
+                    # Ours, from a create whose answer was lost: nobody acts on it. Start over.
+                    client.delete(CONTROLLER)
+            except KazooException:
+                logger.warning("campaigning for controller failed; trying again shortly")
+                self._retry_later(self._campaign)
             return
         except KazooException:
-            logger.exception("campaigning for controller failed; trying again on the next change")
+            logger.warning("campaigning for controller failed; trying again shortly")
+            self._retry_later(self._campaign)
             return
         try:
             raw, stat = client.get(CONTROLLER_EPOCH)
@@ -437,6 +448,7 @@ class ZooKeeperCoordinator(Coordinator):
             logger.exception("taking up the controller role failed; resigning")
             with contextlib.suppress(KazooException):
                 client.delete(CONTROLLER)
+            self._retry_later(self._campaign)
             return
         controller = Controller(self, me, epoch, internal_streams=self._internal)
         with self._lock:
@@ -479,10 +491,22 @@ class ZooKeeperCoordinator(Coordinator):
             else:
                 self._lease_until = time.monotonic() + self.settings.session_timeout * 2 / 3
         except KazooException:
-            logger.exception("registering again after a new ZooKeeper session failed")
+            logger.exception("registering again after a new ZooKeeper session failed; trying again shortly")
+            self._retry_later(self._on_connected)
             return
         self._reload.set()
         self._tell_session(SessionState.CONNECTED)
+
+    def _retry_later(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` on the work thread after ``RETRY_AFTER`` seconds (unless closed by then)."""
+
+        def queue_it() -> None:
+            if not self._closed.is_set():
+                self._work.put(work)
+
+        timer = threading.Timer(RETRY_AFTER, queue_it)
+        timer.daemon = True
+        timer.start()
 
     def _tell_session(self, state: SessionState) -> None:
         for listener in self._session_listeners:
@@ -529,9 +553,10 @@ class ZooKeeperCoordinator(Coordinator):
         with self._lock:
             changed = snapshot != self._snapshot
             self._snapshot = snapshot
+        controller = self._controller
+        if controller is not None and controller.running and (changed or controller.dirty):
+            controller.submit(controller.reconcile)
         if changed:
-            if self._controller is not None and self._controller.running:
-                self._controller.submit(self._controller.reconcile)
             for listener in self._listeners:
                 try:
                     listener()

@@ -79,17 +79,21 @@ class Fetcher:
         self._thread.start()
 
     def stop(self, wait: bool = True) -> None:
-        """Stop after the fetch under way (at most ``max_wait`` plus a round trip)."""
+        """Stop after the fetch under way (at most ``max_wait`` plus a round trip); with ``wait``,
+        return once stopped.  The thread closes its connection as it ends."""
         self._stopped.set()
         if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(self._max_wait + 10)
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     # ---- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._disconnect()
+
+    def _loop(self) -> None:
         backoff = BACKOFF[0]
         truncated = False
         next_repair = 0.0
@@ -146,7 +150,7 @@ class Fetcher:
             lambda e: EpochEndOffset(*leader_end_for(e)),
             log.end_offset_for_epoch,
         )
-        self.partition.truncate_to(cut)
+        self.partition.truncate_to(cut, self.leader_epoch)
 
     def _fetch(self) -> None:
         partition = self.partition
@@ -162,7 +166,7 @@ class Fetcher:
         table = self._do_get(request)
         offsets = parse_fetch_metadata(table.schema.metadata)
         frames = [frame.as_buffer() for frame in _frames(table)]
-        partition.append_replicated(frames, offsets["high_watermark"])
+        partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
         self.fetches += 1
 
     def _out_of_range(self, exc: OffsetOutOfRangeError) -> bool:
@@ -171,7 +175,7 @@ class Fetcher:
         start = exc.fields.get("log_start_offset")
         end = exc.fields.get("log_end_offset")
         if isinstance(start, int) and log.log_end_offset < start:
-            self.partition.reset_to(start)
+            self.partition.reset_to(start, self.leader_epoch)
             return True
         if isinstance(end, int) and log.log_end_offset > end:
             return False  # we are ahead of the leader: truncate by epoch again

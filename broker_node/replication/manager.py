@@ -68,7 +68,7 @@ class ReplicaManager:
         self._lock = threading.RLock()
         self._apply_lock = threading.Lock()
         self._fenced = False
-        self._isr_requests: queue.Queue[tuple[Partition, tuple[str, ...]] | None] = queue.Queue()
+        self._isr_requests: queue.Queue[tuple[Partition, str] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(target=self._keep_isrs, name="isr", daemon=True)
 
@@ -164,7 +164,12 @@ class ReplicaManager:
                     partition = self._open(metadata, key[1], state)
                     if partition is None:
                         continue
-                self._apply_role(partition, state)
+                try:
+                    self._apply_role(partition, state)
+                except Exception:
+                    # One partition (a full disk under its epoch checkpoint, say) must not keep
+                    # the others from their new roles; the next change or reload tries again.
+                    logger.exception("%s/%d: cannot take its new role yet", *key)
             for key in [k for k in self.offline if k not in wanted]:
                 del self.offline[key]
             with self._lock:
@@ -179,6 +184,8 @@ class ReplicaManager:
     def _apply_role(self, partition: Partition, state: PartitionState) -> None:
         key = (partition.stream, partition.number)
         current = partition.state
+        if partition.role is not Role.OPENED and state.version < current.version:
+            return  # a snapshot read before a newer write this partition already took
         if state.leader == self.broker_id:
             if partition.role is not Role.LEADER or current.leader_epoch != state.leader_epoch:
                 self._stop_fetcher(key)
@@ -207,10 +214,13 @@ class ReplicaManager:
             partition.update_state(state)
 
     def _stop_fetcher(self, key: Key) -> None:
+        """Stop a partition's fetcher without waiting for it: one blocked on a hung leader must not
+        hold up the other partitions' changes, and whatever it still tries is refused (it names
+        a leader epoch the partition no longer follows)."""
         with self._lock:
             fetcher = self._fetchers.pop(key, None)
         if fetcher is not None:
-            fetcher.stop()
+            fetcher.stop(wait=False)
 
     def _open(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition | None:
         key = (metadata.config.name, number)
@@ -313,9 +323,9 @@ class ReplicaManager:
             if partition.role is Role.LEADER:
                 partition.fence(fenced)
 
-    def request_isr(self, partition: Partition, isr: tuple[str, ...]) -> None:
-        """Ask for ``isr`` to be written for ``partition`` (a follower caught up)."""
-        self._isr_requests.put((partition, isr))
+    def request_isr(self, partition: Partition, replica: str) -> None:
+        """Ask for ``replica`` to join ``partition``'s ISR (it caught up); checked again when written."""
+        self._isr_requests.put((partition, replica))
 
     def _keep_isrs(self) -> None:
         interval = min(self.config.replica_max_lag / 2, 1.0)
@@ -328,7 +338,10 @@ class ReplicaManager:
                 return
             try:
                 if item is not None:
-                    self._write_isr(*item)
+                    partition, replica = item
+                    expanded = partition.expansion(replica)
+                    if expanded is not None:
+                        self._write_isr(partition, expanded)
                 for partition in list(self.leaders().values()):
                     shrunk = partition.lagging_replicas(self.config.replica_max_lag)
                     if shrunk is not None:

@@ -122,6 +122,9 @@ class Partition:
         self._lock = threading.RLock()
         self._append_lock = threading.Lock()
         """Orders a producer check with its append (appends themselves are the log's to order)."""
+        self._role_lock = threading.Lock()
+        """Held from a write's role check to the end of the write, and by role changes: a write
+        checked under one role never lands under the next (taken before ``_lock``)."""
         self._advanced = threading.Condition(self._lock)
         self._followers: dict[str, FollowerProgress] = {}
         self._isr: tuple[str, ...] = state.isr
@@ -149,7 +152,7 @@ class Partition:
 
     def become_leader(self, state: PartitionState) -> None:
         """Lead from now on, in ``state.leader_epoch``: stamp appends with it and track followers."""
-        with self._lock:
+        with self._role_lock, self._lock:
             self._check_not_closed()
             self.log.assign_leader_epoch(state.leader_epoch)
             self.state = state
@@ -167,7 +170,7 @@ class Partition:
 
     def become_follower(self, state: PartitionState) -> None:
         """Follow ``state.leader``: stop acknowledging; waiting writes fail with ``NotLeaderError``."""
-        with self._lock:
+        with self._role_lock, self._lock:
             self._check_not_closed()
             self.state = state
             self.role = Role.FOLLOWER
@@ -178,13 +181,16 @@ class Partition:
         logger.info("%s/%d: follower of %s", self.stream, self.number, state.leader or "(nobody yet)")
 
     def update_state(self, state: PartitionState) -> None:
-        """Take a newer version of the same leadership (the ISR changed in the coordinator)."""
+        """Take a newer version of the same leadership (the ISR changed in the coordinator); an
+        older version than the one held (a snapshot read before our own write) is ignored."""
         with self._lock:
+            if state.version < self.state.version:
+                return
             self.state = state
             if self.role is Role.LEADER:
                 if self._pending_isr is not None and state.isr == self._pending_isr:
                     self._pending_isr = None
-                self._isr = state.isr if self._pending_isr is None else self._merged(state.isr)
+                self._isr = self._merged()
                 self._advance_high_watermark()
             else:
                 self._isr = state.isr
@@ -215,9 +221,14 @@ class Partition:
         With ``wait=False``, ``None`` (nothing appended) if the log is busy
         (see :meth:`Log.append`).
         """
-        with self._lock:
-            self._check_leader()
-        offsets = self.log.append(records, wait=wait)
+        if not self._role_lock.acquire(blocking=wait):
+            return None
+        try:
+            with self._lock:
+                self._check_leader()
+            offsets = self.log.append(records, wait=wait)
+        finally:
+            self._role_lock.release()
         if offsets is not None:
             with self._lock:
                 self._advance_high_watermark()
@@ -263,9 +274,13 @@ class Partition:
 
         It gets ``NotEnoughReplicasError`` instead if the ISR shrank below
         ``min_insync_replicas`` by then, or ``NotLeaderError`` if leadership
-        was lost first.  Called at once when already committed.
+        was lost first.  Called at once when already committed.  A
+        ``last_offset`` below 0 (a duplicate whose offsets are no longer known)
+        waits for everything stored so far, which holds the original.
         """
         with self._lock:
+            if last_offset < 0:
+                last_offset = self.log.log_end_offset - 1
             if self.role is not Role.LEADER or self._fenced:
                 error: JetStreamError | None = self._not_leader()
             elif self.log.high_watermark > last_offset:
@@ -292,12 +307,12 @@ class Partition:
 
     # ---- leader: followers -----------------------------------------------------------------
 
-    def record_fetch(self, replica: str, fetch_offset: int) -> tuple[str, ...] | None:
+    def record_fetch(self, replica: str, fetch_offset: int) -> bool:
         """A follower fetched from ``fetch_offset`` (so it holds everything before it).
 
-        Returns a proposed ISR (with ``replica`` added) when it caught up while
-        out of the ISR, else ``None``.  ``NotLeaderError`` if this broker does
-        not lead, ``InvalidArgument`` semantics are the caller's.
+        Returns whether it caught up while out of the ISR (see :meth:`expansion`).
+        ``NotLeaderError`` if this broker does not lead, ``InvalidArgument``
+        semantics are the caller's.
         """
         with self._lock:
             if self.role is not Role.LEADER:
@@ -320,13 +335,21 @@ class Partition:
             progress.previous_fetch_time = now
             progress.log_end_offset = fetch_offset
             self._advance_high_watermark()
+            return self.expansion(replica) is not None
+
+    def expansion(self, replica: str) -> tuple[str, ...] | None:
+        """The ISR with ``replica`` added, if it is out of the ISR and caught up now (it has the
+        high watermark and this leader's whole epoch); else ``None``.  Asked again when the
+        change is about to be written, so a queued request never revives a stale view."""
+        with self._lock:
+            if self.role is not Role.LEADER:
+                return None
+            progress = self._followers.get(replica)
             wanted = self._pending_isr or self._isr
+            if progress is None or replica in wanted:
+                return None
             epoch_start = self.log.end_offset_for_epoch(self.state.leader_epoch - 1).end_offset
-            if (
-                replica not in wanted
-                and fetch_offset >= self.log.high_watermark
-                and fetch_offset >= max(epoch_start, 0)
-            ):
+            if progress.log_end_offset >= max(self.log.high_watermark, epoch_start, 0):
                 return tuple(r for r in self.state.replicas if r in wanted or r == replica)
             return None
 
@@ -354,7 +377,7 @@ class Partition:
             if self.role is not Role.LEADER:
                 return None
             self._pending_isr = isr
-            self._isr = self._merged(isr)
+            self._isr = self._merged()
             return PartitionState(
                 self.state.leader, self.state.replicas, isr, self.state.leader_epoch, self.state.version
             )
@@ -377,24 +400,31 @@ class Partition:
 
     # ---- follower ----------------------------------------------------------------------------
 
-    def append_replicated(self, frames: Iterable[pa.Buffer], leader_high_watermark: int) -> range:
-        """Append frames fetched from the leader and take its high watermark (up to our log end)."""
-        with self._lock:
-            if self.role is not Role.FOLLOWER:
-                raise self._not_leader()
+    def append_replicated(
+        self, frames: Iterable[pa.Buffer], leader_high_watermark: int, leader_epoch: int | None = None
+    ) -> range:
+        """Append frames fetched from the leader and take its high watermark (up to our log end).
+
+        ``leader_epoch`` is the leadership the frames come from: ``NotLeaderError``
+        if this replica follows another one by now (a fetcher that outlived its leader).
+        """
         frames = list(frames)
-        offsets = self.log.append_replicated(frames)
-        with self._lock:
-            self._learn_from(frames)
-            hw = min(leader_high_watermark, self.log.log_end_offset)
-            if hw > self.log.high_watermark:
-                self.log.high_watermark = hw
-                self._advanced.notify_all()
+        with self._role_lock:
+            self._check_following(leader_epoch)
+            offsets = self.log.append_replicated(frames)
+            with self._lock:
+                self._learn_from(frames)
+                hw = min(leader_high_watermark, self.log.log_end_offset)
+                if hw > self.log.high_watermark:
+                    self.log.high_watermark = hw
+                    self._advanced.notify_all()
         return offsets
 
-    def truncate_to(self, offset: int) -> None:
-        """Drop everything from ``offset`` on (a diverged tail); the tables are rebuilt."""
-        with self._lock:
+    def truncate_to(self, offset: int, leader_epoch: int | None = None) -> None:
+        """Drop everything from ``offset`` on (a diverged tail); the tables are rebuilt.
+        ``leader_epoch`` as for :meth:`append_replicated`."""
+        with self._role_lock, self._lock:
+            self._check_following(leader_epoch)
             if offset < self.log.log_end_offset:
                 logger.warning(
                     "%s/%d: truncating from %d to %d",
@@ -408,9 +438,11 @@ class Partition:
             else:
                 self.log.truncate_to(offset)  # forgets epochs begun at the end without data
 
-    def reset_to(self, offset: int) -> None:
-        """Start over empty at ``offset`` (the leader no longer has what lies before)."""
-        with self._lock:
+    def reset_to(self, offset: int, leader_epoch: int | None = None) -> None:
+        """Start over empty at ``offset`` (the leader no longer has what lies before).
+        ``leader_epoch`` as for :meth:`append_replicated`."""
+        with self._role_lock, self._lock:
+            self._check_following(leader_epoch)
             logger.warning("%s/%d: starting over at offset %d", self.stream, self.number, offset)
             self.log.reset_to(offset)
             self._rebuild_tables()
@@ -460,6 +492,18 @@ class Partition:
                 partition=self.number,
             )
 
+    def _check_following(self, leader_epoch: int | None) -> None:
+        if self.role is not Role.FOLLOWER or (
+            leader_epoch is not None and leader_epoch != self.state.leader_epoch
+        ):
+            raise NotLeaderError(
+                f"{self.stream}/{self.number} on broker {self.broker_id} no longer follows that "
+                f"leadership (epoch {leader_epoch}; now {self.role.name.lower()} in epoch "
+                f"{self.state.leader_epoch})",
+                stream=self.stream,
+                partition=self.number,
+            )
+
     def _check_not_closed(self) -> None:
         if self.role is Role.CLOSED:
             raise NotLeaderError(f"{self.stream}/{self.number} is closed on this broker")
@@ -481,10 +525,12 @@ class Partition:
             return exc
         return None
 
-    def _merged(self, proposed: tuple[str, ...]) -> tuple[str, ...]:
-        """The ISR the high watermark waits for: the stored one with pending removals kept."""
-        stored = self.state.isr
-        return tuple(r for r in self.state.replicas if r in stored or (r in proposed and r in self._isr))
+    def _merged(self) -> tuple[str, ...]:
+        """The ISR the high watermark waits for: the stored one and a pending proposal together
+        (a replica being added counts at once, one being removed until the removal is stored),
+        so whoever the coordinator may name in sync has everything acknowledged."""
+        stored, pending = self.state.isr, self._pending_isr or ()
+        return tuple(r for r in self.state.replicas if r in stored or r in pending)
 
     def _advance_high_watermark(self) -> None:
         """Move the high watermark to the lowest log end offset in the ISR (leader only)."""

@@ -149,6 +149,23 @@ def test_a_fenced_controller_cannot_write(cluster, zk_settings):
     assert coordinator.list_streams() == []
 
 
+def test_a_controller_node_of_our_own_that_nobody_acts_on_is_given_up(cluster):
+    # A create whose answer was lost leaves our ephemeral /controller behind with no controller
+    # running here: campaigning again must notice and start over, not watch it forever.
+    (coordinator,) = cluster(1)
+    wait_until(lambda: coordinator.controller() == "b1")
+    epoch = coordinator._controller.epoch
+    coordinator._controller.stop()
+    coordinator._controller = None
+    coordinator._work.put(coordinator._campaign)
+    wait_until(
+        lambda: coordinator._controller is not None and coordinator._controller.epoch > epoch,
+        message="a controller again",
+    )
+    created = coordinator.create_stream(StreamConfig(name="again", subject="again"))
+    assert created.partitions[0].leader == "b1"
+
+
 def test_a_broker_id_in_use_is_refused(cluster, zk_settings):
     cluster(1)
     with pytest.raises(CoordinationError, match="broker id 'b1' is already registered"):

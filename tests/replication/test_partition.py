@@ -1,0 +1,134 @@
+"""A partition's replication state machine, on a real log: commits, the ISR, role changes.
+
+The cluster tests run these paths between processes; here each race the
+cluster can only hit by chance is set up step by step.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_node.coordination.base import PartitionState
+from broker_node.log import Log
+from broker_node.replication.partition import Partition
+from broker_node.replication.producers import WINDOW
+from pyspark_jetstream.protocol.ack import ErrorCode
+from pyspark_jetstream.protocol.errors import NotLeaderError
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from ..log.helpers import values
+
+CONFIG = StreamConfig(name="orders", subject="orders", replication_factor=3, min_insync_replicas=1)
+REPLICAS = ("a", "b", "c")
+
+
+@pytest.fixture
+def open_partition(tmp_path):
+    opened: list[Partition] = []
+
+    def open_(broker: str, state: PartitionState) -> Partition:
+        partition = Partition(CONFIG, 0, Log.open(tmp_path / broker), broker, state)
+        opened.append(partition)
+        return partition
+
+    yield open_
+    for partition in opened:
+        partition.close()
+
+
+def leading(open_partition, isr=REPLICAS, epoch=1) -> Partition:
+    state = PartitionState("a", REPLICAS, tuple(isr), epoch, version=1)
+    leader = open_partition("a", state)
+    leader.become_leader(state)
+    return leader
+
+
+def committed(partition: Partition, last_offset: int) -> list:
+    seen: list = []
+    partition.when_committed(last_offset, seen.append)
+    return seen
+
+
+def test_an_ack_waits_for_every_in_sync_follower(open_partition):
+    leader = leading(open_partition)
+    offsets = leader.append(values(1))
+    seen = committed(leader, offsets[-1])
+    leader.record_fetch("b", 1)
+    assert seen == []  # c has not fetched past it
+    leader.record_fetch("c", 1)
+    assert seen == [None] and leader.high_watermark == 1
+
+
+def test_a_duplicate_too_old_to_know_its_offsets_is_acked_only_once_committed(open_partition):
+    leader = leading(open_partition)
+    for sequence in range(WINDOW + 2):
+        leader.append_idempotent(values(1, start=sequence), "p", 0, sequence)
+    ack = leader.append_idempotent(values(1), "p", 0, 0)  # a resend of the first
+    assert ack.error is ErrorCode.DUPLICATE and ack.last_offset == -1
+    seen = committed(leader, ack.last_offset)
+    assert seen == []  # acked at once before the fix, with nothing replicated
+    leader.record_fetch("b", WINDOW + 2)
+    leader.record_fetch("c", WINDOW + 2)
+    assert seen == [None]
+
+
+def test_a_replica_being_added_to_the_isr_counts_before_the_change_is_stored(open_partition):
+    leader = leading(open_partition, isr=("a", "b"))
+    leader.append(values(1))
+    leader.record_fetch("b", 1)
+    assert leader.record_fetch("c", 1)  # c caught up: it asks to join
+    proposal = leader.propose_isr(leader.expansion("c"))
+    assert proposal.isr == REPLICAS
+    offsets = leader.append(values(1, start=1))
+    seen = committed(leader, offsets[-1])
+    leader.record_fetch("b", 2)
+    # The coordinator may already list c in sync (and elect it): c must have the message too.
+    assert seen == []
+    leader.record_fetch("c", 2)
+    assert seen == [None]
+
+
+def test_a_queued_isr_request_is_judged_again_when_written(open_partition):
+    leader = leading(open_partition, isr=("a", "b"))
+    leader.append(values(1))
+    leader.record_fetch("b", 1)
+    assert leader.record_fetch("c", 1)
+    leader.append(values(3, start=1))  # c falls behind before the ISR thread gets to it
+    leader.record_fetch("b", 4)
+    assert leader.expansion("c") is None
+    leader.record_fetch("c", 4)
+    assert leader.expansion("c") == REPLICAS
+
+
+def test_an_older_state_than_the_one_held_is_ignored(open_partition):
+    leader = leading(open_partition, isr=("a", "b"))
+    leader.update_state(PartitionState("a", REPLICAS, ("a",), 1, version=3))
+    leader.update_state(PartitionState("a", REPLICAS, REPLICAS, 1, version=2))  # read before v3
+    assert leader.state.isr == ("a",) and leader.state.version == 3
+
+
+def test_a_fetcher_of_an_earlier_leadership_cannot_write(open_partition):
+    leader = leading(open_partition)
+    leader.append(values(2))
+    frames = [f.data for f in leader.log.read_frames(0)]
+    follower = open_partition("b", PartitionState("a", REPLICAS, REPLICAS, 1, version=1))
+    follower.become_follower(PartitionState("a", REPLICAS, REPLICAS, 1, version=1))
+    follower.become_follower(PartitionState("c", REPLICAS, REPLICAS, 2, version=2))  # a new leader
+    for write in (
+        lambda: follower.append_replicated(frames, 2, leader_epoch=1),
+        lambda: follower.truncate_to(0, leader_epoch=1),
+        lambda: follower.reset_to(5, leader_epoch=1),
+    ):
+        with pytest.raises(NotLeaderError, match="no longer follows"):
+            write()
+    assert follower.log.log_end_offset == 0
+    follower.append_replicated(frames, 2, leader_epoch=2)
+    assert follower.log.log_end_offset == 2
+
+
+def test_a_leader_that_became_a_follower_refuses_appends(open_partition):
+    leader = leading(open_partition)
+    leader.become_follower(PartitionState("b", REPLICAS, REPLICAS, 2, version=2))
+    with pytest.raises(NotLeaderError):
+        leader.append(values(1))
+    assert leader.log.log_end_offset == 0
