@@ -60,6 +60,8 @@ class ReplicaManager:
         self._log_config = log_config
         self._lease = lease
         self._partitions: dict[Key, Partition] = {}
+        self._stream_ids: dict[Key, str] = {}
+        """Which incarnation of its stream each open partition belongs to."""
         self._fetchers: dict[Key, Fetcher] = {}
         self.offline: dict[Key, str] = {}
         """Partitions this broker should hold but cannot, and why."""
@@ -160,6 +162,10 @@ class ReplicaManager:
             }
             for key, (metadata, state) in wanted.items():
                 partition = self.get(*key)
+                if partition is not None and self._stream_ids.get(key) != metadata.stream_id:
+                    # Deleted and created again between two looks at the metadata.
+                    self._close_partition(key)  # opening it again removes the old files
+                    partition = None
                 if partition is None:
                     partition = self._open(metadata, key[1], state)
                     if partition is None:
@@ -172,14 +178,24 @@ class ReplicaManager:
                     logger.exception("%s/%d: cannot take its new role yet", *key)
             for key in [k for k in self.offline if k not in wanted]:
                 del self.offline[key]
-            with self._lock:
-                gone = [(k, self._partitions.pop(k)) for k in list(self._partitions) if k not in wanted]
-            for key, partition in gone:
-                self._stop_fetcher(key)
-                partition.close()
-                logger.info("closed partition %s/%d", *key)
+            gone = [k for k in self.held_keys() if k not in wanted]
+            for key in gone:
+                self._close_partition(key)
             if gone:
                 self.clean_up()
+
+    def held_keys(self) -> list[Key]:
+        """The partitions open here."""
+        with self._lock:
+            return list(self._partitions)
+
+    def _close_partition(self, key: Key) -> None:
+        with self._lock:
+            partition = self._partitions.pop(key)
+            self._stream_ids.pop(key, None)
+        self._stop_fetcher(key)
+        partition.close()
+        logger.info("closed partition %s/%d", *key)
 
     def _apply_role(self, partition: Partition, state: PartitionState) -> None:
         key = (partition.stream, partition.number)
@@ -234,6 +250,7 @@ class ReplicaManager:
         self.offline.pop(key, None)
         with self._lock:
             self._partitions[key] = partition
+            self._stream_ids[key] = metadata.stream_id
         return partition
 
     def _open_partition(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition:

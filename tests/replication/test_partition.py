@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker_node.coordination.base import PartitionState
-from broker_node.log import Log
+from broker_node.coordination.base import BrokerInfo, PartitionState
+from broker_node.coordination.local import LocalCoordinator
+from broker_node.log import Log, LogConfig
+from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.producers import WINDOW
+from broker_node.replication.settings import ReplicationConfig
 from pyspark_jetstream.protocol.ack import ErrorCode
 from pyspark_jetstream.protocol.errors import NotLeaderError
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -132,3 +135,23 @@ def test_a_leader_that_became_a_follower_refuses_appends(open_partition):
     with pytest.raises(NotLeaderError):
         leader.append(values(1))
     assert leader.log.log_end_offset == 0
+
+
+def test_a_stream_deleted_and_created_again_between_two_applies_starts_empty(tmp_path):
+    coordinator = LocalCoordinator(tmp_path)
+    coordinator.start(BrokerInfo("a", "grpc://127.0.0.1:1", ()))
+    manager = ReplicaManager("a", tmp_path, coordinator, ReplicationConfig(), lambda config: LogConfig())
+    config = StreamConfig(name="audit", subject="audit")
+    coordinator.create_stream(config)
+    manager.apply()
+    manager.get("audit", 0).append(values(3))
+    coordinator.delete_stream("audit")
+    coordinator.create_stream(config)  # no apply in between: the manager never saw it gone
+    manager.apply()
+    try:
+        partition = manager.get("audit", 0)
+        assert partition.log.log_end_offset == 0  # the old incarnation's 3 messages are gone
+        partition.append(values(1))
+    finally:
+        manager.close()
+        coordinator.close()
