@@ -121,6 +121,8 @@ class LogMachine(RuleBasedStateMachine):
             self.messages = {o: m for o, m in self.messages.items() if o < offset}
             self.end = offset
             self.hw = min(self.hw, offset)
+        if offset <= self.end:
+            # At the log end only epochs begun there without data are forgotten.
             self.epochs = [(e, s) for e, s in self.epochs if s < offset]
 
     @rule()
