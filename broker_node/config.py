@@ -107,8 +107,12 @@ class IngestConfig:
     """1 KiB to 1 GiB."""
     max_delay: float = 0.0
     """Extra seconds to wait for more messages (0 to 60); 0 flushes as soon as the queue is drained."""
+    live_tail: bool = True
+    """Publish each committed batch of the partitions led here on NATS for tailing consumers."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.live_tail, bool):
+            raise ValueError(f"live_tail must be true or false, got {self.live_tail!r}")
         bounded_int("max_batch_messages", self.max_batch_messages, 1, MAX_BATCH_MESSAGES)
         bounded_int("max_batch_bytes", self.max_batch_bytes, MIN_BATCH_BYTES, MAX_BATCH_BYTES, unit="bytes")
         bounded_number("max_delay", self.max_delay, 0, MAX_DELAY)

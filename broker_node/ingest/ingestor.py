@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -22,8 +23,10 @@ from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig, NatsConfig
 from pyspark_jetstream.protocol.errors import UnavailableError
-from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, partition_subject
+from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, INTERNAL_PREFIX, partition_subject
+from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
 
+from .live_tail import TailPartition, TailPublisher
 from .partition_ingest import IngestPartition, PartitionIngest
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,10 @@ async def round_trip(nc: NatsClient) -> None:
     """
     await nc.flush(timeout=SUBSCRIBE_TIMEOUT)  # type: ignore[arg-type]
     await nc.flush(timeout=SUBSCRIBE_TIMEOUT)  # type: ignore[arg-type]
+
+
+class LedPartition(IngestPartition, TailPartition, Protocol):
+    """A partition led here: ingested, and published on its live tail."""
 
 
 class Ingestor:
@@ -71,6 +78,8 @@ class Ingestor:
         """Connections lost so far: a server that closes the connection over a SUB says no that way."""
         self._closing = False
         self._reopening: asyncio.Task[None] | None = None
+        self._tails: dict[tuple[str, int], TailPublisher] = {}
+        self._heartbeats: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -181,7 +190,32 @@ class Ingestor:
         """Partitions whose subscription NATS refused, with the reason."""
         return dict(self._failures)
 
-    async def sync(self, leading: Mapping[tuple[str, int], IngestPartition]) -> dict[tuple[str, int], str]:
+    @property
+    def tails(self) -> dict[tuple[str, int], TailPublisher]:
+        """The live-tail publishers, one per partition led here (none with ``live_tail`` off)."""
+        return dict(self._tails)
+
+    async def _sync_tails(self, leading: Mapping[tuple[str, int], LedPartition]) -> None:
+        """One live-tail publisher per partition led here (internal streams have none)."""
+        for key in sorted(self._tails):
+            if leading.get(key) is not self._tails[key].partition:
+                await self._tails.pop(key).close()
+        if not self.settings.live_tail:
+            return
+        for key in sorted(set(leading) - set(self._tails)):
+            if not key[0].startswith(INTERNAL_PREFIX):
+                self._tails[key] = TailPublisher(leading[key], lambda: self.nc)
+        if self._heartbeats is None:
+            self._heartbeats = asyncio.ensure_future(self._beat())
+
+    async def _beat(self) -> None:
+        """Marks on the live tail of every partition that published nothing for a while."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS / 4)
+            for tail in list(self._tails.values()):
+                await tail.heartbeat()
+
+    async def sync(self, leading: Mapping[tuple[str, int], LedPartition]) -> dict[tuple[str, int], str]:
         """Subscribe for partitions newly led here; unsubscribe those no longer led.
 
         Each new subscription is confirmed by a round trip to the server
@@ -225,6 +259,7 @@ class Ingestor:
                         await ingest.subscription.unsubscribe()
                 continue
             self._ingests[key] = ingest
+        await self._sync_tails(leading)
         return self.failures
 
     @staticmethod
@@ -246,6 +281,10 @@ class Ingestor:
         if self._discovery_sub is not None:
             with contextlib.suppress(Exception):  # the connection may be closed already
                 await self._discovery_sub.unsubscribe()
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+        for key in sorted(self._tails):
+            await self._tails.pop(key).close()
         for key in sorted(self._ingests):
             await self._ingests.pop(key).close()
         await self.nc.close()

@@ -14,7 +14,7 @@ import dataclasses
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import pyarrow as pa
 
@@ -58,17 +58,40 @@ class ReplicaMethods:
         def _record_segments(self, *, required: bool) -> None: ...
         def _checkpoint_high_watermark(self) -> None: ...
 
+    @overload
     def read_frames(
-        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None
-    ) -> list[ReplicaFrame]:
+        self,
+        start_offset: int,
+        *,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+        wait: Literal[True] = True,
+    ) -> list[ReplicaFrame]: ...
+    @overload
+    def read_frames(
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
+    ) -> list[ReplicaFrame] | None: ...
+
+    def read_frames(
+        self,
+        start_offset: int,
+        *,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+        wait: bool = True,
+    ) -> list[ReplicaFrame] | None:
         """Stored batches from ``start_offset`` on, byte for byte as on disk, for a replica.
 
         Bounds and errors as :meth:`read` (a batch cut by the range is sliced
         and encoded afresh); ``max_bytes`` counts stored bytes.  Each frame's
-        bytes are what :meth:`append_replicated` takes.
+        bytes are what :meth:`append_replicated` takes.  With ``wait=False``,
+        ``None`` if another thread holds the log (an event loop's caller reads
+        in a thread then).
         """
         _check_offset("start_offset", start_offset)
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             end = self._read_end(start_offset, upper_bound)
             return read_frames(
                 self._segments,
@@ -78,6 +101,8 @@ class ReplicaMethods:
                 max_bytes=max_bytes,
                 compression=self.config.compression,
             )
+        finally:
+            self._lock.release()
 
     def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
         """Append batches a leader stored, keeping its offsets, timestamps and leader epochs.

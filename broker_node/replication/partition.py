@@ -46,7 +46,7 @@ from typing import Literal, overload
 import pyarrow as pa
 
 from broker_node.coordination.base import PartitionState
-from broker_node.log import CorruptSegmentError, FsyncPolicy, Log
+from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
 from broker_node.log.frames import decode
 from broker_node.log.records import Records
 from pyspark_jetstream.protocol.ack import Ack
@@ -131,6 +131,7 @@ class Partition:
         self._pending_isr: tuple[str, ...] | None = None
         self._waiters: list[tuple[int, int, Committed]] = []
         self._ids = itertools.count()
+        self._listeners: list[Callable[[], None]] = []
         self._rebuild_tables()
 
     # ---- roles ---------------------------------------------------------------------------
@@ -144,6 +145,11 @@ class Partition:
     def is_leader(self) -> bool:
         """Whether this broker leads the partition and may acknowledge writes now."""
         return self.role is Role.LEADER and not self._fenced
+
+    @property
+    def leader_epoch(self) -> int:
+        """The leader epoch of the partition state this broker holds."""
+        return self.state.leader_epoch
 
     @property
     def isr(self) -> tuple[str, ...]:
@@ -456,6 +462,36 @@ class Partition:
                 lambda: self.role is Role.CLOSED or self.log.high_watermark > offset, timeout
             ) and (self.role is not Role.CLOSED)
 
+    def on_commit(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` each time the high watermark advances; return what stops it.
+
+        It is called on the thread that advanced it, holding the partition's
+        lock, so it must only hand the news on (wake a task), never block.
+        """
+        with self._lock:
+            self._listeners.append(listener)
+
+        def stop() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return stop
+
+    @overload
+    def committed_frames(
+        self, offset: int, max_bytes: int, *, wait: Literal[True] = True
+    ) -> list[ReplicaFrame]: ...
+    @overload
+    def committed_frames(self, offset: int, max_bytes: int, *, wait: bool) -> list[ReplicaFrame] | None: ...
+
+    def committed_frames(
+        self, offset: int, max_bytes: int, *, wait: bool = True
+    ) -> list[ReplicaFrame] | None:
+        """Stored batches from ``offset`` up to the high watermark, byte for byte (see
+        ``Log.read_frames``); with ``wait=False``, ``None`` if the log is busy."""
+        return self.log.read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark, wait=wait)
+
     def maintain(self) -> None:
         """Apply retention, key compaction if the stream has it, and check some unread data.
 
@@ -549,6 +585,8 @@ class Partition:
             return
         self.log.high_watermark = hw
         self._advanced.notify_all()
+        for listener in self._listeners:
+            listener()
         if self._waiters and self._waiters[0][0] < hw:
             error = self._commit_error()
             while self._waiters and self._waiters[0][0] < hw:

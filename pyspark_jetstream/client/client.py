@@ -44,11 +44,17 @@ from pyspark_jetstream.protocol.flight import (
     StreamInfo,
     parse_response_metadata,
 )
-from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, StreamConfig, partition_subject
+from pyspark_jetstream.protocol.streams import (
+    DISCOVERY_SUBJECT,
+    INTERNAL_PREFIX,
+    StreamConfig,
+    partition_subject,
+)
 from pyspark_jetstream.protocol.subjects import subject_matches
 
 from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
+from .live import LiveTail
 from .partitioners import Partitioner, key_hash
 
 logger = logging.getLogger(__name__)
@@ -583,7 +589,7 @@ class Client:
         )
         return await asyncio.to_thread(self._broker.read, request)
 
-    async def tail(
+    def tail(
         self,
         stream: str,
         partition: int = 0,
@@ -592,14 +598,51 @@ class Client:
         follow: float = 30.0,
         max_records: int | None = 10_000,
         max_bytes: int | None = None,
+        live: bool = True,
     ) -> AsyncIterator[pa.RecordBatch]:
         """Committed batches from ``start`` on, each as soon as it is committed; runs until you stop.
 
-        One Flight stream stays open (renewed every ``follow`` seconds) and the
-        broker pushes batches down it, so a new message arrives without a
-        request of its own.  Batches are in the log schema.
+        Batches are in the log schema, each offset once and in order.  With
+        ``live`` (the default) the history is read over Flight and new batches
+        then come from the partition's live tail on NATS, which the leader
+        publishes once for every consumer (see :mod:`.live`; the result's
+        ``stats`` say where batches came from).  Without it, or when the
+        broker publishes no live tail, one Flight stream stays open (renewed
+        every ``follow`` seconds) and the broker pushes batches down it.
         """
         position = start_position(start)
+        if live and not stream.startswith(INTERNAL_PREFIX):
+
+            def over_flight(offset: int) -> AsyncIterator[pa.RecordBatch]:
+                resume = position if offset < 0 else StartPosition("offset", offset)
+                return self._flight_tail(
+                    stream, partition, resume, follow=follow, max_records=max_records, max_bytes=max_bytes
+                )
+
+            return LiveTail(
+                self,
+                stream,
+                partition,
+                position,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                flight_tail=over_flight,
+            )
+        return self._flight_tail(
+            stream, partition, position, follow=follow, max_records=max_records, max_bytes=max_bytes
+        )
+
+    async def _flight_tail(
+        self,
+        stream: str,
+        partition: int,
+        position: StartPosition,
+        *,
+        follow: float,
+        max_records: int | None,
+        max_bytes: int | None,
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """Batches from a Flight follow stream, reopened after each renewal or leader change."""
         retry_until: float | None = None
         while True:
             request = ReadRequest(stream, partition, position, max_records, max_bytes, 0.0, follow)
@@ -691,9 +734,11 @@ class Client:
         start: Start = "earliest",
         follow: float = 30.0,
         max_records: int = 10_000,
+        live: bool = True,
     ) -> AsyncIterator[Message]:
         """Every message from ``start`` on, then new ones as they are committed (see :meth:`tail`)."""
-        async for batch in self.tail(stream, partition, start=start, follow=follow, max_records=max_records):
+        batches = self.tail(stream, partition, start=start, follow=follow, max_records=max_records, live=live)
+        async for batch in batches:
             for row in batch.to_pylist():
                 yield Message(
                     stream=stream,

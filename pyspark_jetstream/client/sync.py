@@ -125,10 +125,16 @@ class SyncClient:
         return self._run(self._client.fetch(stream, partition, **options))
 
     def subscribe(
-        self, stream: str, partition: int = 0, *, start: Start = "earliest", follow: float = 30.0
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = "earliest",
+        follow: float = 30.0,
+        live: bool = True,
     ) -> Iterator[Message]:
         """See :meth:`Client.subscribe`: a blocking iterator."""
-        iterator = self._client.subscribe(stream, partition, start=start, follow=follow)
+        iterator = self._client.subscribe(stream, partition, start=start, follow=follow, live=live)
 
         async def step() -> Message:
             return await anext(iterator)

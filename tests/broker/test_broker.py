@@ -104,7 +104,9 @@ def test_tail_survives_stream_renewals_without_gaps(client):
     got: list[bytes] = []
 
     async def consume() -> None:
-        async for batch in client._client.tail("tail", start=existing.last_offset + 1, follow=0.3):
+        async for batch in client._client.tail(
+            "tail", start=existing.last_offset + 1, follow=0.3, live=False
+        ):
             got.extend(batch.column("value").to_pylist())
             if len(got) == 5:
                 return

@@ -1,0 +1,354 @@
+"""The live tail: committed batches published once on NATS, and consumers that never miss one.
+
+Each test checks what a consumer saw offset by offset (every offset once, in
+order) and, through the tail's ``stats``, that the path under test was really
+taken: batches from NATS, gaps noticed and read over Flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from broker_node.zookeeper_server import free_port
+from pyspark_jetstream.client import AckPolicy, Client
+from pyspark_jetstream.client.live import LiveTail
+from pyspark_jetstream.protocol.flight import StartPosition
+from pyspark_jetstream.protocol.tail import decode_delivery, tail_subject
+
+from .harness import BrokerProcess, wait_until
+
+
+def offsets_of(batches: list[pa.RecordBatch]) -> list[int]:
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+async def connect(broker: BrokerProcess) -> Client:
+    return await Client.connect(nats_urls=broker.nats_url, broker=broker.flight, timeout=20)
+
+
+async def publish_rows(client: Client, stream: str, first: int, count: int, per_batch: int = 1) -> None:
+    """``count`` messages valued by their number, ``per_batch`` to a publish, each acked."""
+    futures = []
+    for start in range(first, first + count, per_batch):
+        rows = [{"value": b"%06d" % i} for i in range(start, min(start + per_batch, first + count))]
+        futures.append(await client.publish_batch_async(stream, rows, partition=0))
+    for future in futures:
+        await future
+
+
+async def collect(tail, until: int, seen: list[pa.RecordBatch]) -> None:
+    async for batch in tail:
+        seen.append(batch)
+        if batch.column("offset")[-1].as_py() >= until - 1:
+            return
+
+
+def test_exactly_once_across_the_switch_from_history_to_live(broker):
+    """A publisher at full speed while the consumer starts: every offset once, in order."""
+    total = 20_000
+
+    async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
+        async with await connect(broker) as client:
+            await client.create_stream("fast", "fast")
+            publisher = asyncio.ensure_future(publish_rows(client, "fast", 0, total, per_batch=20))
+            while (await client.describe_stream("fast")).partitions[0].high_watermark < total // 4:
+                await asyncio.sleep(0.01)
+            tail = client.tail("fast", start="earliest", max_records=500)
+            seen: list[pa.RecordBatch] = []
+            await asyncio.wait_for(collect(tail, total, seen), 120)
+            await publisher
+            await tail.aclose()
+            return seen, tail
+
+    seen, tail = asyncio.run(main())
+    assert offsets_of(seen) == list(range(total))
+    values = [v for b in seen for v in b.column("value").to_pylist()]
+    assert values == [b"%06d" % i for i in range(total)]
+    assert isinstance(tail, LiveTail)
+    assert tail.stats.fetched_batches > 0, tail.stats  # history over Flight...
+    assert tail.stats.live_batches > 0, tail.stats  # ...then the live tail
+    assert not tail.stats.flight_only
+
+
+def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker):
+    """NATS drops what a consumer with tiny pending limits leaves unread; nothing is lost."""
+    total = 3000
+
+    async def main() -> tuple[list[int], LiveTail]:
+        async with await connect(broker) as client:
+            await client.create_stream("slow", "slow")
+            tail = LiveTail(
+                client,
+                "slow",
+                0,
+                StartPosition("earliest"),
+                max_records=50,
+                max_bytes=None,
+                flight_tail=lambda offset: client.tail("slow", start=offset, live=False),
+                pending_messages=2,
+            )
+            got: list[int] = []
+            first = await anext(tail)  # subscribed and caught up (nothing yet)
+            got.extend(first.column("offset").to_pylist())
+            publisher = asyncio.ensure_future(publish_rows(client, "slow", 1, total - 1))
+
+            async def consume() -> None:
+                async for batch in tail:
+                    got.extend(batch.column("offset").to_pylist())
+                    await asyncio.sleep(0.002)  # slower than the publisher
+                    if got[-1] >= total - 1:
+                        return
+
+            await asyncio.wait_for(consume(), 60)
+            await publisher
+            await tail.aclose()
+            return got, tail
+
+    async def seeded() -> None:
+        async with await connect(broker) as client:
+            await client.create_stream("slow", "slow")
+            await client.publish("slow", b"%06d" % 0, ack_policy=AckPolicy.LEADER)
+
+    asyncio.run(seeded())
+    got, tail = asyncio.run(main())
+    assert got == list(range(total))
+    assert tail.stats.gaps > 0, tail.stats  # NATS really dropped deliveries
+    assert tail.stats.live_batches > 0, tail.stats
+
+
+def test_a_broker_restart_leaves_no_gap_and_no_repeat(tmp_path, nats_server):
+    port = free_port()
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url, flight_port=port).start()
+    try:
+
+        async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
+            async with await connect(broker) as client:
+                await client.create_stream("restart", "restart")
+                await publish_rows(client, "restart", 0, 100)
+                tail = client.tail("restart", start="earliest")
+                seen: list[pa.RecordBatch] = []
+                await asyncio.wait_for(collect(tail, 100, seen), 30)
+                consumer = asyncio.ensure_future(collect(tail, 300, seen))
+                await publish_rows(client, "restart", 100, 100)
+                await asyncio.to_thread(broker.kill)
+                await asyncio.to_thread(broker.start)
+                await publish_rows(client, "restart", 200, 100)
+                await asyncio.wait_for(consumer, 60)
+                await tail.aclose()
+                return seen, tail
+
+        seen, tail = asyncio.run(main())
+    finally:
+        broker.stop()
+    assert offsets_of(seen) == list(range(300))
+    assert tail.stats.live_batches > 0, tail.stats
+
+
+def test_a_consumer_paused_with_sigstop_sees_everything_once(broker, tmp_path):
+    """A consumer process frozen while the publisher goes on: NATS cuts it off as a slow
+    consumer (or drops its deliveries); after SIGCONT it still sees every offset once."""
+    out = tmp_path / "offsets.txt"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from pyspark_jetstream.client import Client
+
+        async def main():
+            client = await Client.connect(nats_urls={broker.nats_url!r}, broker={broker.flight!r}, timeout=20)
+            tail = client.tail("paused", start="earliest")
+            with open({str(out)!r}, "w") as f:
+                print("ready", flush=True)
+                async for batch in tail:
+                    f.write("".join(f"{{o}}\\n" for o in batch.column("offset").to_pylist()))
+                    f.flush()
+                    if batch.column("offset")[-1].as_py() >= 3999:
+                        break
+            print(tail.stats, flush=True)
+            await client.close()
+
+        asyncio.run(main())
+        """
+    )
+
+    async def prepare() -> None:
+        async with await connect(broker) as client:
+            await client.create_stream("paused", "paused", max_message_bytes=64 * 1024)
+
+    asyncio.run(prepare())
+    consumer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert consumer.stdout is not None
+        assert consumer.stdout.readline().strip() == "ready", (
+            consumer.stderr.read() if consumer.stderr else ""
+        )
+
+        async def publish(first: int, count: int) -> None:
+            async with await connect(broker) as client:
+                futures = [
+                    await client.publish_batch_async(
+                        "paused", [{"value": os.urandom(16 * 1024)} for _ in range(10)], partition=0
+                    )
+                    for _ in range(first, first + count, 10)
+                ]
+                for future in futures:
+                    await future
+
+        asyncio.run(publish(0, 1000))
+        wait_until(lambda: out.exists() and out.read_text().count("\n") >= 1000, message="the first thousand")
+        consumer.send_signal(signal.SIGSTOP)
+        asyncio.run(publish(1000, 3000))  # 48 MB while it sleeps
+        time.sleep(1.0)
+        consumer.send_signal(signal.SIGCONT)
+        stdout, stderr = consumer.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            consumer.send_signal(signal.SIGCONT)
+        consumer.kill()
+    assert consumer.returncode == 0, stderr[-3000:]
+    assert [int(x) for x in out.read_text().split()] == list(range(4000))
+    assert "live_batches=0," not in stdout, stdout
+
+
+def test_deliveries_are_the_stored_frames_and_marks_carry_the_high_watermark(broker):
+    """What a plain NATS subscriber sees on the subject: the stored batch, then marks when idle."""
+
+    async def main() -> list[bytes]:
+        async with await connect(broker) as client:
+            await client.create_stream("wire", "wire", compression="zstd")
+            subscription = await client.nc.subscribe(tail_subject("wire", 0))
+            await client.nc.flush()
+            await client.publish_batch("wire", [{"value": b"x" * 40_000} for _ in range(3)], partition=0)
+            payloads = [(await subscription.next_msg(timeout=5)).data for _ in range(3)]
+            await subscription.unsubscribe()
+            return payloads
+
+    payloads = asyncio.run(main())
+    deliveries = [decode_delivery(p) for p in payloads]
+    batch = next(d for d in deliveries if d.batch is not None)
+    assert (batch.first_offset, batch.last_offset) == (0, 2)
+    assert batch.batch is not None and batch.batch.column("value").to_pylist() == [b"x" * 40_000] * 3
+    assert len(payloads[deliveries.index(batch)]) < 40_000  # stored compressed, sent as stored
+    marks = [d for d in deliveries if d.batch is None]
+    assert marks and all(m.high_watermark in (0, 3) for m in marks)
+
+
+def test_a_thousand_tailers_cost_the_broker_no_threads(broker):
+    """1,000 consumers tailing one partition: each gets every message; the broker's threads
+    stay flat (a Flight follow read would hold one each)."""
+
+    def threads_and_rss() -> tuple[int, int]:
+        assert broker.process is not None
+        status = Path(f"/proc/{broker.process.pid}/status").read_text().splitlines()
+        fields = {line.split(":")[0]: line.split(":")[1].split() for line in status}
+        return int(fields["Threads"][0]), int(fields["VmRSS"][0])
+
+    async def main() -> tuple[list[list[int]], tuple[int, int], tuple[int, int]]:
+        async with await connect(broker) as client:
+            await client.create_stream("fan", "fan")
+            await client.publish("fan", b"first", ack_policy=AckPolicy.LEADER)
+            before = threads_and_rss()
+            tails = [client.tail("fan", start="earliest") for _ in range(1000)]
+            got: list[list[int]] = [[] for _ in tails]
+            started = [asyncio.Event() for _ in tails]
+
+            async def consume(i: int) -> None:
+                async for batch in tails[i]:
+                    got[i].extend(batch.column("offset").to_pylist())
+                    started[i].set()
+                    if got[i][-1] >= 100:
+                        return
+
+            consumers = [asyncio.ensure_future(consume(i)) for i in range(len(tails))]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+            for start in range(1, 101, 20):
+                await client.publish_batch(
+                    "fan", [{"value": b"%d" % i} for i in range(start, start + 20)], partition=0
+                )
+            await asyncio.wait_for(asyncio.gather(*consumers), 120)
+            during = threads_and_rss()
+            for tail in tails:
+                await tail.aclose()
+            return got, before, during
+
+    got, (threads_before, rss_before), (threads_during, rss_during) = asyncio.run(main())
+    assert all(g == list(range(101)) for g in got), [len(g) for g in got if g != list(range(101))][:5]
+    print(f"broker threads {threads_before} -> {threads_during}, RSS {rss_before} -> {rss_during} KiB")
+    assert threads_during <= threads_before + 16, (threads_before, threads_during)
+    assert rss_during < rss_before + 200 * 1024, (rss_before, rss_during)
+
+
+def test_off_in_the_broker_means_consumers_tail_over_flight(tmp_path, nats_server):
+    broker = BrokerProcess(
+        tmp_path / "b", nats_url=nats_server.url, extra_config="[ingest]\nlive_tail = false\n"
+    ).start()
+    try:
+
+        async def main() -> tuple[list[int], LiveTail]:
+            async with await connect(broker) as client:
+                await client.create_stream("off", "off")
+                tail = client.tail("off", start="earliest")
+                got: list[int] = []
+
+                async def consume() -> None:
+                    async for batch in tail:
+                        got.extend(batch.column("offset").to_pylist())
+                        if got[-1] >= 9:
+                            return
+
+                consumer = asyncio.ensure_future(consume())
+                await asyncio.sleep(0.5)
+                await publish_rows(client, "off", 0, 10)
+                await asyncio.wait_for(consumer, 30)
+                await tail.aclose()
+                return got, tail
+
+        got, tail = asyncio.run(main())
+    finally:
+        broker.stop()
+    assert got == list(range(10))
+    assert tail.stats.flight_only and tail.stats.live_batches == 0
+
+
+@pytest.mark.parametrize("bad", [b"", b"PJT1", b"XXXX" + bytes(28), b"PJT1" + bytes(28) + b"not arrow"])
+def test_garbage_on_the_tail_subject_is_ignored(broker, bad):
+    """Anyone may publish on the subject (until permissions say otherwise): a consumer
+    ignores what does not parse and reads over Flight instead."""
+
+    async def main() -> tuple[list[int], LiveTail]:
+        async with await connect(broker) as client:
+            await client.create_stream("noise", "noise")
+            tail = client.tail("noise", start="earliest")
+            got: list[int] = []
+
+            async def consume() -> None:
+                async for batch in tail:
+                    got.extend(batch.column("offset").to_pylist())
+                    if got[-1] >= 4:
+                        return
+
+            consumer = asyncio.ensure_future(consume())
+            await publish_rows(client, "noise", 0, 2)
+            while tail.next_offset < 2:
+                await asyncio.sleep(0.01)
+            await client.nc.publish(tail_subject("noise", 0), bad)
+            await publish_rows(client, "noise", 2, 3)
+            await asyncio.wait_for(consumer, 30)
+            await tail.aclose()
+            return got, tail
+
+    got, tail = asyncio.run(main())
+    assert got == list(range(5))
+    assert tail.stats.malformed == 1
