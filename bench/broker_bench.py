@@ -13,9 +13,16 @@ by the same nats-py client in this process, with 100-byte values:
 3. consume every message from the start: our Arrow fetch against a
    JetStream pull consumer fetching 1,000 at a time without acks;
 4. publish-to-consumer latency at a steady 1,000 messages/s (plain NATS
-   publishes with a send timestamp): our client's ``tail`` (one Flight stream
-   the broker pushes committed batches down) against a JetStream pull
-   consumer fetching up to 100 at a time.
+   publishes with a send timestamp): our client's ``tail`` through the live
+   tail (committed batches the leader publishes on NATS) against a JetStream
+   ordered push consumer; our Flight follow read (the broker pushes batches
+   down one Flight stream) is measured beside it;
+5. fan-out: 1,000 consumers tailing one stream, then 1,000 messages published
+   as fast as plain NATS publishes go; messages delivered per second in total
+   (1,000 x 1,000 over the time until the last consumer has the last one),
+   against 1,000 JetStream push consumers (no acks) on one stream; on both
+   sides the consumers share 10 NATS connections. The broker's thread count
+   and RSS with the 1,000 tailers attached.
 
 Prints a table; the last line is one JSON object.
 
@@ -134,13 +141,15 @@ async def ours_latency(client: Client, nc: nats.NATS, stream: str, seconds: floa
     return await tail_latencies(client, nc, stream, seconds)
 
 
-async def tail_latencies(client: Client, nc: nats.NATS, stream: str, seconds: float) -> list[float]:
+async def tail_latencies(
+    client: Client, nc: nats.NATS, stream: str, seconds: float, *, live: bool = True
+) -> list[float]:
     """Publish-to-consume latencies (ms) of an existing stream on ``bench.<stream>`` at 1,000 msg/s."""
     latencies: list[float] = []
     done = asyncio.Event()
 
     async def consume() -> None:
-        async for batch in client.tail(stream, start="earliest", follow=5.0):
+        async for batch in client.tail(stream, start="earliest", follow=5.0, live=live):
             now = time.perf_counter_ns()
             latencies.extend(_latency(v, now) for v in batch.column("value").to_pylist())
             if done.is_set():
@@ -160,36 +169,135 @@ async def jetstream_latency(
     js: nats.js.JetStreamContext, nc: nats.NATS, stream: str, seconds: float
 ) -> list[float]:
     await js.add_stream(StreamConfig(name=stream, subjects=[f"js.{stream}"], storage=StorageType.FILE))
-    return await pull_latencies(js, nc, stream, seconds)
+    return await push_latencies(js, nc, stream, seconds)
 
 
-async def pull_latencies(
+async def push_latencies(
     js: nats.js.JetStreamContext, nc: nats.NATS, stream: str, seconds: float
 ) -> list[float]:
-    """Publish-to-consume latencies (ms) of an existing JetStream stream on ``js.<stream>`` at 1,000 msg/s."""
-    subscription = await js.pull_subscribe(
-        f"js.{stream}", stream=stream, config=ConsumerConfig(ack_policy=JsAckPolicy.NONE)
-    )
+    """Publish-to-consume latencies (ms) through a JetStream ordered push consumer at 1,000 msg/s."""
     latencies: list[float] = []
-    done = asyncio.Event()
 
-    async def consume() -> None:
-        while not done.is_set():
-            try:
-                messages = await subscription.fetch(100, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue
-            now = time.perf_counter_ns()
-            latencies.extend(_latency(m.data, now) for m in messages)
+    async def received(message: nats.aio.msg.Msg) -> None:
+        latencies.append(_latency(message.data, time.perf_counter_ns()))
 
-    consumer = asyncio.ensure_future(consume())
+    subscription = await js.subscribe(f"js.{stream}", stream=stream, ordered_consumer=True, cb=received)
     await asyncio.sleep(0.2)
     sent = await _steady_publish(nc, f"js.{stream}", seconds, 1000)
     while len(latencies) < sent:
         await asyncio.sleep(0.05)
-    done.set()
-    await consumer
+    await subscription.unsubscribe()
     return latencies
+
+
+FANOUT_CONSUMERS = 1000
+FANOUT_MESSAGES = 1000
+FANOUT_CONNECTIONS = 10
+"""Consumers share this many NATS connections on both sides (one connection cannot read
+a million deliveries as fast as nats-server writes them: the server cuts it off)."""
+
+
+def _threads_and_rss(pid: int) -> tuple[int, int]:
+    """A process's thread count and resident memory (KiB), from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0])
+
+
+async def _publish_burst(nc: nats.NATS, subject: str, n: int) -> None:
+    for _ in range(n):
+        await nc.publish(subject, b"f" * VALUE)
+    await nc.flush()
+
+
+async def ours_fanout(
+    nats_url: str, flight: str, nc: nats.NATS, stream: str, broker_pid: int
+) -> dict[str, float]:
+    """Deliveries per second to 1,000 tailers of one partition, and the broker's threads and RSS."""
+    clients = [
+        await Client.connect(nats_urls=nats_url, broker=flight, timeout=60) for _ in range(FANOUT_CONNECTIONS)
+    ]
+    await clients[0].create_stream(stream, f"bench.{stream}")
+    await clients[0].publish(stream, b"first")
+    remaining = [FANOUT_MESSAGES] * FANOUT_CONSUMERS
+    ready = [asyncio.Event() for _ in range(FANOUT_CONSUMERS)]
+    finished = asyncio.Event()
+    left = FANOUT_CONSUMERS
+
+    async def consume(i: int) -> None:
+        nonlocal left
+        tail = clients[i % FANOUT_CONNECTIONS].tail(stream, start="earliest")
+        try:
+            async for batch in tail:
+                rows = batch.num_rows
+                if not ready[i].is_set():  # the history: the one message published before
+                    ready[i].set()
+                    rows -= 1
+                remaining[i] -= rows
+                if remaining[i] <= 0:
+                    left -= 1
+                    if left == 0:
+                        finished.set()
+                    return
+        finally:
+            await tail.aclose()
+
+    consumers = [asyncio.ensure_future(consume(i)) for i in range(FANOUT_CONSUMERS)]
+    await asyncio.gather(*(event.wait() for event in ready))
+    threads, rss = _threads_and_rss(broker_pid)
+    start = time.perf_counter()
+    await _publish_burst(nc, f"bench.{stream}", FANOUT_MESSAGES)
+    await finished.wait()
+    elapsed = time.perf_counter() - start
+    await asyncio.gather(*consumers)
+    for client in clients:
+        await client.close()
+    return {
+        "fanout_1000_msgs_per_s": FANOUT_CONSUMERS * FANOUT_MESSAGES / elapsed,
+        "broker_threads_1000_tailers": threads,
+        "broker_rss_mib_1000_tailers": rss / 1024,
+    }
+
+
+async def jetstream_fanout(nats_url: str, js: nats.js.JetStreamContext, nc: nats.NATS, stream: str) -> float:
+    """Deliveries per second to 1,000 push consumers (no acks) of one JetStream stream."""
+    # nats-server 2.15 allows 1,000 consumers per stream unless the stream says more.
+    await js.add_stream(
+        StreamConfig(
+            name=stream,
+            subjects=[f"js.{stream}"],
+            storage=StorageType.FILE,
+            max_consumers=2 * FANOUT_CONSUMERS,
+        )
+    )
+    total = FANOUT_CONSUMERS * FANOUT_MESSAGES
+    delivered = 0
+    finished = asyncio.Event()
+
+    async def received(_: nats.aio.msg.Msg) -> None:
+        nonlocal delivered
+        delivered += 1
+        if delivered == total:
+            finished.set()
+
+    connections = [await nats.connect(nats_url) for _ in range(FANOUT_CONNECTIONS)]
+    contexts = [c.jetstream() for c in connections]
+    for i in range(FANOUT_CONSUMERS):
+        await contexts[i % FANOUT_CONNECTIONS].subscribe(
+            f"js.{stream}",
+            stream=stream,
+            cb=received,
+            manual_ack=True,
+            config=ConsumerConfig(ack_policy=JsAckPolicy.NONE),
+        )
+    for connection in connections:
+        await connection.flush()
+    start = time.perf_counter()
+    await _publish_burst(nc, f"js.{stream}", FANOUT_MESSAGES)
+    await finished.wait()
+    elapsed = time.perf_counter() - start
+    for connection in connections:
+        await connection.close()
+    return total / elapsed
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -218,11 +326,14 @@ async def run(quick: bool) -> dict[str, float]:
         samples: dict[str, list[float]] = {}
         js_latency: list[float] = []
         our_latency: list[float] = []
+        follow_latency: list[float] = []
         for r in range(ROUNDS):
             samples.setdefault("js", []).append(await jetstream_single(js, f"JS_SINGLE{r}", single_n))
             samples.setdefault("ours", []).append(await ours_single(client, f"single{r}", single_n))
             js_latency += await jetstream_latency(js, nc, f"JS_LATENCY{r}", latency_s / ROUNDS)
             our_latency += await ours_latency(client, nc, f"latency{r}", latency_s / ROUNDS)
+            await client.create_stream(f"follow{r}", f"bench.follow{r}")
+            follow_latency += await tail_latencies(client, nc, f"follow{r}", latency_s / ROUNDS, live=False)
         results["jetstream_single_publish_msgs_per_s"] = statistics.median(samples["js"])
         results["single_publish_msgs_per_s"] = statistics.median(samples["ours"])
         results["batch_publish_rows_per_s"] = await ours_batches(client, "batches", batch_rows)
@@ -236,6 +347,12 @@ async def run(quick: bool) -> dict[str, float]:
         results["jetstream_p99_latency_ms"] = _percentile(js_latency, 0.99)
         results["p50_latency_ms"] = statistics.median(our_latency)
         results["p99_latency_ms"] = _percentile(our_latency, 0.99)
+        results["follow_p50_latency_ms"] = statistics.median(follow_latency)
+        results["follow_p99_latency_ms"] = _percentile(follow_latency, 0.99)
+
+        assert broker.process is not None
+        results.update(await ours_fanout(server.url, flight_address, nc, "fanout", broker.process.pid))
+        results["jetstream_fanout_1000_msgs_per_s"] = await jetstream_fanout(server.url, js, nc, "JS_FANOUT")
         await client.close()
         await nc.close()
     finally:
@@ -247,6 +364,9 @@ async def run(quick: bool) -> dict[str, float]:
     results["batch_publish_ratio"] = results["batch_publish_rows_per_s"] / js_publish
     results["consume_ratio"] = results["consume_rows_per_s"] / results["jetstream_consume_msgs_per_s"]
     results["p99_latency_ratio"] = results["p99_latency_ms"] / results["jetstream_p99_latency_ms"]
+    results["fanout_1000_ratio_to_js"] = (
+        results["fanout_1000_msgs_per_s"] / results["jetstream_fanout_1000_msgs_per_s"]
+    )
     return results
 
 
@@ -293,10 +413,35 @@ def main() -> None:
             r["p99_latency_ratio"],
             "<= 1.0",
         ),
+        (
+            "  same, Flight follow p50 (ms)",
+            r["follow_p50_latency_ms"],
+            r["jetstream_p50_latency_ms"],
+            r["follow_p50_latency_ms"] / r["jetstream_p50_latency_ms"],
+            "",
+        ),
+        (
+            "  same, Flight follow p99 (ms)",
+            r["follow_p99_latency_ms"],
+            r["jetstream_p99_latency_ms"],
+            r["follow_p99_latency_ms"] / r["jetstream_p99_latency_ms"],
+            "",
+        ),
+        (
+            "fan-out to 1,000 tailers (deliveries/s)",
+            r["fanout_1000_msgs_per_s"],
+            r["jetstream_fanout_1000_msgs_per_s"],
+            r["fanout_1000_ratio_to_js"],
+            ">= 1.0",
+        ),
     ]
     print(f"{'measure':<42} {'ours':>14} {'JetStream':>14} {'ratio':>8} {'target':>8}")
     for name, ours, theirs, ratio, target in rows:
         print(f"{name:<42} {ours:>14,.2f} {theirs:>14,.2f} {ratio:>8.2f} {target:>8}")
+    print(
+        f"broker with 1,000 tailers: {r['broker_threads_1000_tailers']:.0f} threads, "
+        f"{r['broker_rss_mib_1000_tailers']:.0f} MiB resident"
+    )
     print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
 
 

@@ -14,7 +14,9 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +27,7 @@ import pyarrow as pa
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import SlowConsumerError
 from pyarrow import flight
 
 from pyspark_jetstream.protocol.ack import Ack, decode_acks
@@ -106,13 +109,42 @@ async def discover_broker(nats_urls: Sequence[str], *, timeout: float = 10.0) ->
         await nc.close()
 
 
+class _SlowConsumerLog:
+    """Messages NATS dropped for a slow subscription, logged once per ``every`` seconds."""
+
+    every = 10.0
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.logged_at = -math.inf
+
+    def note(self, error: Exception) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self.logged_at >= self.every:
+            logger.warning(
+                "NATS dropped %d message(s) for a slow subscription (%s); a live tail reads what it "
+                "missed over Flight",
+                self.dropped,
+                getattr(error, "subject", "?"),
+            )
+            self.logged_at, self.dropped = now, 0
+
+
+_slow_consumers = _SlowConsumerLog()
+
+
 async def _log_nats_error(error: Exception) -> None:
     """Log an error nats-py reports (a failed connect attempt, a lost connection, a slow consumer).
 
     nats-py's default callback logs each with its traceback: four of them for
     one unreachable server.  A line each is enough; an error that fails a call
-    is raised by that call.
+    is raised by that call.  Slow-consumer drops (one error per message) are
+    summed up every ten seconds.
     """
+    if isinstance(error, SlowConsumerError):
+        _slow_consumers.note(error)
+        return
     logger.warning("NATS: %s", str(error) or type(error).__name__)
 
 

@@ -81,7 +81,7 @@ def test_exactly_once_across_the_switch_from_history_to_live(broker):
     assert not tail.stats.flight_only
 
 
-def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker):
+def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker, caplog):
     """NATS drops what a consumer with tiny pending limits leaves unread; nothing is lost."""
     total = 3000
 
@@ -124,6 +124,8 @@ def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker):
     got, tail = asyncio.run(main())
     assert got == list(range(total))
     assert tail.stats.gaps > 0, tail.stats  # NATS really dropped deliveries
+    # One drop is one NATS error: they are summed up in a line every ten seconds, not a line each.
+    assert 1 <= sum("slow subscription" in r.getMessage() for r in caplog.records) <= 2
     assert tail.stats.live_batches > 0, tail.stats
 
 

@@ -228,3 +228,25 @@ def test_data_removed_by_retention_fails_clearly_or_is_skipped(spark, deployment
     offsets = [r.offset for r in skipped.orderBy("offset").collect()]
     assert offsets and before <= offsets[0] <= log_start()
     assert offsets == list(range(offsets[0], 40))
+
+
+def test_spark_real_time_mode_refuses_python_sources_as_the_readme_says(
+    spark, deployment, client, name, tmp_path
+):
+    """The live tail cannot reach Spark: real-time mode (``trigger(realTime=...)``) accepts only
+    the JVM sources it knows, and says so when the query starts."""
+    fill(client, name, 1, 1)
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", name)
+        .load()
+        .writeStream.format("console")
+        .outputMode("update")
+        .trigger(realTime="5 seconds")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    with pytest.raises(PySparkException, match="INPUT_STREAM_NOT_SUPPORTED"):
+        query.processAllAvailable()
+    query.stop()
