@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.client.live import LiveTail
@@ -354,3 +355,46 @@ def test_garbage_on_the_tail_subject_is_ignored(broker, bad):
     got, tail = asyncio.run(main())
     assert got == list(range(5))
     assert tail.stats.malformed == 1
+
+
+def test_a_batch_too_large_for_nats_reaches_consumers_over_flight(tmp_path):
+    """A stored batch larger than the server's max_payload is announced by a mark naming it."""
+    with NatsServer(config="max_payload: 65536") as server:
+        broker = BrokerProcess(tmp_path / "b", nats_url=server.url).start()
+        try:
+
+            async def main() -> tuple[list[bytes], list[bytes], LiveTail]:
+                async with await connect(broker) as client:
+                    await client.create_stream("big", "big")
+                    raw = await client.nc.subscribe(tail_subject("big", 0))
+                    tail = client.tail("big", start="earliest")
+                    values: list[bytes] = []
+
+                    async def consume() -> None:
+                        async for batch in tail:
+                            values.extend(batch.column("value").to_pylist())
+                            if len(values) == 2:
+                                return
+
+                    consumer = asyncio.ensure_future(consume())
+                    while tail.next_offset < 0:
+                        await asyncio.sleep(0.01)
+                    await client.publish("big", b"small", partition=0)
+                    # Fits in a publish, but not once stored with its offsets and metadata.
+                    await client.publish("big", os.urandom(65_000), partition=0)
+                    await asyncio.wait_for(consumer, 30)
+                    await tail.aclose()
+                    payloads = []
+                    with contextlib.suppress(Exception):
+                        while True:
+                            payloads.append((await raw.next_msg(timeout=0.5)).data)
+                    return values, payloads, tail
+
+            values, payloads, tail = asyncio.run(main())
+        finally:
+            broker.stop()
+    assert [len(v) for v in values] == [5, 65_000]
+    deliveries = [decode_delivery(p) for p in payloads]
+    assert any(d.batch is None and (d.first_offset, d.last_offset) == (1, 1) for d in deliveries), deliveries
+    assert not any(d.batch is not None and d.first_offset == 1 for d in deliveries)
+    assert tail.stats.gaps >= 1, tail.stats
