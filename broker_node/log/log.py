@@ -495,8 +495,10 @@ class Log(ReplicaMethods):
         *,
         max_bytes: int = 16 * 1024 * 1024,
         on_damaged: Callable[[CorruptSegmentError], None] | None = None,
+        start_offset: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Every stored batch from the log start to the log end as of the call, in order.
+        """Every stored batch from the log start (or ``start_offset``, if later) to the log end
+        as of the call, in order.
 
         Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
         state kept beside the log (producer sequences, cursors).  A damaged
@@ -506,7 +508,7 @@ class Log(ReplicaMethods):
         rather than the whole partition (the range stays in :attr:`damaged`
         until repaired).
         """
-        offset, end = self.log_start_offset, self.log_end_offset
+        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
         while offset < end:
             try:
                 batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 from broker_node.coordination.base import PartitionState
 from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
+from broker_node.log.checkpoint import atomic_write
 from broker_node.log.frames import decode
 from broker_node.log.records import Records
 from pyspark_jetstream.protocol.ack import Ack
@@ -68,6 +70,11 @@ SCRUB_BYTES = 32 * 1024 * 1024
 
 Committed = Callable[[JetStreamError | None], None]
 """Called once with ``None`` when an offset is committed, or with the error that ended the wait."""
+
+
+PRODUCER_SNAPSHOT = "producer-snapshot.json"
+"""The producer table as of an offset, in the partition's directory (see ``snapshot_producers``)."""
+SNAPSHOT_VERSION = 1
 
 
 class Role(enum.Enum):
@@ -132,7 +139,9 @@ class Partition:
         self._waiters: list[tuple[int, int, Committed]] = []
         self._ids = itertools.count()
         self._listeners: list[Callable[[], None]] = []
-        self._rebuild_tables()
+        self._snapshot_path = log.directory / PRODUCER_SNAPSHOT
+        self._snapshot_end = -1
+        self._rebuild_tables(from_snapshot=True)
 
     # ---- roles ---------------------------------------------------------------------------
 
@@ -439,6 +448,7 @@ class Partition:
                     self.log.log_end_offset,
                     offset,
                 )
+                self._forget_snapshot()
                 self.log.truncate_to(offset)
                 self._rebuild_tables()
             else:
@@ -450,6 +460,7 @@ class Partition:
         with self._role_lock, self._lock:
             self._check_following(leader_epoch)
             logger.warning("%s/%d: starting over at offset %d", self.stream, self.number, offset)
+            self._forget_snapshot()
             self.log.reset_to(offset)
             self._rebuild_tables()
 
@@ -493,7 +504,8 @@ class Partition:
         return self.log.read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark, wait=wait)
 
     def maintain(self) -> None:
-        """Apply retention, key compaction if the stream has it, and check some unread data.
+        """Apply retention, key compaction if the stream has it, check some unread data, and
+        write the producer table out if the log moved.
 
         The check (``SCRUB_BYTES`` per pass) finds damage in data nobody has
         read, so a follower can repair it from its leader before it is needed.
@@ -502,6 +514,35 @@ class Partition:
         if self.log.config.compaction:
             self.log.compact()
         self.log.verify(SCRUB_BYTES)
+        if self.log.log_end_offset != self._snapshot_end:
+            self.snapshot_producers()
+
+    def snapshot_producers(self) -> None:
+        """Write the producer table with the log offset it covers (:data:`PRODUCER_SNAPSHOT`), so
+        that the next open reads only the log after that offset instead of all of it.
+
+        Written atomically; a failure (a full disk) is logged and costs only
+        the next open a longer read.  Internal streams (the cursor table is
+        rebuilt from its whole compacted log) write none.
+        """
+        if self.cursors is not None:
+            return
+        with self._append_lock, self._role_lock, self._lock:
+            if self.role is Role.CLOSED:
+                return
+            end = self.log.log_end_offset
+            data = {
+                "version": SNAPSHOT_VERSION,
+                "end_offset": end,
+                "epoch": self._epoch_below(end),
+                "producers": self.producers.snapshot(),
+            }
+        try:
+            atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
+        except OSError as exc:
+            logger.warning("%s/%d: cannot write %s: %s", self.stream, self.number, self._snapshot_path, exc)
+            return
+        self._snapshot_end = end
 
     def wake_readers(self) -> None:
         """Release every long-polling reader now and from now on (shutdown is coming)."""
@@ -511,7 +552,11 @@ class Partition:
             self._fail_waiters(NotLeaderError(f"{self.stream}/{self.number} is closing on this broker"))
 
     def close(self) -> None:
-        """Wake every waiting reader and close the log."""
+        """Write the producer table out, wake every waiting reader and close the log."""
+        try:
+            self.snapshot_producers()
+        except Exception:
+            logger.exception("%s/%d: no producer snapshot at close", self.stream, self.number)
         self.wake_readers()
         self.log.close()
 
@@ -606,7 +651,10 @@ class Partition:
             if self.cursors is not None:
                 self.cursors.learn(batch)
 
-    def _rebuild_tables(self) -> None:
+    def _rebuild_tables(self, *, from_snapshot: bool = False) -> None:
+        """Read the producer (and cursor) tables from the log; ``from_snapshot``: start from the
+        producer snapshot when it still fits the log, and read only what follows it."""
+
         def skipped(error: CorruptSegmentError) -> None:
             logger.error(
                 "%s/%d: %s; rebuilding without it (duplicates of what it held may be stored again)",
@@ -616,12 +664,66 @@ class Partition:
             )
 
         self.producers = ProducerTable()
+        start = None
+        loaded = self._load_snapshot() if from_snapshot and self.cursors is None else None
+        if loaded is not None:
+            self.producers, start = loaded
+            self._snapshot_end = start
         cursors = CursorTable() if self.cursors is not None else None
-        for batch in self.log.scan(max_bytes=64 * 1024 * 1024, on_damaged=skipped):
+        for batch in self.log.scan(max_bytes=64 * 1024 * 1024, on_damaged=skipped, start_offset=start):
             self.producers.learn(batch)
             if cursors is not None:
                 cursors.learn(batch)
         self.cursors = cursors
+
+    def _epoch_below(self, end: int) -> list[int] | None:
+        """``[epoch, start offset]`` of the leader epoch that holds offset ``end - 1`` (if any)."""
+        entries = [entry for entry in self.log.leader_epochs if entry[1] < end]
+        return list(entries[-1]) if entries else None
+
+    def _load_snapshot(self) -> tuple[ProducerTable, int] | None:
+        """The producer snapshot and the offset it covers, if it is readable and fits the log:
+        the log still reaches that offset, in the same leader epoch as when it was written."""
+        path = self._snapshot_path
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning(
+                "%s/%d: cannot read %s (%s); reading the whole log", self.stream, self.number, path, exc
+            )
+            return None
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("version") != SNAPSHOT_VERSION:
+                raise ValueError(f"not a version {SNAPSHOT_VERSION} producer snapshot")
+            end, epoch = data["end_offset"], data["epoch"]
+            if isinstance(end, bool) or not isinstance(end, int) or end < 0:
+                raise ValueError(f"bad end_offset {end!r}")
+            table = ProducerTable.from_snapshot(data["producers"])
+        except (ValueError, KeyError, RecursionError) as exc:
+            logger.warning(
+                "%s/%d: ignoring %s (%s); reading the whole log", self.stream, self.number, path, exc
+            )
+            return None
+        if end > self.log.log_end_offset or epoch != self._epoch_below(end):
+            logger.info(
+                "%s/%d: the producer snapshot at offset %d no longer fits the log; reading the whole log",
+                self.stream,
+                self.number,
+                end,
+            )
+            return None
+        return table, end
+
+    def _forget_snapshot(self) -> None:
+        """Remove the producer snapshot before the log below its offset changes."""
+        try:
+            self._snapshot_path.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("%s/%d: cannot remove %s: %s", self.stream, self.number, self._snapshot_path, exc)
+        self._snapshot_end = -1
 
 
 def _call(callback: Committed, error: JetStreamError | None) -> None:

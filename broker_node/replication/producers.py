@@ -19,7 +19,9 @@ repeats are dropped, nothing is refused (they send no ack).
 
 The table is rebuilt from the log's ``producer_id`` and ``sequence`` columns
 (``sequence`` holds ``epoch << 32 | sequence``) by the partition, so it
-survives restarts and leader changes.
+survives restarts and leader changes.  The partition also writes it out
+(:meth:`ProducerTable.snapshot`) with the log offset it covers, so that an
+open reads only the log after that offset.
 """
 
 from __future__ import annotations
@@ -113,6 +115,44 @@ class ProducerTable:
             known = self._producers[producer_id] = _Producer(position)
         known.position = max(known.position, position)
         known.window.append((position, first, last))
+
+    def snapshot(self) -> dict[str, list[list[int]]]:
+        """The table as JSON-ready data: for each producer, its stored windows (oldest first),
+        each ``[position, first offset, last offset]``, the last at the producer's position."""
+        out: dict[str, list[list[int]]] = {}
+        for producer_id, known in self._producers.items():
+            window = [list(entry) for entry in known.window]
+            if not window or window[-1][0] != known.position:
+                window.append([known.position, -1, -1])
+            out[producer_id] = window
+        return out
+
+    @classmethod
+    def from_snapshot(cls, data: object) -> ProducerTable:
+        """The table :meth:`snapshot` wrote; ``ValueError`` naming what is wrong with bad data."""
+        if not isinstance(data, dict):
+            raise ValueError(f"producers must be an object, got {type(data).__name__}")
+        table = cls()
+        for producer_id, window in data.items():
+            if not isinstance(window, list) or not window:
+                raise ValueError(f"producer {producer_id!r}: its window must be a non-empty list")
+            for entry in window:
+                if (
+                    not isinstance(entry, list)
+                    or len(entry) != 3
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry)
+                ):
+                    raise ValueError(f"producer {producer_id!r}: bad window entry {entry!r}")
+                position, first, last = entry
+                if position < 0 or first < -1 or last < first:
+                    raise ValueError(f"producer {producer_id!r}: bad window entry {entry!r}")
+                known = table._producers.get(producer_id)
+                if known is None:
+                    known = table._producers[producer_id] = _Producer(position)
+                known.position = max(known.position, position)
+                if first >= 0:
+                    known.window.append((position, first, last))
+        return table
 
     def learn(self, batch: pa.RecordBatch) -> None:
         """Take in a stored batch, in log order: remember what its producers stored."""

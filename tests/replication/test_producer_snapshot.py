@@ -1,0 +1,163 @@
+"""The producer snapshot: an open reads only the log after it, and never trusts one that no longer fits."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from broker_node.coordination.base import PartitionState
+from broker_node.log import Log, Record
+from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
+from pyspark_jetstream.protocol.ack import Ack, ErrorCode
+from pyspark_jetstream.protocol.envelope import producer_position
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from ..log.helpers import values
+
+CONFIG = StreamConfig(name="orders", subject="orders")
+STATE = PartitionState("a", ("a",), ("a",), 1, version=1)
+
+
+def open_leader(directory, epoch: int = 1) -> Partition:
+    state = PartitionState("a", ("a",), ("a",), epoch, version=1)
+    partition = Partition(CONFIG, 0, Log.open(directory), "a", state)
+    partition.become_leader(state)
+    return partition
+
+
+def stamped(producer: str, sequence: int) -> list[Record]:
+    """One message of ``producer`` with ``sequence`` (epoch 0), as ingestion stores it."""
+    record = values(1, start=sequence)[0]
+    return [record._replace(producer_id=producer, sequence=producer_position(0, sequence))]
+
+
+def send(partition: Partition, producer: str, sequence: int) -> Ack:
+    return partition.append_idempotent(stamped(producer, sequence), producer, 0, sequence)
+
+
+def publish(partition: Partition, first: int, count: int, producer: str = "p") -> None:
+    for sequence in range(first, first + count):
+        ack = send(partition, producer, sequence)
+        assert ack.error is ErrorCode.OK, ack
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """Where each log scan started, and how many batches it read."""
+    seen: list[list[int]] = []
+    original = Log.scan
+
+    def scan(self, **kwargs):
+        record = [max(self.log_start_offset, kwargs.get("start_offset") or 0), 0]
+        seen.append(record)
+        for batch in original(self, **kwargs):
+            record[1] += 1
+            yield batch
+
+    monkeypatch.setattr(Log, "scan", scan)
+    return seen
+
+
+def test_an_open_reads_only_the_log_after_the_snapshot(tmp_path, scans):
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 20)
+    partition.close()  # writes the snapshot
+    assert (tmp_path / "p" / PRODUCER_SNAPSHOT).exists()
+    scans.clear()
+    partition = open_leader(tmp_path / "p")
+    assert scans == [[20, 0]]  # nothing before offset 20 was read
+    # ...and the table is the one the log would give.
+    assert send(partition, "p", 19).first_offset == 19  # duplicate, offsets known
+    assert send(partition, "p", 19).error is ErrorCode.DUPLICATE
+    assert send(partition, "p", 3).error is ErrorCode.DUPLICATE
+    assert send(partition, "p", 21).error is ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert send(partition, "p", 20).error is ErrorCode.OK
+    partition.close()
+
+
+def test_what_was_stored_after_the_snapshot_is_read_from_the_log(tmp_path, scans):
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 10)
+    partition.maintain()  # a maintenance pass writes the snapshot at offset 10
+    publish(partition, 10, 5)
+    publish(partition, 0, 2, producer="q")
+    partition.log.close()  # a crash: no snapshot at close
+    scans.clear()
+    partition = open_leader(tmp_path / "p")
+    assert scans == [[10, 7]]
+    ack = send(partition, "p", 14)
+    assert (ack.error, ack.first_offset) == (ErrorCode.DUPLICATE, 14)
+    assert send(partition, "q", 2).error is ErrorCode.OK
+    partition.close()
+
+
+def test_a_snapshot_past_the_log_end_is_not_trusted(tmp_path, scans):
+    """The log lost its tail (unsynced pages after a power cut): the snapshot remembers sequences
+    that are gone, and trusting it would ack a resend of them as duplicates, never stored."""
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 20)
+    partition.close()
+    with Log.open(tmp_path / "p") as log:
+        log.truncate_to(12)
+    scans.clear()
+    partition = open_leader(tmp_path / "p")
+    assert scans == [[0, 12]]
+    assert send(partition, "p", 12).error is ErrorCode.OK  # stored again
+    partition.close()
+
+
+def test_a_snapshot_from_another_leader_epoch_is_not_trusted(tmp_path, scans):
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 10)
+    partition.close()
+    with Log.open(tmp_path / "p") as log:  # replaced by another leader's history of the same length
+        log.truncate_to(5)
+        log.assign_leader_epoch(7)
+        log.append(values(5, start=100))
+    scans.clear()
+    partition = open_leader(tmp_path / "p", epoch=8)
+    assert scans[0][0] == 0
+    assert send(partition, "p", 5).error is ErrorCode.OK
+    partition.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"version": 99}',
+        b'{"version": 1, "end_offset": -4, "epoch": null, "producers": {}}',
+        b'{"version": 1, "end_offset": 3, "epoch": null, "producers": {"p": [[1, 2]]}}',
+        b"[" * 100_000,
+    ],
+)
+def test_a_damaged_snapshot_is_ignored_with_a_warning(tmp_path, scans, caplog, content):
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 5)
+    partition.close()
+    (tmp_path / "p" / PRODUCER_SNAPSHOT).write_bytes(content)
+    scans.clear()
+    with caplog.at_level(logging.WARNING):
+        partition = open_leader(tmp_path / "p")
+    assert scans == [[0, 5]]
+    assert any(PRODUCER_SNAPSHOT in r.getMessage() for r in caplog.records)
+    assert send(partition, "p", 4).error is ErrorCode.DUPLICATE
+    assert send(partition, "p", 5).error is ErrorCode.OK
+    partition.close()
+
+
+def test_a_truncation_removes_the_snapshot_first(tmp_path):
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 10)
+    partition.snapshot_producers()
+    follower_state = PartitionState("b", ("a", "b"), ("a", "b"), 2, version=2)
+    partition.become_follower(follower_state)
+    partition.truncate_to(4, leader_epoch=2)
+    assert not (tmp_path / "p" / PRODUCER_SNAPSHOT).exists()
+    partition.log.close()
+    partition = open_leader(tmp_path / "p")
+    assert send(partition, "p", 4).error is ErrorCode.OK
+    partition.close()
