@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from pyspark_jetstream.client import AckPolicy, Client, SyncClient
+from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.client.live import LiveTail
 from pyspark_jetstream.local import LocalCluster
 
@@ -16,16 +16,11 @@ from .helpers import leader_of, partition_status, publish_all
 
 @pytest.fixture
 def cluster(tmp_path):
-    """A follower stays in the ISR for 5 s without fetching: time to look at a stalled high watermark."""
+    """A follower stays in the ISR for 5 s without fetching: time to look at a stalled high
+    watermark (the ``client`` fixture of conftest connects to this cluster)."""
     extra = "[replication]\nreplica_max_lag = 5.0\n"
     with LocalCluster(3, base_dir=tmp_path / "cluster", extra_config=extra, log_level="DEBUG") as running:
         yield running
-
-
-@pytest.fixture
-def client(cluster):
-    with SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as connected:
-        yield connected
 
 
 def test_nothing_uncommitted_is_delivered_and_a_new_leader_takes_over(cluster, client):
