@@ -11,6 +11,7 @@ to 1023, and timestamps in milliseconds up to the end of year 9999.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import json
 import math
@@ -45,6 +46,89 @@ MAX_TIMESTAMP_MS = MAX_TIMESTAMP * 1000 + 999
 
 Offsets = dict[str, dict[str, int]]
 """``{stream: {partition (as a string): offset}}``: Spark's offset format for this source."""
+
+COMMON_OPTIONS = ("servers", "nats", "timeout")
+SOURCE_OPTIONS = (
+    *COMMON_OPTIONS,
+    "stream",
+    "streams",
+    "streamPattern",
+    "startingOffsets",
+    "startingTimestamp",
+    "endingOffsets",
+    "endingTimestamp",
+    "maxRecordsPerTrigger",
+    "maxRecordsPerPartition",
+    "failOnDataLoss",
+    "includeHeaders",
+    "readFromReplicas",
+    "consumerId",
+)
+SINK_OPTIONS = (*COMMON_OPTIONS, "stream", "maxBatchBytes")
+SPARK_OPTIONS = ("path", "checkpointLocation")
+"""Options Spark itself may hand a data source; accepted and left to Spark."""
+SOURCE_ALIASES = {
+    "subscribe": "streams",
+    "subscribePattern": "streamPattern",
+    "maxOffsetsPerTrigger": "maxRecordsPerTrigger",
+}
+"""Spark's Kafka source names with the same meaning here."""
+SINK_ALIASES = {"topic": "stream"}
+KAFKA_ONLY = {
+    "kafka.bootstrap.servers": "use 'servers' (the brokers' Flight addresses, grpc://host:port) or 'nats'",
+    "assign": "not supported yet; read chosen streams with 'streams' and start each partition where "
+    "you want with 'startingOffsets' JSON",
+    "startingOffsetsByTimestamp": "not supported yet; use 'startingTimestamp' (one time for every partition)",
+    "endingOffsetsByTimestamp": "not supported yet; use 'endingTimestamp' (one time for every partition)",
+    "startingOffsetsByTimestampStrategy": "not supported yet; a 'startingTimestamp' past a partition's "
+    "newest message starts that partition at its end",
+    "minOffsetsPerTrigger": "not supported yet; bound micro-batches from above with 'maxRecordsPerTrigger'",
+    "maxTriggerDelay": "not supported yet (it goes with minOffsetsPerTrigger)",
+    "minPartitions": "not supported yet; use 'maxRecordsPerPartition' to split long ranges over more tasks",
+    "groupIdPrefix": "use 'consumerId' (the name the query's cursors are stored under)",
+    "kafka.group.id": "use 'consumerId' (the name the query's cursors are stored under)",
+    "fetchOffset.numRetries": "not needed: reads follow leader changes and retry by themselves",
+    "fetchOffset.retryIntervalMs": "not needed: reads follow leader changes and retry by themselves",
+    "kafkaConsumer.pollTimeoutMs": "use 'timeout' (seconds)",
+}
+"""Kafka source and sink options that mean something else here, or nothing yet: refused with
+what to use instead."""
+
+
+def checked_options(
+    options: Mapping[str, str], known: tuple[str, ...], aliases: Mapping[str, str]
+) -> dict[str, str]:
+    """``options`` with lower-cased names and Kafka aliases replaced by our names.
+
+    Raises ``InvalidArgumentError`` for an option this side does not know
+    (naming the closest known one), a Kafka option that does not apply (with
+    what to use instead), and an option given under two names.
+    """
+    by_lower = {name.lower(): name for name in (*known, *SPARK_OPTIONS)}
+    alias_of = {alias.lower(): target for alias, target in aliases.items()}
+    kafka_only = {name.lower(): (name, why) for name, why in KAFKA_ONLY.items()}
+    out: dict[str, str] = {}
+    for name, value in options.items():
+        lower = name.lower()
+        if lower in alias_of:
+            target = alias_of[lower]
+            if target.lower() in {k.lower() for k in options}:
+                raise InvalidArgumentError(
+                    f"options '{name}' and '{target}' mean the same here: give one of them"
+                )
+            out[target.lower()] = value
+        elif lower in by_lower:
+            out[lower] = value
+        elif lower in kafka_only:
+            raise InvalidArgumentError(f"option '{kafka_only[lower][0]}' is Kafka's: {kafka_only[lower][1]}")
+        else:
+            names = [*known, *aliases]
+            close = difflib.get_close_matches(lower, [n.lower() for n in names], n=1, cutoff=0.6)
+            hint = f"; did you mean '{next(n for n in names if n.lower() == close[0])}'?" if close else ""
+            raise InvalidArgumentError(
+                f"unknown option '{name}'{hint} (known: {', '.join(sorted(names, key=str.lower))})"
+            )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +165,7 @@ class SinkOptions:
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Parse a reader's options; raises ``InvalidArgumentError`` naming the bad option."""
-    opts = {k.lower(): v for k, v in options.items()}
+    opts = checked_options(options, SOURCE_OPTIONS, SOURCE_ALIASES)
     chosen = [name for name in ("stream", "streams", "streampattern") if opts.get(name)]
     if len(chosen) != 1:
         raise InvalidArgumentError(
@@ -146,7 +230,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """Parse a writer's options; raises ``InvalidArgumentError`` naming the bad option."""
-    opts = {k.lower(): v for k, v in options.items()}
+    opts = checked_options(options, SINK_OPTIONS, SINK_ALIASES)
     stream = opts.get("stream")
     if stream is not None:
         _stream_name("stream", stream)

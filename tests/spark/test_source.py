@@ -11,7 +11,8 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql.utils import AnalysisException
 
-from pyspark_jetstream.spark.options import parse_source_options
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.spark.options import parse_sink_options, parse_source_options
 from pyspark_jetstream.spark.reading import limit_rows
 
 from ..broker.harness import wait_until
@@ -170,6 +171,22 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
         ),
         ({"stream": "a", "startingTimestamp": "yesterday"}, "option 'startingTimestamp' is 'yesterday'"),
         ({"stream": "a", "servers": "localhost:1"}, "option 'servers' has 'localhost:1'"),
+        (
+            {"stream": "a", "startingOffset": "earliest"},
+            "unknown option 'startingOffset'; did you mean 'startingOffsets'?",
+        ),
+        ({"stream": "a", "includeHeader": "true"}, "did you mean 'includeHeaders'?"),
+        ({"stream": "a", "colour": "blue"}, r"unknown option 'colour' \(known: consumerId,"),
+        (
+            {"stream": "a", "kafka.bootstrap.servers": "k:9092"},
+            "option 'kafka.bootstrap.servers' is Kafka's: use 'servers'",
+        ),
+        ({"stream": "a", "assign": '{"a": [0]}'}, "option 'assign' is Kafka's: not supported yet"),
+        ({"streams": "a", "subscribe": "b"}, "options 'subscribe' and 'streams' mean the same here"),
+        (
+            {"stream": "a", "maxOffsetsPerTrigger": "5", "MAXRECORDSPERTRIGGER": "6"},
+            "mean the same here",
+        ),
     ],
 )
 def test_bad_options_name_the_option(options, message):
@@ -250,3 +267,31 @@ def test_spark_real_time_mode_refuses_python_sources_as_the_readme_says(
     with pytest.raises(PySparkException, match="INPUT_STREAM_NOT_SUPPORTED"):
         query.processAllAvailable()
     query.stop()
+
+
+def test_kafka_option_names_mean_the_same_here():
+    options = parse_source_options(
+        {"subscribe": "a,b", "maxOffsetsPerTrigger": "5", "servers": "grpc://127.0.0.1:1"}, streaming=True
+    )
+    assert (options.streams, options.max_records_per_trigger) == (("a", "b"), 5)
+    pattern = parse_source_options(
+        {"subscribePattern": "or.*", "servers": "grpc://127.0.0.1:1"}, streaming=True
+    )
+    assert pattern.stream_pattern == "or.*"
+    sink = parse_sink_options(
+        {"topic": "orders", "servers": "grpc://127.0.0.1:1", "checkpointLocation": "/x"}
+    )
+    assert sink.stream == "orders"
+    with pytest.raises(InvalidArgumentError, match="unknown option 'topics'; did you mean 'topic'?"):
+        parse_sink_options({"topics": "orders", "servers": "grpc://127.0.0.1:1"})
+    with pytest.raises(InvalidArgumentError, match="unknown option 'startingOffsets'"):
+        parse_sink_options(
+            {"stream": "orders", "startingOffsets": "earliest", "servers": "grpc://127.0.0.1:1"}
+        )
+
+
+def test_an_unknown_option_fails_the_query_before_any_task_runs(spark, deployment, client, name):
+    fill(client, name, 1, 3)
+    with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
+        read(spark, deployment, stream=name, startingOffset="earliest").collect()
+    assert read(spark, deployment, subscribe=name).count() == 3  # Kafka's name for 'streams'
