@@ -32,7 +32,6 @@ from pyspark_jetstream.protocol.streams import (
     validate_stream_name,
 )
 
-DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 """Offset ranges longer than this are split over several Spark tasks."""
 MIN_TIMEOUT = 0.1
@@ -234,9 +233,12 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = opts.get("stream")
     if stream is not None:
         _stream_name("stream", stream)
+    broker = resolve_broker(opts)
     return SinkOptions(
-        broker=resolve_broker(opts),
-        nats=_nats_urls(opts),
+        broker=broker,
+        nats=_nats_urls(opts)
+        if opts.get("nats")
+        else _nats_of_brokers(broker, _seconds(opts, "timeout", 30.0)),
         stream=stream,
         timeout=_seconds(opts, "timeout", 30.0),
         max_batch_bytes=_bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES)
@@ -246,7 +248,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 def resolve_broker(opts: Mapping[str, str]) -> str:
     """The brokers' Flight addresses to start from (``servers``, comma-separated), or one found
-    through ``nats``; the rest of a cluster is learnt from any of them."""
+    through ``nats``; the rest of a cluster is learnt from any of them.  There is no default:
+    without either option the query fails at planning."""
+    if not opts.get("servers", "").strip() and not opts.get("nats", "").strip():
+        raise InvalidArgumentError(
+            "give the option 'servers' (the brokers' Flight addresses, grpc://host:port[,...]) or "
+            "'nats' (nats://host:port[,...], where a broker answers); there is no default address"
+        )
     servers = [s.strip() for s in opts.get("servers", "").split(",") if s.strip()]
     for server in servers:
         if not re.fullmatch(r"grpc(\+tcp|\+tls)?://[^\s/]+:\d+", server):
@@ -264,8 +272,24 @@ def resolve_broker(opts: Mapping[str, str]) -> str:
         raise UnavailableError(f"{exc} (set the option 'servers' or 'nats')") from None
 
 
+def _nats_of_brokers(broker: str, timeout: float) -> tuple[str, ...]:
+    """The NATS servers the brokers themselves use (the sink publishes there)."""
+    from pyspark_jetstream.client.cluster import ClusterConnection
+    from pyspark_jetstream.protocol.flight import ActionType
+
+    connection = ClusterConnection(broker, timeout=timeout)
+    try:
+        metadata = connection.action(ActionType.METADATA, {})
+    finally:
+        connection.close()
+    urls = tuple(dict.fromkeys(u for b in metadata.get("brokers", []) for u in b.get("nats", [])))
+    if not urls:
+        raise InvalidArgumentError("the brokers report no NATS server: give the option 'nats'")
+    return urls
+
+
 def _nats_urls(opts: Mapping[str, str]) -> tuple[str, ...]:
-    urls = tuple(u.strip() for u in opts.get("nats", DEFAULT_NATS).split(",") if u.strip())
+    urls = tuple(u.strip() for u in opts.get("nats", "").split(",") if u.strip())
     for url in urls:
         if not re.fullmatch(r"(nats|tls|ws|wss)://[^\s]+", url):
             raise InvalidArgumentError(f"option 'nats' has {url!r}; use nats://host:port[,nats://host:port]")

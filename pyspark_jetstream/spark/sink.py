@@ -142,10 +142,7 @@ class _Publishing:
                 return
         assert self.stream_config is not None
         config = self.stream_config
-        if config.partitions == 1:
-            targets = None
-            fixed = 0
-        elif "partition" in names:
+        if "partition" in names:
             targets = batch.column(names["partition"]).cast(pa.int32())
             bad = pc.or_(
                 pc.is_null(targets), pc.or_(pc.less(targets, 0), pc.greater_equal(targets, config.partitions))
@@ -155,6 +152,9 @@ class _Publishing:
                     f"column 'partition' has values outside 0..{config.partitions - 1} "
                     f"of stream {config.name!r}"
                 )
+        elif config.partitions == 1:
+            targets = None
+            fixed = 0
         elif "key" in names:
             keys = payload.column("key").to_pylist()
             targets = pa.array(

@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.cluster import ClusterConnection
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType
 
 from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
@@ -82,9 +83,14 @@ class JetStreamDataSource(DataSource):
         return JetStreamStreamReader(parse_source_options(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """A batch writer (``df.write.format("jetstream")``)."""
+        """A batch writer (``df.write.format("jetstream")``); ``mode("append")`` only."""
         from .sink import JetStreamBatchWriter
 
+        if overwrite:
+            raise InvalidArgumentError(
+                "a stream is an append-only log: mode('overwrite') cannot replace what it holds; "
+                "use mode('append')"
+            )
         return JetStreamBatchWriter(parse_sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

@@ -199,3 +199,28 @@ def test_a_chunk_lost_in_flight_is_resent_in_order_with_those_after_it(deploymen
         again.send(name, sequence, chunk)
     again.drain()
     assert values_of(client, name) == [b"%d" % i for i in range(10)]
+
+
+def test_the_sink_takes_the_sources_address_options_and_refuses_what_it_cannot_do(
+    spark, deployment, client, name
+):
+    client.create_stream(name, name)
+
+    def writer(df):
+        return df.write.format("jetstream").mode("append").option("stream", name)
+
+    df = spark.createDataFrame([("a",), ("b",)], "value string")
+    # 'servers' alone: the NATS address is learnt from the brokers.
+    writer(df).option("servers", deployment.flight).save()
+    assert values_of(client, name) == [b"a", b"b"]
+    with pytest.raises(Exception, match="there is no default address"):
+        writer(df).save()
+    with pytest.raises(Exception, match=r"mode\('overwrite'\) cannot replace"):
+        df.write.format("jetstream").mode("overwrite").option("servers", deployment.flight).option(
+            "stream", name
+        ).save()
+    # A partition the stream does not have is an error, also for a one-partition stream.
+    wrong = spark.createDataFrame([("c", 3)], "value string, partition int")
+    with pytest.raises(Exception, match="column 'partition' has values outside 0..0"):
+        writer(wrong).option("servers", deployment.flight).save()
+    assert values_of(client, name) == [b"a", b"b"]

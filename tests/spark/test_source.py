@@ -194,6 +194,13 @@ def test_bad_options_name_the_option(options, message):
         parse_source_options({"servers": "grpc://127.0.0.1:1", **options}, streaming=True)
 
 
+def test_there_is_no_default_address():
+    with pytest.raises(
+        InvalidArgumentError, match="give the option 'servers' .* or 'nats' .*no default address"
+    ):
+        parse_source_options({"stream": "a"}, streaming=True)
+
+
 def test_read_from_replicas_is_off_unless_asked():
     base = {"servers": "grpc://127.0.0.1:1", "stream": "a"}
     assert not parse_source_options(base, streaming=True).read_from_replicas
