@@ -11,6 +11,8 @@ the library logs on the way (a failed connect attempt, ...) shows only with
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
 import logging
 import math
 import os
@@ -23,7 +25,7 @@ from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
-from pyspark_jetstream.protocol.streams import StreamConfig, number_range
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, number_range
 from pyspark_jetstream.protocol.subjects import subjects_overlap
 
 MIN_TIMEOUT = 0.1
@@ -97,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show what the library logs, and tracebacks"
     )
+    parser.add_argument("--version", action="version", version=f"jetstream {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     broker = commands.add_parser("broker", help="run a broker")
@@ -134,7 +137,10 @@ def _parser() -> argparse.ArgumentParser:
         "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
     )
     create.set_defaults(run=_stream_create)
-    stream_commands.add_parser("list", help="list streams").set_defaults(run=_stream_list)
+    listing = stream_commands.add_parser("list", help="list streams")
+    listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
+    listing.add_argument("--json", action="store_true", help="one JSON object per stream")
+    listing.set_defaults(run=_stream_list)
     describe = stream_commands.add_parser("describe", help="show a stream and its partitions")
     describe.add_argument("name")
     describe.set_defaults(run=_stream_describe)
@@ -142,9 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("name")
     delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
 
-    publish = commands.add_parser("publish", help="publish one message and print its ack")
+    publish = commands.add_parser(
+        "publish", help="publish a message (or each line of stdin with '-') and print its ack"
+    )
     publish.add_argument("stream")
-    publish.add_argument("value")
+    publish.add_argument("value", help="the message; '-' publishes each line read from stdin")
     publish.add_argument("--key")
     publish.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
     publish.add_argument("--partition", type=int)
@@ -154,7 +162,9 @@ def _parser() -> argparse.ArgumentParser:
 
     tail = commands.add_parser("tail", help="print a stream's messages, following new ones")
     tail.add_argument("stream")
-    tail.add_argument("--partition", type=int, default=0)
+    tail.add_argument(
+        "--partition", type=int, help="only this partition (default: all, lines start with partition/offset)"
+    )
     tail.add_argument(
         "--from", dest="start", default="earliest", help="earliest, latest, an offset or an ISO time"
     )
@@ -231,6 +241,13 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
 
 
 def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
+    streams = [
+        s for s in client.list_streams() if args.all or not s.config["name"].startswith(INTERNAL_PREFIX)
+    ]
+    if args.json:
+        for s in streams:
+            print(json.dumps(s.to_json()))
+        return
     rows = [
         [
             s.config["name"],
@@ -238,7 +255,7 @@ def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
             str(len(s.partitions)),
             str(sum(max(p.high_watermark - p.log_start_offset, 0) for p in s.partitions)),
         ]
-        for s in client.list_streams()
+        for s in streams
     ]
     _table(["stream", "subject", "partitions", "messages"], rows)
 
@@ -275,20 +292,24 @@ def _publish(client: SyncClient, args: argparse.Namespace) -> None:
         if not sep or not name:
             raise InvalidArgumentError(f"--header {header!r} must look like NAME=VALUE")
         headers.append((name, value.encode()))
-    ack = client.publish(
-        args.stream,
-        args.value.encode(),
-        key=args.key.encode() if args.key is not None else None,
-        headers=headers,
-        partition=args.partition,
-        subject=args.subject,
-        ack_policy=AckPolicy[args.ack_policy.upper()],
+    values = (
+        (line.rstrip("\n").encode() for line in sys.stdin) if args.value == "-" else [args.value.encode()]
     )
-    if ack is None:
-        print("published (no ack requested)")
-    else:
-        note = " (duplicate)" if ack.duplicate else ""
-        print(f"stored in {ack.stream}/{ack.partition} at offset {ack.first_offset}{note}")
+    for value in values:
+        ack = client.publish(
+            args.stream,
+            value,
+            key=args.key.encode() if args.key is not None else None,
+            headers=headers,
+            partition=args.partition,
+            subject=args.subject,
+            ack_policy=AckPolicy[args.ack_policy.upper()],
+        )
+        if ack is None:
+            print("published (no ack requested)", flush=True)
+        else:
+            note = " (duplicate)" if ack.duplicate else ""
+            print(f"stored in {ack.stream}/{ack.partition} at offset {ack.first_offset}{note}", flush=True)
 
 
 def _tail(client: SyncClient, args: argparse.Namespace) -> None:
@@ -303,30 +324,45 @@ def _tail(client: SyncClient, args: argparse.Namespace) -> None:
                 raise InvalidArgumentError(
                     f"--from {start!r} is not earliest, latest, an offset or an ISO time"
                 ) from None
+    every = args.partition is None
+    partitions = (
+        list(range(len(client.describe_stream(args.stream).partitions))) if every else [args.partition]
+    )
     seen = 0
     if args.no_follow:
-        position = start
-        while True:
-            result = client.fetch(args.stream, args.partition, start=position, max_records=10_000)
-            for row in result.to_table().to_pylist():
-                _print_message(row["offset"], row["timestamp"], row["key"], row["value"])
-                seen += 1
-                if args.count is not None and seen >= args.count:
-                    return
-            if result.next_offset >= result.high_watermark or not result.num_rows:
-                return
-            position = result.next_offset
-    for message in client.subscribe(args.stream, args.partition, start=start):
-        _print_message(message.offset, message.timestamp, message.key, message.value)
+        for partition in partitions:
+            position = start
+            while True:
+                result = client.fetch(args.stream, partition, start=position, max_records=10_000)
+                for row in result.to_table().to_pylist():
+                    where = f"{partition}/{row['offset']}" if every else str(row["offset"])
+                    _print_message(where, row["timestamp"], row["key"], row["value"])
+                    seen += 1
+                    if args.count is not None and seen >= args.count:
+                        return
+                if result.next_offset >= result.high_watermark or not result.num_rows:
+                    break
+                position = result.next_offset
+        return
+    for message in client.subscribe_partitions(args.stream, partitions, start=start):
+        where = f"{message.partition}/{message.offset}" if every else str(message.offset)
+        _print_message(where, message.timestamp, message.key, message.value)
         seen += 1
         if args.count is not None and seen >= args.count:
             return
 
 
-def _print_message(offset: int, timestamp: datetime, key: bytes | None, value: bytes | None) -> None:
+def _print_message(where: str, timestamp: datetime, key: bytes | None, value: bytes | None) -> None:
     shown_key = "-" if key is None else key.decode(errors="replace")
     shown_value = "(null)" if value is None else value.decode(errors="replace")
-    print(f"{offset}\t{timestamp.isoformat()}\t{shown_key}\t{shown_value}", flush=True)
+    print(f"{where}\t{timestamp.isoformat()}\t{shown_key}\t{shown_value}", flush=True)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pyspark-jetstream")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def _cursor_get(client: SyncClient, args: argparse.Namespace) -> None:

@@ -784,6 +784,31 @@ class Client:
                     reply=row["reply"],
                 )
 
+    async def subscribe_partitions(
+        self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True
+    ) -> AsyncIterator[Message]:
+        """Messages of several partitions as each arrives: in offset order within a partition,
+        interleaved across them (see :meth:`subscribe`)."""
+        queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(maxsize=FOLLOW_BUFFER * 64)
+
+        async def pump(partition: int) -> None:
+            try:
+                async for message in self.subscribe(stream, partition, start=start, live=live):
+                    await queue.put(message)
+            except Exception as exc:  # noqa: BLE001 - handed to the consumer
+                await queue.put(exc)
+
+        pumps = [asyncio.ensure_future(pump(p)) for p in partitions]
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for task in pumps:
+                task.cancel()
+
     # ---- plumbing ------------------------------------------------------------------------
 
     async def _action(self, action: ActionType, body: dict[str, Any]) -> Any:

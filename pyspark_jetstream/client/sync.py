@@ -145,6 +145,21 @@ class SyncClient:
             except StopAsyncIteration:
                 return
 
+    def subscribe_partitions(
+        self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True
+    ) -> Iterator[Message]:
+        """See :meth:`Client.subscribe_partitions`: a blocking iterator."""
+        iterator = self._client.subscribe_partitions(stream, partitions, start=start, live=live)
+
+        async def step() -> Message:
+            return await anext(iterator)
+
+        while True:
+            try:
+                yield self._run(step())
+            except StopAsyncIteration:
+                return
+
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
         """See :meth:`Client.set_cursor`."""
         self._run(self._client.set_cursor(consumer, stream, partition, offset))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -205,3 +208,66 @@ def test_usage_errors_are_one_line_and_exit_2(args):
     line = one_line(result)
     assert result.returncode == 2
     assert "--help" in line
+
+
+def test_tail_covers_every_partition_and_publish_reads_stdin(broker):
+    jetstream(broker, "stream", "create", "keyed", "--subject", "keyed", "--partitions", "3")
+    result = subprocess.run(
+        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", broker.nats_url, "publish", "keyed", "-"],
+        input="one\ntwo\nthree\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3 and "stored in keyed/" in result.stdout
+    jetstream(broker, "publish", "keyed", "by-key", "--key", "order-17")
+    # Without --partition, every partition: lines start with partition/offset.
+    lines = jetstream(broker, "tail", "keyed", "--no-follow").stdout.splitlines()
+    assert sorted(line.split("\t")[-1] for line in lines) == ["by-key", "one", "three", "two"]
+    assert all(re.fullmatch(r"[0-2]/\d+", line.split("\t")[0]) for line in lines)
+    followed = jetstream(broker, "tail", "keyed", "--count", "4").stdout.splitlines()
+    assert sorted(line.split("\t")[-1] for line in followed) == ["by-key", "one", "three", "two"]
+
+
+def test_listings_hide_internal_streams_and_speak_json(broker):
+    jetstream(broker, "stream", "create", "visible", "--subject", "visible")
+    jetstream(broker, "cursor", "set", "app", "visible", "0")  # makes sure __cursors exists
+    listed = jetstream(broker, "stream", "list").stdout
+    assert "visible" in listed and "__cursors" not in listed
+    assert "__cursors" in jetstream(broker, "stream", "list", "--all").stdout
+    rows = [json.loads(line) for line in jetstream(broker, "stream", "list", "--json").stdout.splitlines()]
+    assert [r["config"]["name"] for r in rows] == ["visible"]
+    assert rows[0]["partitions"][0]["high_watermark"] == 0
+    version = jetstream(broker, "--version").stdout
+    assert re.fullmatch(r"jetstream \d+\.\d+\.\d+\S*\n", version), version
+
+
+def test_the_readme_walkthrough_runs_as_written(broker):
+    """Each line of the README's command-line block, against a real broker; the tail (which
+    follows forever) must print the message published before it, whatever its partition."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## The command line", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "JETSTREAM_NATS": broker.nats_url, "JETSTREAM_BROKER": broker.flight}
+    for line in block.strip().splitlines():
+        command = shlex.split(line, comments=True)
+        assert command[0] == "jetstream", line
+        argv = [sys.executable, "-m", "pyspark_jetstream.cli", *command[1:]]
+        if command[1] == "tail":
+            process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+            timer = threading.Timer(30, process.kill)  # a tail that prints nothing ends here
+            timer.start()
+            try:
+                assert process.stdout is not None
+                first = process.stdout.readline()
+            finally:
+                timer.cancel()
+                process.kill()
+                process.communicate(timeout=30)  # reaps it and closes its pipes
+            assert first.rstrip("\n").endswith('{"id": 17}'), (line, first)
+            continue
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+        assert result.returncode == 0, (line, result.stderr)
