@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -87,6 +88,42 @@ def _timeout(text: str) -> float:
     return value
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"must be seconds or a number with s, m, h, d or w, got {text!r}")
+    return float(match.group(1)) * _DURATION_UNITS.get(match.group(2) or "s", 1)
+
+
+def _size(text: str) -> int:
+    """Bytes from ``4096``, ``512KiB``, ``64MB``, ``1GiB`` (KB/MB/GB are powers of 1000)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"must be bytes or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB, got {text!r}"
+        )
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, got {text!r}")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jetstream", description="pyspark-jetstream command line")
     parser.add_argument(
@@ -105,7 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     broker = commands.add_parser("broker", help="run a broker")
     broker_commands = broker.add_subparsers(dest="broker_command", required=True)
     broker_commands.add_parser(
-        "start", help="start a broker: --config FILE, --data-dir DIR (see --help there)"
+        "start",
+        help="start a broker: --config FILE, --data-dir DIR, ... ('broker start --help' lists them)",
+        add_help=False,  # --help goes to the broker program itself
     )
 
     stream = commands.add_parser("stream", help="create, list, describe or delete streams")
@@ -124,12 +163,12 @@ def _parser() -> argparse.ArgumentParser:
         help="let an out-of-sync replica lead when no in-sync one is left (may lose committed data)",
     )
     create.add_argument("--group", help="load-balance group (shared NATS queue group)")
-    create.add_argument("--retention-age", type=float, help="seconds")
-    create.add_argument("--retention-bytes", type=int)
+    create.add_argument("--retention-age", type=_duration, help="seconds, or 90s, 30m, 12h, 7d")
+    create.add_argument("--retention-bytes", type=_size, help="bytes, or 512KiB, 64MB, 10GiB")
     create.add_argument("--retention-messages", type=int)
     create.add_argument("--compaction", action="store_true", help="keep the newest message per key")
-    create.add_argument("--segment-bytes", type=int)
-    create.add_argument("--max-message-bytes", type=int)
+    create.add_argument("--segment-bytes", type=_size, help="bytes, or 512KiB, 64MB, 1GiB")
+    create.add_argument("--max-message-bytes", type=_size, help="bytes, or 512KiB, 1MiB")
     create.add_argument(
         "--compression", choices=COMPRESSIONS, default="none", help="codec for stored batches"
     )

@@ -271,3 +271,35 @@ def test_the_readme_walkthrough_runs_as_written(broker):
             continue
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
         assert result.returncode == 0, (line, result.stderr)
+
+
+def test_sizes_and_durations_take_units_and_broker_start_help_lists_its_options(broker):
+    jetstream(
+        broker,
+        "stream",
+        "create",
+        "units",
+        "--subject",
+        "units",
+        "--retention-age",
+        "7d",
+        "--retention-bytes",
+        "10GiB",
+        "--segment-bytes",
+        "64MB",
+        "--max-message-bytes",
+        "512KiB",
+    )
+    described = jetstream(broker, "stream", "describe", "units").stdout
+    assert re.search(r"^retention_age +604800\.0$", described, re.M), described
+    assert re.search(r"^retention_bytes +10737418240$", described, re.M)
+    assert re.search(r"^segment_bytes +64000000$", described, re.M)
+    assert re.search(r"^max_message_bytes +524288$", described, re.M)
+    bad = jetstream(
+        broker, "stream", "create", "x", "--subject", "x", "--segment-bytes", "64 parsecs", check=False
+    )
+    assert bad.returncode == 2 and "KB, MB, GB" in bad.stderr
+    bad = jetstream(broker, "stream", "create", "x", "--subject", "x", "--retention-age", "soon", check=False)
+    assert bad.returncode == 2 and "s, m, h, d or w" in bad.stderr
+    help_text = jetstream(broker, "broker", "start", "--help").stdout
+    assert "--config" in help_text and "--data-dir" in help_text
