@@ -289,18 +289,29 @@ class BrokerService:
 
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
         """Store ``consumer``'s position in the cursor stream, and return once it is committed."""
-        key = cursor_key(consumer, stream, partition)
-        self._check_partition(stream, partition)
         if offset < 0:
             raise InvalidArgumentError(f"cursor offset must not be negative, got {offset}")
+        self._write_cursor(consumer, stream, partition, offset)
+
+    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+        """Forget ``consumer``'s position (a tombstone in the cursor stream); return once committed."""
+        self._write_cursor(consumer, stream, partition, None)
+
+    def _write_cursor(self, consumer: str, stream: str, partition: int, offset: int | None) -> None:
+        key = cursor_key(consumer, stream, partition)
+        self._check_partition(stream, partition)
         cursors = self.broker.manager.require(CURSOR_STREAM, 0, leader=True)
         committed = threading.Event()
         failure: list[JetStreamError] = []
         with self._cursor_lock:  # the log and the table see cursor writes in one order
             cursors.check_min_insync()
-            offsets = cursors.append([Record(str(offset).encode(), key=key)])
+            value = None if offset is None else str(offset).encode()
+            offsets = cursors.append([Record(value, key=key)])
             if cursors.cursors is not None:
-                cursors.cursors.put(key, offset)
+                if offset is None:
+                    cursors.cursors.forget(key)
+                else:
+                    cursors.cursors.put(key, offset)
 
         def done(error: JetStreamError | None) -> None:
             if error is not None:

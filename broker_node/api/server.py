@@ -50,6 +50,7 @@ ACTION_DESCRIPTIONS = {
     ActionType.DESCRIBE_STREAM: 'Describe a stream and its partitions; body: {"name": ...}.',
     ActionType.LIST_STREAMS: "Describe every stream.",
     ActionType.SET_CURSOR: 'Store a consumer position; body: {"consumer", "stream", "partition", "offset"}.',
+    ActionType.DELETE_CURSOR: 'Forget a consumer position; body: {"consumer", "stream", "partition"}.',
     ActionType.FETCH_CURSOR: 'Read a consumer position; body: {"consumer", "stream", "partition"}.',
     ActionType.STATUS: "Broker status: health, streams, partitions, cursors and lag.",
     ActionType.HEALTH: 'Whether the broker can ingest and serve everything: {"ok", "problems"}.',
@@ -95,6 +96,7 @@ class BrokerView(Protocol):
     def describe_stream(self, name: str) -> StreamInfo: ...
     def list_streams(self) -> list[StreamInfo]: ...
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
+    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None: ...
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None: ...
     def status(self) -> dict[str, Any]: ...
     def health(self) -> dict[str, Any]: ...
@@ -323,6 +325,9 @@ class FlightApi(flight.FlightServerBase):
         partition = _arg(args, "partition", int)
         if kind is ActionType.SET_CURSOR:
             broker.set_cursor(consumer, stream, partition, _arg(args, "offset", int))
+            return {}
+        if kind is ActionType.DELETE_CURSOR:
+            broker.delete_cursor(consumer, stream, partition)
             return {}
         return {"offset": broker.fetch_cursor(consumer, stream, partition)}
 

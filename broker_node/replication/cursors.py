@@ -56,6 +56,11 @@ class CursorTable:
         with self._lock:
             self._cursors[key] = offset
 
+    def forget(self, key: bytes) -> None:
+        """Drop ``key``'s offset (its tombstone was written)."""
+        with self._lock:
+            self._cursors.pop(key, None)
+
     def items(self) -> list[tuple[bytes, int]]:
         """Every cursor, sorted by key."""
         with self._lock:

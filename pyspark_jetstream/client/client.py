@@ -312,6 +312,12 @@ class Client:
             {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset},
         )
 
+    async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+        """Forget ``consumer``'s stored position on one partition."""
+        await self._action(
+            ActionType.DELETE_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
+        )
+
     async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
         """The stored position, or ``None`` if ``consumer`` never set one."""
         result = await self._action(

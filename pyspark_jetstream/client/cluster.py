@@ -129,7 +129,7 @@ class ClusterConnection:
 
     def action(self, action: ActionType, body: dict[str, Any]) -> Any:
         """An admin action on any broker (cursors go to the cursor stream's leader)."""
-        if action in (ActionType.SET_CURSOR, ActionType.FETCH_CURSOR):
+        if action in (ActionType.SET_CURSOR, ActionType.FETCH_CURSOR, ActionType.DELETE_CURSOR):
             return self._routed(CURSOR_STREAM, 0, False, lambda c: c.action(action, body))
         return self._any(lambda c: c.action(action, body))
 

@@ -164,6 +164,10 @@ class SyncClient:
         """See :meth:`Client.set_cursor`."""
         self._run(self._client.set_cursor(consumer, stream, partition, offset))
 
+    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+        """See :meth:`Client.delete_cursor`."""
+        self._run(self._client.delete_cursor(consumer, stream, partition))
+
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
         """See :meth:`Client.fetch_cursor`."""
         return self._run(self._client.fetch_cursor(consumer, stream, partition))

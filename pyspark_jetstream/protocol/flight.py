@@ -73,6 +73,7 @@ class ActionType(enum.Enum):
     LIST_STREAMS = "list_streams"
     SET_CURSOR = "set_cursor"
     FETCH_CURSOR = "fetch_cursor"
+    DELETE_CURSOR = "delete_cursor"
     STATUS = "status"
     HEALTH = "health"
     METADATA = "metadata"

@@ -303,3 +303,53 @@ def test_sizes_and_durations_take_units_and_broker_start_help_lists_its_options(
     assert bad.returncode == 2 and "s, m, h, d or w" in bad.stderr
     help_text = jetstream(broker, "broker", "start", "--help").stdout
     assert "--config" in help_text and "--data-dir" in help_text
+
+
+def test_cursor_list_reset_and_delete_like_kafka_consumer_groups(broker):
+    jetstream(broker, "stream", "create", "lagging", "--subject", "lagging", "--partitions", "2")
+    for i in range(5):
+        jetstream(broker, "publish", "lagging", f"m{i}", "--partition", "0")
+    jetstream(broker, "publish", "lagging", "only", "--partition", "1")
+    jetstream(broker, "cursor", "set", "app", "lagging", "2", "--partition", "0")
+    listed = jetstream(broker, "cursor", "list").stdout.splitlines()
+    assert listed[0].split() == ["CONSUMER", "STREAM", "PARTITION", "CURRENT", "LOG-END", "LAG"]
+    assert listed[1].split() == ["app", "lagging", "0", "2", "5", "3"]
+    rows = [json.loads(line) for line in jetstream(broker, "cursor", "list", "--json").stdout.splitlines()]
+    assert rows == [
+        {"consumer": "app", "stream": "lagging", "partition": 0, "current": 2, "log_end": 5, "lag": 3}
+    ]
+
+    dry = jetstream(broker, "cursor", "reset", "app", "lagging", "--to-latest", "--dry-run").stdout
+    assert [line.split() for line in dry.splitlines()[1:]] == [
+        ["app", "lagging", "0", "2", "5"],
+        ["app", "lagging", "1", "-", "1"],
+    ]
+    assert (
+        jetstream(broker, "cursor", "get", "app", "lagging").stdout.strip() == "2"
+    )  # a dry run stores nothing
+    jetstream(broker, "cursor", "reset", "app", "lagging", "--partition", "0", "--shift-by", "-10")
+    assert jetstream(broker, "cursor", "get", "app", "lagging").stdout.strip() == "0"  # kept within the log
+    jetstream(broker, "cursor", "reset", "app", "lagging", "--to-latest")
+    assert jetstream(broker, "cursor", "list").stdout.splitlines()[1].split()[-1] == "0"  # caught up
+    jetstream(
+        broker,
+        "cursor",
+        "reset",
+        "app",
+        "lagging",
+        "--partition",
+        "0",
+        "--to-datetime",
+        "2000-01-01T00:00:00+00:00",
+    )
+    assert jetstream(broker, "cursor", "get", "app", "lagging").stdout.strip() == "0"
+    bad = jetstream(broker, "cursor", "reset", "app", "lagging", "--to-datetime", "tomorrow", check=False)
+    assert bad.returncode == 1 and "must be an ISO time with a zone" in bad.stderr
+
+    jetstream(broker, "cursor", "delete", "app", "lagging")
+    assert jetstream(broker, "cursor", "get", "app", "lagging").stdout.strip() == "(none)"
+    assert jetstream(broker, "cursor", "list").stdout.strip().endswith("(none)")
+    # Forgotten across a restart too: the tombstone is in the log.
+    broker.stop()
+    broker.start()
+    assert jetstream(broker, "cursor", "get", "app", "lagging", "--partition", "1").stdout.strip() == "(none)"
