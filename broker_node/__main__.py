@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
+from datetime import UTC, datetime
 
 from broker_node.broker import Broker, rebuild
 from broker_node.config import ConfigError, load_broker_config
@@ -26,6 +28,22 @@ async def run(broker: Broker) -> None:
         await broker.close()
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (ISO, UTC), level, logger, message, and the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line."""
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run a broker; return the exit status."""
     parser = argparse.ArgumentParser(
@@ -35,14 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="override [broker] data_dir")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text lines (default) or one JSON object per line, for log shippers",
+    )
+    parser.add_argument(
         "--rebuild-metadata",
         action="store_true",
         help="write a lost or unreadable metadata.json again from the partitions' own records, then exit",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter()
+        if args.log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         config = load_broker_config(args.config, data_dir=args.data_dir)
         if args.rebuild_metadata:

@@ -38,8 +38,9 @@ from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
 from broker_node.ingest.ingestor import Ingestor
-from broker_node.log import FsyncPolicy, LogConfig
+from broker_node.log import FsyncPolicy, LogConfig, LogError
 from broker_node.log.checkpoint import atomic_write
+from broker_node.metrics import MetricsServer
 from broker_node.nats_server import NatsServer
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
@@ -91,6 +92,7 @@ class Broker:
         self.nats_server: NatsServer | None = None
         self.ingestor: Ingestor | None = None
         self._flight: FlightApi | None = None
+        self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -143,6 +145,9 @@ class Broker:
         self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self.service)
         host = flight_config.advertised_host or flight_config.host
         self.flight_address = f"grpc://{host}:{self._flight.port}"
+        metrics_config = self.config.metrics
+        if metrics_config.port >= 0:
+            self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, self)
         info = BrokerInfo(self.broker_id, self.flight_address, tuple(self.nats_urls))
         await asyncio.to_thread(self.coordinator.start, info)
         self.manager.check_data()
@@ -207,6 +212,8 @@ class Broker:
             "nats": self.nats_urls,
             "pid": os.getpid(),
         }
+        if self._metrics is not None:
+            runtime["metrics"] = self._metrics.address
         atomic_write(self.data_dir / RUNTIME_FILE, json.dumps(runtime).encode())
         session = getattr(self.coordinator, "session", None)
         if callable(session) and (value := session()) is not None:
@@ -233,6 +240,39 @@ class Broker:
                 logger.exception("cannot restart the embedded nats-server; retrying in %gs", wait)
                 wait = min(wait * 2, longest)
 
+    # ---- counts for the metrics (read at scrape time, from the metrics thread) -------------
+
+    def flight_requests(self) -> dict[tuple[str, str], int]:
+        """Flight calls served so far, by kind and outcome code."""
+        return dict(self._flight.requests) if self._flight is not None else {}
+
+    def follow_readers(self) -> int:
+        """Flight follow reads open now."""
+        return self._flight.follow_readers if self._flight is not None else 0
+
+    def live_tail_batches(self) -> dict[tuple[str, int], int]:
+        """Batches each partition led here has published on its live tail."""
+        if self.ingestor is None:
+            return {}
+        return {key: tail.batches for key, tail in self.ingestor.tails.items()}
+
+    def nats_connected(self) -> bool:
+        """Whether the NATS connection is up."""
+        return self.ingestor is not None and self.ingestor.connected
+
+    def partition_files(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Bytes on disk and segment count of every partition held here."""
+        out = {}
+        for partition in self.manager.held():
+            try:
+                out[(partition.stream, partition.number)] = (
+                    partition.log.size_bytes,
+                    len(partition.log.segment_base_offsets),
+                )
+            except LogError:  # closed meanwhile
+                continue
+        return out
+
     async def close(self) -> None:
         """Hand leadership over (cluster), stop accepting, store what is pending, close everything.
 
@@ -250,6 +290,8 @@ class Broker:
             partition.wake_readers()
         if self._flight is not None:
             await asyncio.to_thread(self._flight.shutdown)
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.close)
         failures = await asyncio.to_thread(self.manager.close)
         self.coordinator.close()
         if self.nats_server is not None:

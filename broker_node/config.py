@@ -98,6 +98,22 @@ class FlightConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    """Where the broker serves Prometheus ``/metrics`` and ``/healthz`` over HTTP."""
+
+    host: str = "127.0.0.1"
+    port: int = -1
+    """-1 (the default) serves nothing; 0 picks a free port; else 1 to 65535."""
+
+    def __post_init__(self) -> None:
+        port = self.port
+        if isinstance(port, bool) or not isinstance(port, int) or not -1 <= port <= MAX_PORT:
+            raise ValueError(
+                f"port must be an integer from -1 to {MAX_PORT}, got {port!r} (-1: off, 0: a free port)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class IngestConfig:
     """How messages arriving one at a time are coalesced into batches."""
 
@@ -129,6 +145,7 @@ class BrokerConfig:
     nats: NatsConfig = field(default_factory=NatsConfig)
     flight: FlightConfig = field(default_factory=FlightConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     """Defaults for every partition's log; a stream's own settings override them."""
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
@@ -145,6 +162,7 @@ _SECTIONS: dict[str, type] = {
     "nats": NatsConfig,
     "flight": FlightConfig,
     "ingest": IngestConfig,
+    "metrics": MetricsConfig,
     "log": LogConfig,
     "zookeeper": ZooKeeperConfig,
     "replication": ReplicationConfig,

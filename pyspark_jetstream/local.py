@@ -50,6 +50,8 @@ class LocalBroker:
         self.broker_id = broker_id
         self.nats_url = nats_url
         self.flight = ""
+        self.metrics: str | None = None
+        """``http://host:port`` of /metrics and /healthz, when ``[metrics]`` serves them."""
         self.log_level = log_level
         self.start_timeout = start_timeout
         stem = self.data_dir.parent / self.data_dir.name
@@ -91,6 +93,7 @@ class LocalBroker:
                 info = json.loads(runtime.read_text())
                 self.flight = info["flight"]
                 self.nats_url = info["nats"][0]
+                self.metrics = info.get("metrics")
                 return self
             time.sleep(0.05)
         self.stop(signal.SIGKILL)

@@ -9,7 +9,9 @@ with a stable error code.
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -108,19 +110,40 @@ class FlightApi(flight.FlightServerBase):
     def __init__(self, location: str, broker: BrokerView) -> None:
         super().__init__(location)
         self.broker = broker
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Calls served, by kind (read, follow, replica_fetch, an action's name) and outcome code."""
+        self.follow_readers = 0
+        """Follow reads open now."""
+        self._counts_lock = threading.Lock()
+
+    def _counted(self, kind: str) -> Callable[[str], None]:
+        def count(code: str) -> None:
+            with self._counts_lock:
+                self.requests[(kind, code)] += 1
+
+        return count
 
     # ---- reads -----------------------------------------------------------------
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         """Stream committed batches for the ticket's read request (or stored frames to a replica)."""
 
+        kind = ["read"]
+
         def get() -> flight.FlightDataStream:
             fetch = parse_replica_ticket(ticket.ticket)
             if fetch is not None:
+                kind[0] = "replica_fetch"
                 return self._replica_fetch(fetch)
-            return self._read(ReadRequest.from_ticket(ticket.ticket), context)
+            request = ReadRequest.from_ticket(ticket.ticket)
+            if request.follow > 0:
+                kind[0] = "follow"
+            return self._read(request, context)
 
-        return _guard(get)
+        def outcome(code: str) -> None:  # the kind is known once the ticket is parsed
+            self._counted(kind[0])(code)
+
+        return _guard(get, outcome)
 
     def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
         frames, offsets = self.broker.replica_fetch(request)
@@ -150,7 +173,7 @@ class FlightApi(flight.FlightServerBase):
             )
             return flight.GeneratorStream(
                 _projected_schema(request).with_metadata(metadata),
-                self._follow(request, partition, start, context),
+                self._counting_followers(self._follow(request, partition, start, context)),
             )
         if request.max_wait > 0 and start >= partition.high_watermark:
             partition.wait_for_data(start, request.max_wait)
@@ -179,6 +202,15 @@ class FlightApi(flight.FlightServerBase):
         if request.columns is not None:
             batches = [b.select(list(request.columns)) for b in batches]  # zero-copy
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    def _counting_followers(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with self._counts_lock:
+            self.follow_readers += 1
+        try:
+            yield from batches
+        finally:
+            with self._counts_lock:
+                self.follow_readers -= 1
 
     @staticmethod
     def _follow(
@@ -284,7 +316,8 @@ class FlightApi(flight.FlightServerBase):
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
         """Run an admin action; its one result is JSON."""
         body = action.body.to_pybytes() if action.body is not None else b""
-        result = _guard(lambda: self._action(action.type, body))
+        kind = action.type if action.type in _ACTION_NAMES else "unknown"
+        result = _guard(lambda: self._action(action.type, body), self._counted(kind))
         yield encode_json(result)
 
     def _action(self, name: str, body: bytes) -> object:
@@ -349,14 +382,23 @@ def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:
     return value
 
 
-def _guard(call: Callable[[], T]) -> T:
-    """Run ``call``, turning every failure into a Flight error with an error code."""
+_ACTION_NAMES = {a.value for a in ActionType}
+
+
+def _guard(call: Callable[[], T], outcome: Callable[[str], None] = lambda code: None) -> T:
+    """Run ``call``, turning every failure into a Flight error with an error code; ``outcome``
+    is told the code (``ok`` on success)."""
     try:
-        return call()
+        result = call()
     except JetStreamError as exc:
+        outcome(exc.code.value)
         raise flight.FlightServerError(error_message(exc), extra_info=error_detail(exc)) from None
     except LogError as exc:
+        outcome(StorageError.code.value)
         raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
     except Exception as exc:
+        outcome(StorageError.code.value)
         logger.exception("unexpected error in a Flight call")
         raise flight.FlightServerError(error_message(StorageError(f"internal error: {exc}"))) from None
+    outcome("ok")
+    return result

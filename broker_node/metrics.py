@@ -1,0 +1,203 @@
+"""Prometheus metrics and a health check over HTTP: ``/metrics`` and ``/healthz``.
+
+Everything is read at scrape time from what the broker already keeps (its
+status, its health, the Flight server's request counts), so serving metrics
+costs the write and read paths nothing.  Names (all prefixed ``jetstream_``):
+
+==========================================  =====================================================
+metric                                      labels, meaning
+==========================================  =====================================================
+``partition_log_start_offset``              stream, partition: first offset kept here
+``partition_log_end_offset``                stream, partition: next offset to be written here
+``partition_high_watermark``                stream, partition: offsets below it are committed
+``partition_size_bytes``                    stream, partition: bytes of its segments on disk
+``partition_segments``                      stream, partition: segment files
+``partition_damaged_offsets``               stream, partition: offsets that cannot be read
+``partition_leader``                        stream, partition: 1 where this broker leads it
+``partition_in_sync_replicas``              stream, partition: size of the ISR
+``partition_under_replicated``              stream, partition: 1 when the ISR lacks a replica
+``cursor_offset``                           consumer, stream, partition: the stored position
+``cursor_lag``                              consumer, stream, partition: committed messages after it
+``nats_connected``                          1 while the NATS connection is up
+``healthy``                                 1 when ``/healthz`` would answer 200
+``flight_requests_total``                   kind, code: Flight calls served, by outcome
+``flight_follow_readers``                   Flight follow reads open now
+``live_tail_batches_total``                 stream, partition: batches published on the live tail
+==========================================  =====================================================
+
+``/healthz`` answers 200 with ``{"ok": true}`` or 503 with the problems (the
+same list as ``jetstream health``), for supervisors and load balancers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socketserver
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "jetstream_"
+
+
+class BrokerState(Protocol):
+    """What the metrics read of a broker, at scrape time."""
+
+    def status(self) -> dict[str, Any]: ...
+    def health(self) -> dict[str, Any]: ...
+
+
+class Counts(Protocol):
+    """Counters kept by the broker's parts."""
+
+    def flight_requests(self) -> Mapping[tuple[str, str], int]: ...
+    def follow_readers(self) -> int: ...
+    def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
+    def nats_connected(self) -> bool: ...
+    def partition_files(self) -> Mapping[tuple[str, int], tuple[int, int]]: ...
+
+
+class BrokerCollector(Collector):
+    """Turns the broker's status into Prometheus metrics on each scrape."""
+
+    def __init__(self, state: BrokerState, counts: Counts) -> None:
+        self.state = state
+        self.counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        """Every metric of the table in the module docstring."""
+        status = self.state.status()
+        health = status["health"]
+        labels = ["stream", "partition"]
+        gauges = {
+            name: GaugeMetricFamily(PREFIX + name, text, labels=labels)
+            for name, text in (
+                ("partition_log_start_offset", "First offset kept on this broker."),
+                ("partition_log_end_offset", "Next offset to be written on this broker."),
+                ("partition_high_watermark", "Offsets below it are committed."),
+                ("partition_size_bytes", "Bytes of the partition's segments on disk."),
+                ("partition_segments", "Segment files of the partition."),
+                ("partition_damaged_offsets", "Offsets that cannot be read (damaged, not yet repaired)."),
+                ("partition_leader", "1 where this broker leads the partition."),
+                ("partition_in_sync_replicas", "Replicas in the in-sync set."),
+                ("partition_under_replicated", "1 when the in-sync set lacks a replica."),
+            )
+        }
+        files = self.counts.partition_files()
+        streams = {s["config"]["name"]: s for s in status["streams"]}
+        for held in status["partitions"]:
+            key = (held["stream"], held["partition"])
+            values = [held["stream"], str(held["partition"])]
+            replicas = _replicas(streams.get(held["stream"]), held["partition"])
+            size, segments = files.get(key, (0, 0))
+            for name, value in (
+                ("partition_log_start_offset", held["log_start_offset"]),
+                ("partition_log_end_offset", held["log_end_offset"]),
+                ("partition_high_watermark", held["high_watermark"]),
+                ("partition_size_bytes", size),
+                ("partition_segments", segments),
+                ("partition_damaged_offsets", sum(last - first + 1 for first, last, _ in held["damaged"])),
+                ("partition_leader", 1 if held["role"] == "leader" else 0),
+                ("partition_in_sync_replicas", len(held["isr"])),
+                ("partition_under_replicated", 1 if replicas and len(held["isr"]) < replicas else 0),
+            ):
+                gauges[name].add_metric(values, value)
+        yield from gauges.values()
+
+        cursor_labels = ["consumer", "stream", "partition"]
+        offsets = GaugeMetricFamily(
+            PREFIX + "cursor_offset", "A consumer's stored position.", labels=cursor_labels
+        )
+        lags = GaugeMetricFamily(
+            PREFIX + "cursor_lag", "Committed messages after a consumer's position.", labels=cursor_labels
+        )
+        for cursor in status["cursors"]:
+            values = [cursor["consumer"], cursor["stream"], str(cursor["partition"])]
+            offsets.add_metric(values, cursor["offset"])
+            if cursor["lag"] is not None:
+                lags.add_metric(values, cursor["lag"])
+        yield offsets
+        yield lags
+
+        yield GaugeMetricFamily(
+            PREFIX + "nats_connected",
+            "1 while the NATS connection is up.",
+            value=int(self.counts.nats_connected()),
+        )
+        yield GaugeMetricFamily(PREFIX + "healthy", "1 when /healthz answers 200.", value=int(health["ok"]))
+        requests = CounterMetricFamily(
+            PREFIX + "flight_requests", "Flight calls served, by kind and outcome.", labels=["kind", "code"]
+        )
+        for (kind, code), count in sorted(self.counts.flight_requests().items()):
+            requests.add_metric([kind, code], count)
+        yield requests
+        yield GaugeMetricFamily(
+            PREFIX + "flight_follow_readers",
+            "Flight follow reads open now.",
+            value=self.counts.follow_readers(),
+        )
+        published = CounterMetricFamily(
+            PREFIX + "live_tail_batches",
+            "Batches published on the live tail.",
+            labels=["stream", "partition"],
+        )
+        for (stream, partition), count in sorted(self.counts.live_tail_batches().items()):
+            published.add_metric([stream, str(partition)], count)
+        yield published
+
+
+def _replicas(stream: dict[str, Any] | None, partition: int) -> int:
+    if stream is None:
+        return 0
+    for info in stream.get("partitions", []):
+        if info.get("partition") == partition:
+            return len(info.get("replicas", []))
+    return 0
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("metrics: %s", format % args)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on ``host:port`` (0 picks a free port), in a daemon thread."""
+
+    def __init__(self, host: str, port: int, state: BrokerState, counts: Counts) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(BrokerCollector(state, counts))
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+            if environ.get("PATH_INFO") == "/healthz":
+                try:
+                    health = state.health()
+                except Exception as exc:  # noqa: BLE001 - the check itself failing is a failure
+                    health = {"ok": False, "problems": [f"health check failed: {exc}"]}
+                code = "200 OK" if health["ok"] else "503 Service Unavailable"
+                start_response(code, [("Content-Type", "application/json")])
+                return iter([json.dumps(health).encode()])
+            return iter(metrics_app(environ, start_response))
+
+        self._server = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
+        self.port = self._server.server_port
+        self.address = f"http://{host}:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,151 @@
+"""Prometheus /metrics and /healthz on a real broker, and the Grafana dashboard that uses them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker_node.nats_server import NatsServer
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.errors import UnknownStreamError
+
+from .harness import BrokerProcess, wait_until
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "conf" / "grafana" / "jetstream.json"
+
+
+def scrape(broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(broker.metrics + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def healthz(broker) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(broker.metrics + "/healthz", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def nats():
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture
+def measured(tmp_path, nats):
+    process = BrokerProcess(tmp_path / "b", nats_url=nats.url, extra_config="[metrics]\nport = 0\n").start()
+    yield process
+    process.stop()
+
+
+def test_metrics_describe_partitions_cursors_requests_and_the_live_tail(measured):
+    with SyncClient(nats_urls=measured.nats_url, broker=measured.flight) as client:
+        client.create_stream("metered", "metered", partitions=2)
+        for i in range(5):
+            client.publish("metered", b"%d" % i, partition=1)
+        client.set_cursor("app", "metered", 1, 2)
+        with pytest.raises(UnknownStreamError):
+            client.describe_stream("nope")
+        samples = wait_until(
+            lambda: (
+                (s := scrape(measured)).get(
+                    ("jetstream_live_tail_batches_total", (("partition", "1"), ("stream", "metered"))), 0
+                )
+                and s
+            ),
+            message="live-tail batches counted",
+        )
+    one = (("partition", "1"), ("stream", "metered"))
+    assert samples[("jetstream_partition_high_watermark", one)] == 5
+    assert samples[("jetstream_partition_log_end_offset", one)] == 5
+    assert samples[("jetstream_partition_log_start_offset", one)] == 0
+    assert samples[("jetstream_partition_leader", one)] == 1
+    assert samples[("jetstream_partition_segments", one)] == 1
+    assert samples[("jetstream_partition_size_bytes", one)] > 0
+    assert samples[("jetstream_partition_under_replicated", one)] == 0
+    cursor = (("consumer", "app"), ("partition", "1"), ("stream", "metered"))
+    assert samples[("jetstream_cursor_offset", cursor)] == 2
+    assert samples[("jetstream_cursor_lag", cursor)] == 3
+    assert samples[("jetstream_nats_connected", ())] == 1
+    assert samples[("jetstream_healthy", ())] == 1
+    assert samples[("jetstream_flight_requests_total", (("code", "ok"), ("kind", "create_stream")))] == 1
+    assert (
+        samples[
+            ("jetstream_flight_requests_total", (("code", "unknown_stream"), ("kind", "describe_stream")))
+        ]
+        >= 1
+    )
+    assert healthz(measured) == (200, {"ok": True, "problems": []})
+
+
+def test_healthz_answers_503_with_the_problem_when_nats_is_gone(measured, nats):
+    assert healthz(measured)[0] == 200
+    nats.stop()
+    _, body = wait_until(lambda: (h := healthz(measured))[0] == 503 and h, message="an unhealthy answer")
+    assert not body["ok"] and any("NATS" in problem for problem in body["problems"]), body
+    assert scrape(measured)[("jetstream_nats_connected", ())] == 0
+
+
+def test_every_metric_the_dashboard_uses_exists(measured):
+    with SyncClient(nats_urls=measured.nats_url, broker=measured.flight) as client:
+        client.create_stream("dash", "dash")
+        client.publish("dash", b"x")
+        client.set_cursor("app", "dash", 0, 1)
+        client.fetch("dash", 0)
+    exposed = {name for name, _ in scrape(measured)}
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bjetstream_[a-z_]+", target["expr"])
+    }
+    assert len(used) >= 12
+    assert used <= exposed, sorted(used - exposed)
+
+
+def test_metrics_are_off_unless_configured(tmp_path, nats):
+    process = BrokerProcess(tmp_path / "off", nats_url=nats.url).start()
+    try:
+        assert process.metrics is None
+    finally:
+        process.stop()
+
+
+def test_log_format_json_writes_one_object_per_line(tmp_path, nats):
+    config = BrokerProcess(tmp_path / "json", nats_url=nats.url).config_path
+    process = subprocess.Popen(
+        [sys.executable, "-m", "broker_node", "--config", str(config), "--log-format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        while not any("serving Flight" in line for line in lines):
+            line = process.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    records = [json.loads(line) for line in lines]
+    assert {"time", "level", "logger", "message"} <= set(records[-1])
+    assert records[-1]["level"] == "INFO" and "serving Flight" in records[-1]["message"]
