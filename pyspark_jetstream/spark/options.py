@@ -52,6 +52,7 @@ SOURCE_OPTIONS = (
     "stream",
     "streams",
     "streamPattern",
+    "assign",
     "startingOffsets",
     "startingTimestamp",
     "endingOffsets",
@@ -75,8 +76,6 @@ SOURCE_ALIASES = {
 SINK_ALIASES = {"topic": "stream"}
 KAFKA_ONLY = {
     "kafka.bootstrap.servers": "use 'servers' (the brokers' Flight addresses, grpc://host:port) or 'nats'",
-    "assign": "not supported yet; read chosen streams with 'streams' and start each partition where "
-    "you want with 'startingOffsets' JSON",
     "startingOffsetsByTimestamp": "not supported yet; use 'startingTimestamp' (one time for every partition)",
     "endingOffsetsByTimestamp": "not supported yet; use 'endingTimestamp' (one time for every partition)",
     "startingOffsetsByTimestampStrategy": "not supported yet; a 'startingTimestamp' past a partition's "
@@ -137,6 +136,8 @@ class SourceOptions:
     broker: str
     streams: tuple[str, ...] = ()
     stream_pattern: str | None = None
+    assigned: dict[str, tuple[int, ...]] | None = None
+    """``assign``: only these partitions of these streams."""
     starting: str | Offsets = "latest"
     starting_timestamp: float | None = None
     ending: str | Offsets = "latest"
@@ -165,15 +166,19 @@ class SinkOptions:
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Parse a reader's options; raises ``InvalidArgumentError`` naming the bad option."""
     opts = checked_options(options, SOURCE_OPTIONS, SOURCE_ALIASES)
-    chosen = [name for name in ("stream", "streams", "streampattern") if opts.get(name)]
+    chosen = [name for name in ("stream", "streams", "streampattern", "assign") if opts.get(name)]
     if len(chosen) != 1:
         raise InvalidArgumentError(
-            "give exactly one of the options 'stream', 'streams' (comma-separated) or 'streamPattern' "
-            f"(a regular expression); got {', '.join(chosen) or 'none'}"
+            "give exactly one of the options 'stream', 'streams' (comma-separated), 'streamPattern' "
+            f"(a regular expression) or 'assign' (JSON); got {', '.join(chosen) or 'none'}"
         )
     streams: tuple[str, ...] = ()
     pattern = None
-    if chosen[0] == "stream":
+    assigned = None
+    if chosen[0] == "assign":
+        assigned = _assignment(opts["assign"])
+        streams = tuple(assigned)
+    elif chosen[0] == "stream":
         streams = (_stream_name("stream", opts["stream"]),)
     elif chosen[0] == "streams":
         streams = tuple(_stream_name("streams", s.strip()) for s in opts["streams"].split(",") if s.strip())
@@ -211,6 +216,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         broker=resolve_broker(opts),
         streams=streams,
         stream_pattern=pattern,
+        assigned=assigned,
         starting=starting,
         starting_timestamp=_timestamp(opts, "startingTimestamp"),
         ending=ending,
@@ -301,6 +307,35 @@ def _stream_name(option: str, value: str) -> str:
         return validate_stream_name(value.strip())
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"option '{option}': {exc}") from None
+
+
+def _assignment(value: str) -> dict[str, tuple[int, ...]]:
+    """``assign``: JSON like Kafka's, ``{"orders": [0, 2], "payments": [1]}``."""
+    example = '{"orders": [0, 2]}'
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        raise InvalidArgumentError(f"option 'assign' is {shown(value)}: use JSON like {example}") from None
+    if not isinstance(data, dict) or not data:
+        raise InvalidArgumentError(
+            f"option 'assign' must map stream names to partition lists, like {example}"
+        )
+    out: dict[str, tuple[int, ...]] = {}
+    for stream, partitions in data.items():
+        _stream_name("assign", stream)
+        if (
+            not isinstance(partitions, list)
+            or not partitions
+            or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 <= p < MAX_PARTITIONS for p in partitions
+            )
+        ):
+            raise InvalidArgumentError(
+                f"option 'assign': {stream!r} needs a non-empty list of partition numbers from 0 to "
+                f"{MAX_PARTITIONS - 1}, got {shown(partitions)}"
+            )
+        out[stream] = tuple(sorted(set(partitions)))
+    return out
 
 
 def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> str | Offsets:
@@ -406,6 +441,7 @@ def _timestamp(opts: Mapping[str, str], option: str) -> float | None:
 def _default_consumer(opts: Mapping[str, str]) -> str:
     """A stable cursor name for this source's streams and broker, when the user gives none."""
     identity = json.dumps(
-        {k: opts.get(k) for k in ("stream", "streams", "streampattern", "servers", "nats")}, sort_keys=True
+        {k: opts.get(k) for k in ("stream", "streams", "streampattern", "assign", "servers", "nats")},
+        sort_keys=True,
     )
     return "spark-" + hashlib.sha1(identity.encode()).hexdigest()[:12]

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
-from pyspark_jetstream.protocol.errors import OffsetOutOfRangeError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
@@ -59,7 +59,16 @@ def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str,
         ]
     else:
         infos = [connection.describe(name) for name in options.streams]
-    return {info.config["name"]: _states(info) for info in infos}
+    layout = {info.config["name"]: _states(info) for info in infos}
+    for stream, wanted in (options.assigned or {}).items():
+        held = layout[stream]
+        missing = [p for p in wanted if str(p) not in held]
+        if missing:
+            raise InvalidArgumentError(
+                f"option 'assign': stream {stream!r} has partitions 0 to {len(held) - 1}, not {missing[0]}"
+            )
+        layout[stream] = {str(p): held[str(p)] for p in wanted}
+    return layout
 
 
 def _states(info: StreamInfo) -> dict[str, PartitionState]:

@@ -176,12 +176,17 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
             "unknown option 'startingOffset'; did you mean 'startingOffsets'?",
         ),
         ({"stream": "a", "includeHeader": "true"}, "did you mean 'includeHeaders'?"),
-        ({"stream": "a", "colour": "blue"}, r"unknown option 'colour' \(known: consumerId,"),
+        ({"stream": "a", "colour": "blue"}, r"unknown option 'colour' \(known: assign, consumerId,"),
         (
             {"stream": "a", "kafka.bootstrap.servers": "k:9092"},
             "option 'kafka.bootstrap.servers' is Kafka's: use 'servers'",
         ),
-        ({"stream": "a", "assign": '{"a": [0]}'}, "option 'assign' is Kafka's: not supported yet"),
+        ({"stream": "a", "assign": '{"a": [0]}'}, "give exactly one of the options"),
+        ({"assign": "[0]"}, "option 'assign' must map stream names to partition lists"),
+        ({"assign": '{"a": []}'}, "'a' needs a non-empty list of partition numbers"),
+        ({"assign": '{"a": [-1]}'}, "'a' needs a non-empty list of partition numbers"),
+        ({"assign": '{"bad name": [0]}'}, "option 'assign': invalid stream name"),
+        ({"assign": "{"}, "option 'assign' is '{'"),
         ({"streams": "a", "subscribe": "b"}, "options 'subscribe' and 'streams' mean the same here"),
         (
             {"stream": "a", "maxOffsetsPerTrigger": "5", "MAXRECORDSPERTRIGGER": "6"},
@@ -302,3 +307,11 @@ def test_an_unknown_option_fails_the_query_before_any_task_runs(spark, deploymen
     with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
         read(spark, deployment, stream=name, startingOffset="earliest").collect()
     assert read(spark, deployment, subscribe=name).count() == 3  # Kafka's name for 'streams'
+
+
+def test_assign_reads_only_the_chosen_partitions(spark, deployment, client, name):
+    fill(client, name, 3, 4)
+    rows = read(spark, deployment, assign=json.dumps({name: [2, 0]})).collect()
+    assert sorted({r.partition for r in rows}) == [0, 2] and len(rows) == 8
+    with pytest.raises(Exception, match=f"stream '{name}' has partitions 0 to 2, not 7"):
+        read(spark, deployment, assign=json.dumps({name: [7]})).collect()
