@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pyspark_jetstream.protocol.ack import Ack
@@ -134,22 +134,18 @@ class SyncClient:
         live: bool = True,
     ) -> Iterator[Message]:
         """See :meth:`Client.subscribe`: a blocking iterator."""
-        iterator = self._client.subscribe(stream, partition, start=start, follow=follow, live=live)
-
-        async def step() -> Message:
-            return await anext(iterator)
-
-        while True:
-            try:
-                yield self._run(step())
-            except StopAsyncIteration:
-                return
+        return self._blocking(
+            self._client.subscribe(stream, partition, start=start, follow=follow, live=live)
+        )
 
     def subscribe_partitions(
         self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True
     ) -> Iterator[Message]:
         """See :meth:`Client.subscribe_partitions`: a blocking iterator."""
-        iterator = self._client.subscribe_partitions(stream, partitions, start=start, live=live)
+        return self._blocking(self._client.subscribe_partitions(stream, partitions, start=start, live=live))
+
+    def _blocking(self, iterator: AsyncIterator[Message]) -> Iterator[Message]:
+        """Each item of an async iterator of the client's loop, waited for here."""
 
         async def step() -> Message:
             return await anext(iterator)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 
@@ -42,14 +41,10 @@ def healthz(broker) -> tuple[int, dict]:
 
 
 @pytest.fixture
-def nats():
-    with NatsServer() as server:
-        yield server
-
-
-@pytest.fixture
-def measured(tmp_path, nats):
-    process = BrokerProcess(tmp_path / "b", nats_url=nats.url, extra_config="[metrics]\nport = 0\n").start()
+def measured(tmp_path, nats_server):
+    process = BrokerProcess(
+        tmp_path / "b", nats_url=nats_server.url, extra_config="[metrics]\nport = 0\n"
+    ).start()
     yield process
     process.stop()
 
@@ -94,9 +89,9 @@ def test_metrics_describe_partitions_cursors_requests_and_the_live_tail(measured
     assert healthz(measured) == (200, {"ok": True, "problems": []})
 
 
-def test_healthz_answers_503_with_the_problem_when_nats_is_gone(measured, nats):
+def test_healthz_answers_503_with_the_problem_when_nats_is_gone(measured, nats_server):
     assert healthz(measured)[0] == 200
-    nats.stop()
+    nats_server.stop()
     _, body = wait_until(lambda: (h := healthz(measured))[0] == 503 and h, message="an unhealthy answer")
     assert not body["ok"] and any("NATS" in problem for problem in body["problems"]), body
     assert scrape(measured)[("jetstream_nats_connected", ())] == 0
@@ -120,16 +115,16 @@ def test_every_metric_the_dashboard_uses_exists(measured):
     assert used <= exposed, sorted(used - exposed)
 
 
-def test_metrics_are_off_unless_configured(tmp_path, nats):
-    process = BrokerProcess(tmp_path / "off", nats_url=nats.url).start()
+def test_metrics_are_off_unless_configured(tmp_path, nats_server):
+    process = BrokerProcess(tmp_path / "off", nats_url=nats_server.url).start()
     try:
         assert process.metrics is None
     finally:
         process.stop()
 
 
-def test_log_format_json_writes_one_object_per_line(tmp_path, nats):
-    config = BrokerProcess(tmp_path / "json", nats_url=nats.url).config_path
+def test_log_format_json_writes_one_object_per_line(tmp_path, nats_server):
+    config = BrokerProcess(tmp_path / "json", nats_url=nats_server.url).config_path
     process = subprocess.Popen(
         [sys.executable, "-m", "broker_node", "--config", str(config), "--log-format", "json"],
         stdout=subprocess.PIPE,
