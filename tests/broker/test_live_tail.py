@@ -100,19 +100,25 @@ def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker, ca
                 pending_messages=2,
             )
             got: list[int] = []
-            first = await anext(tail)  # subscribed and caught up (nothing yet)
-            got.extend(first.column("offset").to_pylist())
-            publisher = asyncio.ensure_future(publish_rows(client, "slow", 1, total - 1))
+            published = asyncio.Event()
 
             async def consume() -> None:
                 async for batch in tail:
                     got.extend(batch.column("offset").to_pylist())
-                    await asyncio.sleep(0.002)  # slower than the publisher
+                    if tail.stats.live_batches and not published.is_set():
+                        await published.wait()  # stalls, deliveries pile up in NATS's buffer
                     if got[-1] >= total - 1:
                         return
 
-            await asyncio.wait_for(consume(), 60)
-            await publisher
+            consumer = asyncio.ensure_future(consume())
+            while tail.next_offset < 1:
+                await asyncio.sleep(0.01)
+            # Ten acknowledged waves (at least ten deliveries) while the consumer is stalled
+            # on its first live batch: NATS keeps two pending and drops the rest.
+            for wave in range(10):
+                await publish_rows(client, "slow", 1 + wave * 300, 300 if wave < 9 else total - 1 - 2700)
+            published.set()
+            await asyncio.wait_for(consumer, 60)
             await tail.aclose()
             return got, tail
 
