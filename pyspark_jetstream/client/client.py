@@ -749,7 +749,8 @@ class Client:
                     item = UnavailableError(f"cannot follow {request.stream}/{request.partition}: {exc}")
             except RuntimeError:
                 return  # the consumer's loop is gone
-            put(item)
+            with contextlib.suppress(RuntimeError):  # ...or went while the stream ended
+                put(item)
 
         thread = threading.Thread(target=pump, name="jetstream-tail", daemon=True)
         thread.start()

@@ -17,9 +17,10 @@ placed by its offsets against the next offset the consumer expects:
   finds the new leader.
 
 So every committed offset is seen once, in order, whatever NATS drops.  If
-the NATS connection closes for good, or no mark at all arrives in the first
-:data:`IDLE_SECONDS` (a broker with ``live_tail = false``), the tail goes on
-over Flight alone, as a Flight follow read.
+the NATS connection closes for good, or not one mark has arrived after
+:data:`SILENT_CHECKS` checks in a row (a broker with ``live_tail = false``:
+its leader answers over Flight but publishes nothing), the tail goes on over
+Flight alone, as a Flight follow read.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 3 * HEARTBEAT_SECONDS
 """With nothing on the live tail for this long, the consumer checks over Flight."""
+SILENT_CHECKS = 3
+"""Checks in a row with not one mark ever heard: the broker publishes no live tail."""
 PENDING_MESSAGES = 4096
 PENDING_BYTES = 64 * 1024 * 1024
 """Deliveries a consumer may leave unread before NATS drops the newest (it then reads them over Flight)."""
@@ -122,18 +125,23 @@ class LiveTail:
             async for batch in self._catch_up(None):
                 yield batch
             heard = False
+            silent = 0
             while True:
                 try:
                     message = await subscription.next_msg(timeout=IDLE_SECONDS)
                 except NatsTimeoutError:
-                    if not heard:
-                        break  # not even a mark: the leader publishes no live tail
+                    # Nothing, not even a mark: the leader may be changing (the Flight read
+                    # below waits for the new one, which marks at once), or it publishes no
+                    # live tail at all (a reachable leader, silent for SILENT_CHECKS in a row).
                     async for batch in self._catch_up(None):
                         yield batch
+                    silent += 1
+                    if not heard and silent >= SILENT_CHECKS:
+                        break
                     continue
                 except ConnectionClosedError:
                     break
-                heard = True
+                heard, silent = True, 0
                 async for batch in self._take(message.data):
                     yield batch
         finally:

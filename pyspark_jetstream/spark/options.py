@@ -239,16 +239,18 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = opts.get("stream")
     if stream is not None:
         _stream_name("stream", stream)
-    broker = resolve_broker(opts)
+    timeout = _seconds(opts, "timeout", 30.0)
+    max_batch_bytes = (
+        _bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES) or 900 * 1024
+    )
+    nats = _nats_urls(opts) if opts.get("nats") else None
+    broker = resolve_broker(opts)  # every option is checked before a broker is asked anything
     return SinkOptions(
         broker=broker,
-        nats=_nats_urls(opts)
-        if opts.get("nats")
-        else _nats_of_brokers(broker, _seconds(opts, "timeout", 30.0)),
+        nats=nats or _nats_of_brokers(broker, timeout),
         stream=stream,
-        timeout=_seconds(opts, "timeout", 30.0),
-        max_batch_bytes=_bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES)
-        or 900 * 1024,
+        timeout=timeout,
+        max_batch_bytes=max_batch_bytes,
     )
 
 

@@ -318,7 +318,12 @@ def test_off_in_the_broker_means_consumers_tail_over_flight(tmp_path, nats_serve
                             return
 
                 consumer = asyncio.ensure_future(consume())
-                await asyncio.sleep(0.5)
+
+                async def fallen_back() -> None:  # three silent checks, 3 s apart
+                    while not tail.stats.flight_only:
+                        await asyncio.sleep(0.1)
+
+                await asyncio.wait_for(fallen_back(), 30)
                 await publish_rows(client, "off", 0, 10)
                 await asyncio.wait_for(consumer, 30)
                 await tail.aclose()

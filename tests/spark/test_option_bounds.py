@@ -64,4 +64,5 @@ def test_option_limits_are_inclusive():
         streaming=True,
     )
     assert source.max_records_per_trigger == 2**63 - 1 and source.timeout == 3600
-    assert parse_sink_options({"stream": "a", **SERVERS, "maxBatchBytes": "64"}).max_batch_bytes == 64
+    sink = parse_sink_options({"stream": "a", **SERVERS, "nats": "nats://127.0.0.1:1", "maxBatchBytes": "64"})
+    assert sink.max_batch_bytes == 64

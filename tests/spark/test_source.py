@@ -291,7 +291,12 @@ def test_kafka_option_names_mean_the_same_here():
     )
     assert pattern.stream_pattern == "or.*"
     sink = parse_sink_options(
-        {"topic": "orders", "servers": "grpc://127.0.0.1:1", "checkpointLocation": "/x"}
+        {
+            "topic": "orders",
+            "servers": "grpc://127.0.0.1:1",
+            "nats": "nats://127.0.0.1:1",
+            "checkpointLocation": "/x",
+        }
     )
     assert sink.stream == "orders"
     with pytest.raises(InvalidArgumentError, match="unknown option 'topics'; did you mean 'topic'?"):
