@@ -169,6 +169,11 @@ class Broker:
                 self._every(self.config.maintenance_interval, Partition.maintain, "maintenance")
             )
         )
+        self._background.append(
+            asyncio.ensure_future(
+                self._every(self.config.maintenance_interval, self.manager.repair_leader, "leader repair")
+            )
+        )
         if self.config.log.fsync is FsyncPolicy.INTERVAL:
             # Appends fsync when an interval has passed; this covers the end of a burst.
             self._background.append(

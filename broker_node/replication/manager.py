@@ -33,6 +33,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 from .fetcher import Fetcher
 from .partition import Partition, Role
 from .records import partition_directories, partition_record, read_record, write_record
+from .repair import repair_leader
 from .settings import ReplicationConfig
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,10 @@ class ReplicaManager:
     def address_of(self, broker_id: str) -> str | None:
         """A live broker's Flight address, as it advertises it to clients."""
         return next((b.flight_address for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
+
+    def repair_leader(self, partition: Partition) -> None:
+        """Repair a damaged leader's log from an in-sync follower (see ``repair``)."""
+        repair_leader(partition, self.peer_address_of)
 
     def peer_address_of(self, broker_id: str) -> str | None:
         """Where this broker reaches a live peer: ``peer_addresses`` if set, else its advertised address."""
