@@ -121,6 +121,7 @@ class TailPublisher:
                     return
                 continue
             except CorruptSegmentError as exc:
+                self.marks += 1  # a stand-in for the damaged range: consumers read it over Flight
                 await self._send(
                     encode_delivery(exc.first_offset, exc.last_offset, partition.leader_epoch, hw)
                 )
