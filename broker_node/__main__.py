@@ -29,20 +29,32 @@ async def run(broker: Broker) -> None:
         await broker.close()
 
 
+_RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+}
+"""What every log record has; anything else on a record came from ``extra=``."""
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time (ISO, UTC), level, logger, message, and the traceback."""
+    """One JSON object per record: time (ISO, UTC), level, logger, message, the fields the
+    line was logged with (``extra=``: ``stream`` and ``partition`` for a line about one), and
+    the traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as a JSON line."""
-        entry = {
+        entry: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for name, value in record.__dict__.items():
+            if name not in _RECORD_ATTRIBUTES and name not in entry:
+                entry[name] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return json.dumps(entry, default=str)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
+from .labels import NO_LABELS, Labels
 from .manifest import open_segments, write_manifest
 from .reads import read_batches
 from .records import Records, to_input_columns
@@ -77,9 +78,14 @@ class Log(ReplicaMethods):
         clock: Callable[[], float],
         segments: list[Segment],
         epochs: LeaderEpochCache,
+        *,
+        labels: Labels = NO_LABELS,
     ) -> None:
         self.directory = directory
         self.config = config
+        self.labels = labels
+        """Whose log it is, for its log lines (see :mod:`.labels`)."""
+        self._log = labels.bind(logger)
         self._clock = clock
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
@@ -88,6 +94,8 @@ class Log(ReplicaMethods):
         self._grown = threading.Condition(self._lock)
         """Notified whenever the log end offset moves (appends, replicated appends, truncation)."""
         self._closed = False
+        self._compaction_blocked = ""
+        """The damage compaction last waited for (logged once, not on every pass)."""
         self._iota = pa.array([], pa.int64())
         self._last_timestamp = self._newest_timestamp()
         self._last_fsync = clock()
@@ -112,6 +120,7 @@ class Log(ReplicaMethods):
         config: LogConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        labels: Labels = NO_LABELS,
     ) -> Log:
         """Open the log in ``directory``, creating it if needed and recovering from a crash.
 
@@ -122,24 +131,32 @@ class Log(ReplicaMethods):
         a missing segment's range reads as damaged, a stray file is renamed
         aside).  A log that needs no repair is opened without writing
         anything.  ``clock`` returns the current time in seconds since the
-        epoch.  Raises ``LogError`` when the directory cannot be opened as a
-        log (naming the file and what to do), ``LogStorageError`` when the
-        file system refuses.
+        epoch; ``labels`` name the log's stream and partition in every line
+        it logs (what recovery did, retention, compaction).  Raises
+        ``LogError`` when the directory cannot be opened as a log (naming the
+        file and what to do), ``LogStorageError`` when the file system
+        refuses.
         """
         path = Path(directory)
         try:
             path.mkdir(parents=True, exist_ok=True)
             for pattern in ("*" + SEGMENT_SUFFIX + TEMP_SUFFIX, "*.checkpoint" + TEMP_SUFFIX):
                 for leftover in path.glob(pattern):  # index temps are the segment's to judge
-                    logger.info("removing %s left by an interrupted write", leftover)
+                    labels.bind(logger).info("removing %s left by an interrupted write", leftover)
                     leftover.unlink()
-            segments, changed = open_segments(path)
+            segments, changed = open_segments(path, labels)
             if not segments:
                 segments = [Segment.create(path, 0)]
+                segments[0].labels = labels
         except OSError as exc:
             raise LogStorageError(f"cannot open the log in {path}: {exc}") from exc
         log = cls(
-            path, config or LogConfig(), clock, segments, LeaderEpochCache(path / LEADER_EPOCH_CHECKPOINT)
+            path,
+            config or LogConfig(),
+            clock,
+            segments,
+            LeaderEpochCache(path / LEADER_EPOCH_CHECKPOINT),
+            labels=labels,
         )
         if changed:
             log._record_segments(required=False)
@@ -214,7 +231,7 @@ class Log(ReplicaMethods):
                 return False
             self._fsync_active()
             self._unsynced = False
-            logger.debug("interval fsync of %s", self.directory)
+            self._log.debug("interval fsync of %s", self.directory)
             return True
 
     # ---- offsets ---------------------------------------------------------------
@@ -387,6 +404,7 @@ class Log(ReplicaMethods):
             segment = Segment.create(
                 self.directory, active.next_offset if base_offset is None else base_offset
             )
+            segment.labels = self.labels
         except OSError as exc:
             raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         try:
@@ -398,7 +416,7 @@ class Log(ReplicaMethods):
             try:
                 segment.delete()
             except OSError:
-                logger.exception("cannot remove %s after a failed roll", segment.path)
+                self._log.exception("cannot remove %s after a failed roll", segment.path)
             raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         active.seal()
         self._segments.append(segment)
@@ -604,7 +622,9 @@ class Log(ReplicaMethods):
         segment goes when its newest message is older than ``retention_age``,
         or when the log without it still holds at least ``retention_bytes``
         bytes or ``retention_messages`` messages (so the log keeps at least
-        the configured amount and exceeds it by less than one segment).
+        the configured amount and exceeds it by less than one segment).  A
+        call that deletes anything logs one line: how many segments, which
+        offsets, and the new log start offset.
         """
         cfg = self.config
         with self._lock:
@@ -612,7 +632,8 @@ class Log(ReplicaMethods):
             now_us = int(self._clock() * 1_000_000)
             total_bytes = self.size_bytes
             total_messages = sum(s.record_count for s in self._segments)
-            deleted = 0
+            deleted = freed = 0
+            first = self.log_start_offset
             for oldest in self._closed_below_high_watermark():
                 newest = oldest.max_timestamp
                 expired = cfg.retention_age is not None and (
@@ -629,13 +650,21 @@ class Log(ReplicaMethods):
                     break
                 total_bytes -= oldest.size
                 total_messages -= oldest.record_count
+                freed += oldest.size
                 oldest.delete()
                 deleted += 1
             if deleted:
                 del self._segments[:deleted]
                 del self._bases[:deleted]
                 self._record_segments(required=False)
-                logger.info("retention deleted %d segment(s) of %s", deleted, self.directory)
+                self._log.info(
+                    "retention deleted %d segment(s), offsets %d to %d (%d bytes); the log starts at %d now",
+                    deleted,
+                    first,
+                    self.log_start_offset - 1,
+                    freed,
+                    self.log_start_offset,
+                )
                 self._epochs.truncate_from_start(self.log_start_offset)
                 self._last_timestamp = self._newest_timestamp()
             return deleted
@@ -649,7 +678,9 @@ class Log(ReplicaMethods):
         ``tombstone_retention``.  Offsets are preserved.  Each changed segment
         is rewritten crash-safely.  While committed offsets are damaged (see
         :attr:`damaged`) nothing is compacted and 0 is returned: a lost batch
-        may hold a key's newest value or tombstone.
+        may hold a key's newest value or tombstone (logged once per damage,
+        not on every call).  A call that removes anything logs one line:
+        messages removed, and the log's bytes before and after.
         """
         with self._lock:
             self._check_open()
@@ -666,11 +697,17 @@ class Log(ReplicaMethods):
                 # may yet be truncated away by replication.
                 committed = self._read(self.log_start_offset, self._high_watermark, None, None, partial=False)
             except CorruptSegmentError as exc:
-                logger.warning("not compacting %s until its damage is repaired: %s", self.directory, exc)
+                if str(exc) != self._compaction_blocked:  # once per damage, not every pass
+                    self._log.warning(
+                        "not compacting %s until its damage is repaired: %s", self.directory, exc
+                    )
+                    self._compaction_blocked = str(exc)
                 return 0
+            self._compaction_blocked = ""
             latest = latest_offsets(committed)
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
-            removed = 0
+            removed = rewritten = 0
+            before = self.size_bytes
             for segment in closed:
                 kept, gone = compact_batches(
                     (segment.batch(i) for i in range(len(segment.index))), latest, horizon
@@ -678,7 +715,16 @@ class Log(ReplicaMethods):
                 if gone:
                     segment.rewrite(kept, self.config.compression)
                     removed += gone
+                    rewritten += 1
             self._last_timestamp = self._newest_timestamp()
+            if removed:
+                self._log.info(
+                    "compaction removed %d message(s) from %d segment(s): %d bytes before, %d after",
+                    removed,
+                    rewritten,
+                    before,
+                    self.size_bytes,
+                )
             return removed
 
     def verify(self, max_bytes: int) -> int:
@@ -764,7 +810,7 @@ class Log(ReplicaMethods):
         except OSError as exc:
             if required:
                 raise LogStorageError(f"could not record the segments of {self.directory}: {exc}") from exc
-            logger.warning(
+            self._log.warning(
                 "could not record the segments of %s: %s (the next change will)", self.directory, exc
             )
 

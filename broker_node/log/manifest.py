@@ -67,6 +67,7 @@ from pathlib import Path
 
 from .checkpoint import read_int_pairs, write_int_pairs
 from .errors import LogError
+from .labels import NO_LABELS, Labels
 from .segment import (
     OFFSET_INDEX_SUFFIX,
     SEGMENT_SUFFIX,
@@ -89,7 +90,7 @@ def write_manifest(directory: Path, bases: list[int]) -> None:
     write_int_pairs(directory / MANIFEST, list(zip(bases, ends, strict=True)))
 
 
-def read_manifest(directory: Path) -> list[int] | None:
+def read_manifest(directory: Path, labels: Labels = NO_LABELS) -> list[int] | None:
     """The listed segments' bases, or ``None`` if there is no manifest or it does not hold together."""
     pairs = read_int_pairs(directory / MANIFEST)
     if pairs is None:
@@ -97,7 +98,9 @@ def read_manifest(directory: Path) -> list[int] | None:
     bases = [base for base, _ in pairs]
     expected_ends = [*bases[1:], _GROWING]
     if not pairs or any(end != expected for (_, end), expected in zip(pairs, expected_ends, strict=True)):
-        logger.warning("ignoring %s in %s: its segments do not follow each other", MANIFEST, directory)
+        labels.bind(logger).warning(
+            "ignoring %s in %s: its segments do not follow each other", MANIFEST, directory
+        )
         return None
     return bases
 
@@ -109,17 +112,19 @@ def segment_files(directory: Path) -> list[int]:
     )
 
 
-def open_segments(directory: Path) -> tuple[list[Segment], bool]:
+def open_segments(directory: Path, labels: Labels = NO_LABELS) -> tuple[list[Segment], bool]:
     """Open the segments that make up the log in ``directory`` (see the module docstring).
 
     Returns them, oldest first and the last one writable (none for a new
     log), and whether the manifest should be written to match them.
+    ``labels`` name the log in what opening logs, and stay with its segments.
     """
+    log = labels.bind(logger)
     files = segment_files(directory)
     present = set(files)
-    listed = read_manifest(directory)
+    listed = read_manifest(directory, labels)
     if listed is None:
-        return _open(directory, files, present), True
+        return _open(directory, files, present, labels), True
     existing = [i for i, base in enumerate(listed) if base in present]
     if not existing:
         raise LogError(
@@ -128,45 +133,45 @@ def open_segments(directory: Path) -> tuple[list[Segment], bool]:
         )
     kept = listed[existing[0] : existing[-1] + 1]
     if existing[0] > 0:
-        logger.info(
+        log.info(
             "segments %s of %s were deleted by retention before a crash", listed[: existing[0]], directory
         )
     if existing[-1] < len(listed) - 1:
-        logger.warning(
+        log.warning(
             "segments %s of %s are missing at the end of the log: a truncation was interrupted, or they "
             "were lost; the log ends at the end of segment %d",
             listed[existing[-1] + 1 :],
             directory,
             kept[-1],
         )
-    segments = _open(directory, kept, present)
+    segments = _open(directory, kept, present, labels)
     changed = kept != listed
     for base in sorted(present - set(listed)):
         if _completes_a_roll(directory, base, segments[-1]):
-            logger.warning(
+            log.warning(
                 "adopting segment %d of %s, created by a roll interrupted by a crash", base, directory
             )
             segments[-1].seal()
-            segments.append(Segment.open(directory, base, active=True))
+            segments.append(Segment.open(directory, base, active=True, labels=labels))
         else:
-            _set_aside(directory, base)
+            _set_aside(directory, base, log)
         changed = True
     return segments, changed
 
 
-def _open(directory: Path, bases: list[int], present: set[int]) -> list[Segment]:
+def _open(directory: Path, bases: list[int], present: set[int], labels: Labels) -> list[Segment]:
     """Open ``bases`` (the last one exists); a missing one becomes a placeholder."""
     segments = []
     for i, base in enumerate(bases):
         if base in present:
             limit = bases[i + 1] if i + 1 < len(bases) else None
-            segments.append(Segment.open(directory, base, active=limit is None, limit=limit))
+            segments.append(Segment.open(directory, base, active=limit is None, limit=limit, labels=labels))
         else:
             end = bases[i + 1]
-            logger.error(
+            labels.bind(logger).error(
                 "segment %d of %s is missing: offsets %d to %d are lost", base, directory, base, end - 1
             )
-            segments.append(Segment.missing(directory, base, end))
+            segments.append(Segment.missing(directory, base, end, labels))
     return segments
 
 
@@ -176,10 +181,10 @@ def _completes_a_roll(directory: Path, base: int, active: Segment) -> bool:
     return base == active.next_offset and base > active.base_offset and size <= len(header_bytes(base))
 
 
-def _set_aside(directory: Path, base: int) -> None:
+def _set_aside(directory: Path, base: int, log: logging.LoggerAdapter[logging.Logger]) -> None:
     """Rename a stray segment's files so that no open takes them for part of the log again."""
     data = directory / (segment_name(base) + SEGMENT_SUFFIX)
-    logger.error(
+    log.error(
         "%s is not one of the segments %s lists: it is not part of the log and is renamed to %s%s; "
         "if it holds data you need, copy it out (it is an Arrow IPC stream)",
         data,

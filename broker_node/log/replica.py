@@ -26,6 +26,7 @@ from .segment import Segment, encode_frame
 if TYPE_CHECKING:
     from .config import LogConfig
     from .epochs import LeaderEpochCache
+    from .labels import Labels
 
 
 class ReplicaMethods:
@@ -33,6 +34,7 @@ class ReplicaMethods:
 
     directory: Path
     config: LogConfig
+    labels: Labels
     _lock: threading.RLock
     _grown: threading.Condition
     _closed: bool
@@ -176,6 +178,7 @@ class ReplicaMethods:
             if fresh is None:  # a segment already starts there: empty it
                 fresh = next(s for s in self._segments if s.base_offset == offset)
                 fresh.cut(0)
+            fresh.labels = self.labels
             self._segments, self._bases = [fresh], [offset]
             self._record_segments(required=True)
             self._epochs.truncate_from_end(0)

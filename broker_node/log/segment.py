@@ -78,6 +78,7 @@ from .checkpoint import fsync_dir
 from .errors import CorruptSegmentError, LogStorageError
 from .frames import add_damaged, batch_bounds, decode, mismatch, scan
 from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
+from .labels import NO_LABELS, Labels
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,12 @@ def _write_all(f: BinaryIO, data: bytes | pa.Buffer) -> None:
 class Segment:
     """A segment file with its in-memory index; the last one of a log is writable."""
 
-    def __init__(self, directory: Path, base_offset: int, index: SegmentIndex, size: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, index: SegmentIndex, size: int, labels: Labels = NO_LABELS
+    ) -> None:
         self.directory = directory
+        self.labels = labels
+        """Whose segment it is, for its log lines (see :mod:`.labels`)."""
         self.base_offset = base_offset
         self.index = index
         self.size = size
@@ -169,7 +174,7 @@ class Segment:
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> Segment:
-        """Create an empty, writable segment starting at ``base_offset``."""
+        """Create an empty, writable segment starting at ``base_offset`` (set its :attr:`labels`)."""
         header = header_bytes(base_offset)
         segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
         with open(segment.path, "wb") as f:
@@ -181,10 +186,12 @@ class Segment:
         return segment
 
     @classmethod
-    def missing(cls, directory: Path, base_offset: int, end_offset: int) -> Segment:
+    def missing(
+        cls, directory: Path, base_offset: int, end_offset: int, labels: Labels = NO_LABELS
+    ) -> Segment:
         """A closed segment whose file is lost: offsets ``base_offset`` to ``end_offset - 1`` read as
         damaged until :meth:`rewrite` (a repair) brings the file back."""
-        segment = cls(directory, base_offset, SegmentIndex(base_offset), 0)
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), 0, labels)
         index = SegmentIndex(base_offset)
         damage: dict[int, str] = {}
         position = len(header_bytes(base_offset))
@@ -194,7 +201,15 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, *, active: bool, limit: int | None = None) -> Segment:
+    def open(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        active: bool,
+        limit: int | None = None,
+        labels: Labels = NO_LABELS,
+    ) -> Segment:
         """Open an existing segment, repairing what a crash may have left behind.
 
         ``active`` marks the last segment of the log: it is verified frame by
@@ -204,7 +219,7 @@ class Segment:
         next segment's base).
         """
         header = header_bytes(base_offset)
-        segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
+        segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header), labels)
         if not active:
             if limit is None:
                 raise ValueError(f"closed segment {base_offset} needs the offset its offsets stay below")
@@ -224,7 +239,7 @@ class Segment:
         elif consistent and index_end == file_size and segment.next_offset_of(index) <= limit:
             segment._set_index(index, file_size)
         else:
-            logger.warning("index of closed segment %s disagrees with it; re-indexing it", segment.path)
+            segment._log.warning("index of closed segment %s disagrees with it; re-indexing it", segment.path)
             segment._rebuild_closed(file_size, limit, index if consistent and whole else None)
         return segment
 
@@ -256,7 +271,7 @@ class Segment:
         detail = f"{self.path.name} is cut short of its header: its data is lost"
         add_damaged(index, damage, self.base_offset, last, position=self.size, size=0, detail=detail)
         self._set_index(index, 0, damage=damage)
-        logger.error(
+        self._log.error(
             "closed segment %s: offsets %d to %d cannot be read: %s",
             self.path,
             self.base_offset,
@@ -269,7 +284,7 @@ class Segment:
             found = f.read(len(header))
             if found == header:
                 return
-            logger.warning("segment %s has a damaged header; rewriting it", self.path)
+            self._log.warning("segment %s has a damaged header; rewriting it", self.path)
             if len(found) < len(header):
                 f.truncate(0)
             f.seek(0)
@@ -283,7 +298,7 @@ class Segment:
         full disk.
         """
         if not consistent:
-            logger.warning("index of active segment %s is damaged; rebuilding", self.path)
+            self._log.warning("index of active segment %s is damaged; rebuilding", self.path)
             index, _ = scan(self._buffer(file_size), self.size, file_size, self.base_offset)
         else:
             # Keep the prefix of batches that lie wholly in the file and pass their checksum.
@@ -299,12 +314,14 @@ class Segment:
             whole = whole and good == len(index)
             index.truncate(good)
             if good and self._last_frame_disagrees(view, index):
-                logger.warning("index of active segment %s misstates its last batch; rebuilding", self.path)
+                self._log.warning(
+                    "index of active segment %s misstates its last batch; rebuilding", self.path
+                )
                 index, _ = scan(view, self.size, file_size, self.base_offset)
                 consistent = False
         end = index.end(self.size)
         if end != file_size:
-            logger.warning(
+            self._log.warning(
                 "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
                 self.path,
                 file_size,
@@ -357,7 +374,7 @@ class Segment:
             add_damaged(index, damage, first_lost, last, position=file_size, size=0, detail=detail)
         self._set_index(index, file_size, verified=True, damage=damage)
         for i, detail in damage.items():
-            logger.error(
+            self._log.error(
                 "closed segment %s: offsets %d to %d cannot be read: %s",
                 self.path,
                 index.bases[i],
@@ -436,13 +453,17 @@ class Segment:
         )
         self._drop_map()
         if matches:
-            logger.warning("completing an interrupted rewrite of %s", self.path)
+            self._log.warning("completing an interrupted rewrite of %s", self.path)
             self._install_index_temps()
         else:
             offset_tmp.unlink()
             time_tmp.unlink()
 
     # ---- properties ------------------------------------------------------------
+
+    @property
+    def _log(self) -> logging.LoggerAdapter[logging.Logger]:
+        return self.labels.bind(logger)
 
     @property
     def next_offset(self) -> int:
@@ -508,7 +529,7 @@ class Segment:
                 ):
                     f.truncate(length)
             except OSError:
-                logger.exception("cannot cut %s back after a failed append; sealing it", self.path)
+                self._log.exception("cannot cut %s back after a failed append; sealing it", self.path)
                 self.seal()
             raise LogStorageError(f"cannot append to {self.path}: {exc}") from exc
         self.index.add(entry)
@@ -687,7 +708,7 @@ class Segment:
         """Remember batch ``i`` as damaged; the error to raise for it."""
         if i not in self.damage:
             self.damage[i] = detail
-            logger.error(
+            self._log.error(
                 "segment %s: offsets %d to %d cannot be read: %s",
                 self.path,
                 self.index.bases[i],
