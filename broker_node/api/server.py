@@ -5,6 +5,11 @@ mapped, never converted row by row) and long-polls for new data; metadata is
 served through ``list_flights`` / ``get_flight_info``; admin and cursors are
 actions.  Every error reaches the client as a Flight error whose text starts
 with a stable error code.
+
+A call refused for the client's own mistake (:data:`CLIENT_ERRORS`: a bad
+argument, an unknown stream, an offset out of range...) is logged once, at
+INFO, with the kind of call, the stream and partition where known, and the
+error's message -- never the request's body nor any data.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from pyarrow import flight
 
 from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
+from broker_node.log.labels import Labels
 from pyspark_jetstream.protocol.errors import (
+    ErrorCode,
     InvalidArgumentError,
     JetStreamError,
     OffsetOutOfRangeError,
@@ -45,6 +52,20 @@ from pyspark_jetstream.protocol.streams import StreamConfig, shown
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+CLIENT_ERRORS = frozenset(
+    {
+        ErrorCode.INVALID_ARGUMENT,
+        ErrorCode.UNKNOWN_STREAM,
+        ErrorCode.STREAM_EXISTS,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.OFFSET_OUT_OF_RANGE,
+        ErrorCode.PRODUCER_FENCED,
+    }
+)
+"""Refusals caused by the request itself, logged (once per call) for whoever debugs the client.
+Not ``not_leader`` (routine: clients follow leaders by it) nor the broker's own failures."""
+LOGGED_MESSAGE_CHARS = 500
 
 ACTION_DESCRIPTIONS = {
     ActionType.CREATE_STREAM: "Create a stream; body: a stream config object. Idempotent.",
@@ -128,22 +149,21 @@ class FlightApi(flight.FlightServerBase):
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         """Stream committed batches for the ticket's read request (or stored frames to a replica)."""
 
-        kind = ["read"]
+        call = _Call("read")
 
         def get() -> flight.FlightDataStream:
             fetch = parse_replica_ticket(ticket.ticket)
             if fetch is not None:
-                kind[0] = "replica_fetch"
+                call.about("replica_fetch", fetch.stream, fetch.partition)
                 return self._replica_fetch(fetch)
             request = ReadRequest.from_ticket(ticket.ticket)
-            if request.follow > 0:
-                kind[0] = "follow"
+            call.about("follow" if request.follow > 0 else "read", request.stream, request.partition)
             return self._read(request, context)
 
         def outcome(code: str) -> None:  # the kind is known once the ticket is parsed
-            self._counted(kind[0])(code)
+            self._counted(call.kind)(code)
 
-        return _guard(get, outcome)
+        return _guard(get, outcome, call)
 
     def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
         frames, offsets = self.broker.replica_fetch(request)
@@ -271,7 +291,7 @@ class FlightApi(flight.FlightServerBase):
 
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
         """One flight per stream partition."""
-        streams = _guard(self.broker.list_streams)
+        streams = _guard(self.broker.list_streams, about=_Call("list_flights"))
         for info in streams:
             for p in info.partitions:
                 yield self._flight_info(
@@ -282,6 +302,7 @@ class FlightApi(flight.FlightServerBase):
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.FlightInfo:
         """The flight of ``[stream, partition]`` (partition defaults to 0)."""
+        call = _Call("flight_info")
 
         def info() -> flight.FlightInfo:
             path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path or []]
@@ -290,12 +311,13 @@ class FlightApi(flight.FlightServerBase):
                     f"descriptor path must be [stream] or [stream, partition], got {path}"
                 )
             number = int(path[1]) if len(path) == 2 else 0
+            call.about("flight_info", str(path[0]), number)
             partition = self.broker.readable(path[0], number)
             return self._flight_info(
                 path[0], number, partition.high_watermark - partition.log.log_start_offset
             )
 
-        return _guard(info)
+        return _guard(info, about=call)
 
     def _flight_info(self, stream: str, partition: int, records: int) -> flight.FlightInfo:
         ticket = flight.Ticket(ReadRequest(stream, partition).to_ticket())
@@ -317,16 +339,25 @@ class FlightApi(flight.FlightServerBase):
         """Run an admin action; its one result is JSON."""
         body = action.body.to_pybytes() if action.body is not None else b""
         kind = action.type if action.type in _ACTION_NAMES else "unknown"
-        result = _guard(lambda: self._action(action.type, body), self._counted(kind))
+        call = _Call(kind)
+        result = _guard(lambda: self._action(action.type, body, call), self._counted(kind), call)
         yield encode_json(result)
 
-    def _action(self, name: str, body: bytes) -> object:
+    def _action(self, name: str, body: bytes, call: _Call) -> object:
         try:
             kind = ActionType(name)
         except ValueError:
             known = ", ".join(a.value for a in ActionType)
             raise InvalidArgumentError(f"unknown action {name!r}; known actions: {known}") from None
         args = decode_json_object(body, f"body of {name}")
+        inner = args.get("body") if kind is ActionType.CONTROLLER_CALL else args
+        if isinstance(inner, dict):  # which stream and partition it is about, for a refusal's log line
+            stream, partition = inner.get("stream", inner.get("name")), inner.get("partition")
+            call.about(
+                call.kind,
+                stream if isinstance(stream, str) else None,
+                partition if isinstance(partition, int) and not isinstance(partition, bool) else None,
+            )
         broker = self.broker
         if kind is ActionType.CREATE_STREAM:
             return broker.create_stream(StreamConfig.from_json(args)).to_json()
@@ -385,13 +416,49 @@ def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:
 _ACTION_NAMES = {a.value for a in ActionType}
 
 
-def _guard(call: Callable[[], T], outcome: Callable[[str], None] = lambda code: None) -> T:
+class _Call:
+    """What a Flight call is, as far as it is known yet: its kind, and the stream and partition."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.stream: str | None = None
+        self.partition: int | None = None
+
+    def about(self, kind: str, stream: str | None, partition: int | None) -> None:
+        """The call turned out to be ``kind``, about ``stream`` and ``partition`` (where known)."""
+        self.kind, self.stream, self.partition = kind, stream, partition
+
+    def refused(self, exc: JetStreamError) -> None:
+        """Log a refusal for the client's mistake: one line, INFO, no request body."""
+        stream = self.stream if self.stream is not None else exc.fields.get("stream")
+        partition = self.partition if self.partition is not None else exc.fields.get("partition")
+        labels = Labels(
+            stream if isinstance(stream, str) else None,
+            partition if isinstance(partition, int) and not isinstance(partition, bool) else None,
+        )
+        message = str(exc)
+        if len(message) > LOGGED_MESSAGE_CHARS:
+            message = message[: LOGGED_MESSAGE_CHARS - 3] + "..."
+        labels.bind(logger).info(
+            "refused a %s call (%s): %s",
+            self.kind,
+            exc.code.value,
+            message,
+            extra={"action": self.kind, "code": exc.code.value},
+        )
+
+
+def _guard(
+    call: Callable[[], T], outcome: Callable[[str], None] = lambda code: None, about: _Call | None = None
+) -> T:
     """Run ``call``, turning every failure into a Flight error with an error code; ``outcome``
-    is told the code (``ok`` on success)."""
+    is told the code (``ok`` on success); a refusal of ``about`` for a client error is logged."""
     try:
         result = call()
     except JetStreamError as exc:
         outcome(exc.code.value)
+        if about is not None and exc.code in CLIENT_ERRORS:
+            about.refused(exc)
         raise flight.FlightServerError(error_message(exc), extra_info=error_detail(exc)) from None
     except LogError as exc:
         outcome(StorageError.code.value)

@@ -235,7 +235,13 @@ class Controller:
             stream_id or new_stream_id(),
         )
         self.store.write_new_stream(created)
-        logger.info("created stream %s with replicas %s", config.name, assignment)
+        logger.info(
+            "created stream %s: %d partition(s), replicas %s",
+            config.name,
+            config.partitions,
+            assignment,
+            extra={"stream": config.name},
+        )
         return created
 
     def delete_stream(self, name: str) -> None:
@@ -243,7 +249,12 @@ class Controller:
         for metadata in self.store.read_streams():
             if metadata.config.name == name:
                 self.store.write_deletion(metadata)
-                logger.info("deleted stream %s", name)
+                logger.info(
+                    "deleted stream %s (%d partition(s))",
+                    name,
+                    len(metadata.partitions),
+                    extra={"stream": name},
+                )
                 return
         raise UnknownStreamError(f"no stream named {name!r}")
 

@@ -121,6 +121,12 @@ class LocalCoordinator(Coordinator):
             )
             self._streams[config.name] = metadata
             self._save()
+        logger.info(
+            "created stream %s: %d partition(s)",
+            config.name,
+            config.partitions,
+            extra={"stream": config.name},
+        )
         self._notify()
         return metadata
 
@@ -132,6 +138,7 @@ class LocalCoordinator(Coordinator):
                 raise UnknownStreamError(f"no stream named {name!r}")
             self._deleted.add(gone.stream_id)
             self._save()
+        logger.info("deleted stream %s (%d partition(s))", name, len(gone.partitions), extra={"stream": name})
         self._notify()
 
     def deleted_stream_ids(self) -> frozenset[str]:

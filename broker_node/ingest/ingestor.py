@@ -22,6 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig, NatsConfig
+from broker_node.log.labels import Labels
 from pyspark_jetstream.protocol.errors import UnavailableError
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, INTERNAL_PREFIX, partition_subject
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
@@ -252,7 +253,7 @@ class Ingestor:
             except Exception as exc:  # noqa: BLE001 - nats-py raises several unrelated types
                 subject = partition_subject(config.subject, partition.number)
                 reason = f"NATS did not accept the subscription on {subject!r}: {exc or type(exc).__name__}"
-                logger.error("%s/%d cannot ingest: %s", *key, reason)
+                logger.error("%s/%d: cannot ingest: %s", *key, reason, extra=Labels(*key).fields)
                 self._failures[key] = reason
                 if ingest.subscription is not None:
                     with contextlib.suppress(Exception):

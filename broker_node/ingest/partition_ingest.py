@@ -42,6 +42,7 @@ from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig
 from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
+from broker_node.log.labels import Labels
 from broker_node.log.records import Records, record_size
 from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
@@ -115,7 +116,9 @@ class PartitionIngest:
         try:
             await self._handle(msg)
         except Exception:
-            logger.exception("failed to ingest a message on %s for %s", msg.subject, self._name)
+            logger.exception(
+                "failed to ingest a message on %s for %s", msg.subject, self._name, extra=self._fields
+            )
 
     async def _handle(self, msg: Msg) -> None:
         data = msg.data
@@ -124,7 +127,9 @@ class PartitionIngest:
             try:
                 envelope = decode(data, max_batch_bytes=self.partition.max_batch_bytes)
             except BatchTooLargeError as exc:
-                logger.warning("refusing an envelope on %s for %s: %s", msg.subject, self._name, exc)
+                logger.warning(
+                    "refusing an envelope on %s for %s: %s", msg.subject, self._name, exc, extra=self._fields
+                )
                 await self._ack(self._ack_target(exc.header), error=ErrorCode.TOO_LARGE, message=str(exc))
                 return
             except EnvelopeError as exc:
@@ -161,7 +166,11 @@ class PartitionIngest:
         limit = self.config.max_message_bytes
         if size > limit:
             logger.warning(
-                "refusing a %d-byte message on %s: over max_message_bytes=%d", size, self._name, limit
+                "refusing a %d-byte message on %s: over max_message_bytes=%d",
+                size,
+                self._name,
+                limit,
+                extra=self._fields,
             )
             await self._ack(
                 target,
@@ -191,7 +200,7 @@ class PartitionIngest:
         try:
             await self.flush()
         except Exception:
-            logger.exception("flushing %s failed", self._name)
+            logger.exception("flushing %s failed", self._name, extra=self._fields)
 
     async def flush(self) -> None:
         """Store the pending messages as one batch and ack them (``ALL`` ones once committed)."""
@@ -216,7 +225,9 @@ class PartitionIngest:
                 offsets = await self._append(records, self._bytes_of(records))
         except (LogError, JetStreamError) as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
-                logger.exception("failed to append %d messages to %s", len(records), self._name)
+                logger.exception(
+                    "failed to append %d messages to %s", len(records), self._name, extra=self._fields
+                )
             for failed in targets:
                 await self._ack(failed, error=_error_code(exc), message=str(exc))
             return
@@ -292,7 +303,7 @@ class PartitionIngest:
                     ack = Ack(self.config.name, self.partition.number, offsets.start, offsets[-1])
         except (LogError, JetStreamError) as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
-                logger.exception("failed to append a batch to %s", self._name)
+                logger.exception("failed to append a batch to %s", self._name, extra=self._fields)
             await self._ack(target, error=_error_code(exc), message=str(exc))
             return
         if target is None:
@@ -321,7 +332,9 @@ class PartitionIngest:
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
-            logger.warning("cannot send an ack for %s to %s: %s", self._name, subject, exc)
+            logger.warning(
+                "cannot send an ack for %s to %s: %s", self._name, subject, exc, extra=self._fields
+            )
 
     async def close(self) -> None:
         """Stop listening and store what is pending."""
@@ -337,6 +350,11 @@ class PartitionIngest:
     @property
     def _name(self) -> str:
         return f"{self.config.name}/{self.partition.number}"
+
+    @property
+    def _fields(self) -> dict[str, object]:
+        """``extra`` of its log lines: stream and partition as fields."""
+        return Labels(self.config.name, self.partition.number).fields
 
 
 def _failed(acks: list[Ack], error: JetStreamError | None) -> list[Ack]:

@@ -30,6 +30,7 @@ from pyarrow import flight
 
 from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
 from broker_node.log.frames import decode
+from broker_node.log.labels import Labels
 from pyspark_jetstream.protocol.errors import JetStreamError, OffsetOutOfRangeError, UnavailableError
 from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
 from pyspark_jetstream.protocol.replica import ReplicaFetch, parse_fetch_metadata
@@ -73,6 +74,8 @@ class Fetcher:
         )
         self.fetches = 0
         self.last_error: str | None = None
+        self._fields = Labels(partition.stream, partition.number).fields
+        """``extra`` of its log lines: stream and partition as fields."""
 
     def start(self) -> None:
         """Begin fetching on its own thread."""
@@ -114,13 +117,16 @@ class Fetcher:
                 truncated = self._out_of_range(exc)
             except InvalidRecordsError as exc:
                 logger.warning(
-                    "%s: the leader's batches do not follow ours (%s); truncating again", self, exc
+                    "%s: the leader's batches do not follow ours (%s); truncating again",
+                    self,
+                    exc,
+                    extra=self._fields,
                 )
                 truncated = False
             except (JetStreamError, LogError, flight.FlightError, OSError) as exc:
                 self._note(exc)
             except Exception:
-                logger.exception("%s: unexpected failure", self)
+                logger.exception("%s: unexpected failure", self, extra=self._fields)
             if self._stopped.wait(backoff):
                 return
             backoff = min(backoff * 2, BACKOFF[1])
@@ -128,7 +134,7 @@ class Fetcher:
     def _note(self, exc: BaseException) -> None:
         text = str(exc) or type(exc).__name__
         if text != self.last_error:
-            logger.info("%s: %s; retrying", self, text)
+            logger.info("%s: %s; retrying", self, text, extra=self._fields)
         self.last_error = text
         if isinstance(exc, UnavailableError | flight.FlightUnavailableError):
             self._disconnect()
@@ -210,9 +216,12 @@ class Fetcher:
                         self,
                         fixed.first_offset,
                         fixed.last_offset,
+                        extra=self._fields,
                     )
             except (JetStreamError, LogError, flight.FlightError) as exc:
-                logger.warning("%s: cannot repair offsets %d to %d yet: %s", self, first, last, exc)
+                logger.warning(
+                    "%s: cannot repair offsets %d to %d yet: %s", self, first, last, exc, extra=self._fields
+                )
 
     # ---- Flight ----------------------------------------------------------------------------
 

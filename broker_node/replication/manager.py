@@ -27,6 +27,7 @@ from broker_node.coordination.base import Coordinator, PartitionState, StreamMet
 from broker_node.coordination.errors import CoordinationError, MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
+from broker_node.log.labels import Labels
 from pyspark_jetstream.protocol.errors import NotLeaderError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
@@ -180,7 +181,7 @@ class ReplicaManager:
                 except Exception:
                     # One partition (a full disk under its epoch checkpoint, say) must not keep
                     # the others from their new roles; the next change or reload tries again.
-                    logger.exception("%s/%d: cannot take its new role yet", *key)
+                    logger.exception("%s/%d: cannot take its new role yet", *key, extra=Labels(*key).fields)
             for key in [k for k in self.offline if k not in wanted]:
                 del self.offline[key]
             gone = [k for k in self.held_keys() if k not in wanted]
@@ -200,7 +201,7 @@ class ReplicaManager:
             self._stream_ids.pop(key, None)
         self._stop_fetcher(key)
         partition.close()
-        logger.info("closed partition %s/%d", *key)
+        logger.info("%s/%d: closed here", *key, extra=Labels(*key).fields)
 
     def _apply_role(self, partition: Partition, state: PartitionState) -> None:
         key = (partition.stream, partition.number)
@@ -249,7 +250,7 @@ class ReplicaManager:
             partition = self._open_partition(metadata, number, state)
         except Exception as exc:
             # One damaged partition must not keep the others from serving.
-            logger.exception("cannot open partition %s/%d; it stays offline", *key)
+            logger.exception("%s/%d: cannot be opened; it stays offline", *key, extra=Labels(*key).fields)
             self.offline[key] = f"cannot be opened: {exc}"
             return None
         self.offline.pop(key, None)
@@ -260,6 +261,7 @@ class ReplicaManager:
 
     def _open_partition(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition:
         config = metadata.config
+        labels = Labels(config.name, number)
         directory = self.partition_dir(config.name, number)
         record = read_record(directory)
         if record is not None and record["stream_id"] != metadata.stream_id:
@@ -269,15 +271,19 @@ class ReplicaManager:
                     f"(id {record['stream_id']}) that the metadata does not know: move it away "
                     "to reuse the name"
                 )
-            logger.warning("removing %s: it holds a deleted stream of the same name", directory)
+            labels.bind(logger).warning("removing %s: it holds a deleted stream of the same name", directory)
             shutil.rmtree(directory)
-        log = Log.open(directory, self._log_config(config))
+        new = not directory.exists()
+        log = Log.open(directory, self._log_config(config), labels=labels)
         try:
             write_record(directory, partition_record(metadata, number))
-            return Partition(config, number, log, self.broker_id, state, lease=self._lease)
+            partition = Partition(config, number, log, self.broker_id, state, lease=self._lease)
         except BaseException:
             log.close()
             raise
+        if new:
+            labels.bind(logger).info("created here, replicas %s", ", ".join(state.replicas))
+        return partition
 
     def partition_dir(self, stream: str, number: int) -> Path:
         """Where a partition's log lives."""
@@ -325,7 +331,8 @@ class ReplicaManager:
                 continue
             record = read_record(directory)
             if record is not None and record["stream_id"] in deleted:
-                logger.warning("removing %s: its stream was deleted", directory)
+                labels = Labels(str(record["stream"]), _number(record["partition"]))
+                labels.bind(logger).info("removing %s: its stream was deleted", directory)
                 shutil.rmtree(directory)
             else:
                 strays[str(directory)] = (
@@ -382,12 +389,8 @@ class ReplicaManager:
                 partition.stream, partition.number, proposal.version, proposal
             )
         except CoordinationError as exc:
-            logger.info(
-                "%s/%d: ISR change to %s not written (%s); reading the metadata again",
-                partition.stream,
-                partition.number,
-                isr,
-                exc,
+            Labels(partition.stream, partition.number).bind(logger).info(
+                "ISR change to %s not written (%s); reading the metadata again", isr, exc
             )
             partition.isr_written(None)
             refresh = getattr(self.coordinator, "refresh", None)
@@ -416,7 +419,12 @@ class ReplicaManager:
                 partition.close()
             except LogError as exc:
                 failures.append(str(exc))
-                logger.error("closing %s/%d: %s", partition.stream, partition.number, exc)
+                Labels(partition.stream, partition.number).bind(logger).error("cannot close: %s", exc)
         if self._isr_thread.is_alive():
             self._isr_thread.join(5)
         return failures
+
+
+def _number(value: object) -> int | None:
+    """A partition number from a partition record (``None`` if it holds something else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

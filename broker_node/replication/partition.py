@@ -50,6 +50,7 @@ from broker_node.coordination.base import PartitionState
 from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
 from broker_node.log.checkpoint import atomic_write
 from broker_node.log.frames import decode
+from broker_node.log.labels import Labels
 from broker_node.log.records import Records
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import (
@@ -118,6 +119,8 @@ class Partition:
         self.stream = config.name
         self.number = number
         self.log = log
+        self._log = Labels(self.stream, number).bind(logger)
+        """Logs with ``stream/partition:`` first, and both as fields."""
         self.broker_id = broker_id
         self.state = state
         self.role = Role.OPENED
@@ -179,9 +182,7 @@ class Partition:
                 r: FollowerProgress(last_caught_up=now) for r in state.replicas if r != self.broker_id
             }
             self._advance_high_watermark()
-        logger.info(
-            "%s/%d: leader in epoch %d, ISR %s", self.stream, self.number, state.leader_epoch, state.isr
-        )
+        self._log.info("leader in epoch %d, ISR %s", state.leader_epoch, state.isr)
 
     def become_follower(self, state: PartitionState) -> None:
         """Follow ``state.leader``: stop acknowledging; waiting writes fail with ``NotLeaderError``."""
@@ -193,7 +194,7 @@ class Partition:
             self._isr = state.isr
             self._pending_isr = None
             self._fail_waiters(self._not_leader())
-        logger.info("%s/%d: follower of %s", self.stream, self.number, state.leader or "(nobody yet)")
+        self._log.info("follower of %s", state.leader or "(nobody yet)")
 
     def update_state(self, state: PartitionState) -> None:
         """Take a newer version of the same leadership (the ISR changed in the coordinator); an
@@ -403,7 +404,7 @@ class Partition:
             self._pending_isr = None
             if state is not None and self.role is Role.LEADER:
                 if state.isr != self.state.isr:
-                    logger.info("%s/%d: ISR %s -> %s", self.stream, self.number, self.state.isr, state.isr)
+                    self._log.info("ISR %s -> %s", self.state.isr, state.isr)
                 self.state = state
             self._isr = self.state.isr
             self._advance_high_watermark()
@@ -441,13 +442,7 @@ class Partition:
         with self._role_lock, self._lock:
             self._check_following(leader_epoch)
             if offset < self.log.log_end_offset:
-                logger.warning(
-                    "%s/%d: truncating from %d to %d",
-                    self.stream,
-                    self.number,
-                    self.log.log_end_offset,
-                    offset,
-                )
+                self._log.warning("truncating from %d to %d", self.log.log_end_offset, offset)
                 self._forget_snapshot()
                 self.log.truncate_to(offset)
                 self._rebuild_tables()
@@ -459,7 +454,7 @@ class Partition:
         ``leader_epoch`` as for :meth:`append_replicated`."""
         with self._role_lock, self._lock:
             self._check_following(leader_epoch)
-            logger.warning("%s/%d: starting over at offset %d", self.stream, self.number, offset)
+            self._log.warning("starting over at offset %d", offset)
             self._forget_snapshot()
             self.log.reset_to(offset)
             self._rebuild_tables()
@@ -540,7 +535,7 @@ class Partition:
         try:
             atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
-            logger.warning("%s/%d: cannot write %s: %s", self.stream, self.number, self._snapshot_path, exc)
+            self._log.warning("cannot write %s: %s", self._snapshot_path, exc)
             return
         self._snapshot_end = end
 
@@ -555,8 +550,8 @@ class Partition:
         """Write the producer table out, wake every waiting reader and close the log."""
         try:
             self.snapshot_producers()
-        except Exception:
-            logger.exception("%s/%d: no producer snapshot at close", self.stream, self.number)
+        except Exception:  # noqa: BLE001 - logged with its traceback
+            self._log.exception("no producer snapshot at close")
         self.wake_readers()
         self.log.close()
 
@@ -656,11 +651,8 @@ class Partition:
         producer snapshot when it still fits the log, and read only what follows it."""
 
         def skipped(error: CorruptSegmentError) -> None:
-            logger.error(
-                "%s/%d: %s; rebuilding without it (duplicates of what it held may be stored again)",
-                self.stream,
-                self.number,
-                error,
+            self._log.error(
+                "%s; rebuilding without it (duplicates of what it held may be stored again)", error
             )
 
         self.producers = ProducerTable()
@@ -690,9 +682,7 @@ class Partition:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            logger.warning(
-                "%s/%d: cannot read %s (%s); reading the whole log", self.stream, self.number, path, exc
-            )
+            self._log.warning("cannot read %s (%s); reading the whole log", path, exc)
             return None
         try:
             data = json.loads(raw)
@@ -703,16 +693,11 @@ class Partition:
                 raise ValueError(f"bad end_offset {end!r}")
             table = ProducerTable.from_snapshot(data["producers"])
         except (ValueError, KeyError, RecursionError) as exc:
-            logger.warning(
-                "%s/%d: ignoring %s (%s); reading the whole log", self.stream, self.number, path, exc
-            )
+            self._log.warning("ignoring %s (%s); reading the whole log", path, exc)
             return None
         if end > self.log.log_end_offset or epoch != self._epoch_below(end):
-            logger.info(
-                "%s/%d: the producer snapshot at offset %d no longer fits the log; reading the whole log",
-                self.stream,
-                self.number,
-                end,
+            self._log.info(
+                "the producer snapshot at offset %d no longer fits the log; reading the whole log", end
             )
             return None
         return table, end
@@ -722,7 +707,7 @@ class Partition:
         try:
             self._snapshot_path.unlink(missing_ok=True)
         except OSError as exc:
-            logger.warning("%s/%d: cannot remove %s: %s", self.stream, self.number, self._snapshot_path, exc)
+            self._log.warning("cannot remove %s: %s", self._snapshot_path, exc)
         self._snapshot_end = -1
 
 

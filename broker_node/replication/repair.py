@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from pyarrow import flight
 
 from broker_node.log import LogError
+from broker_node.log.labels import Labels
 from broker_node.log.repair import DamagedRange
 from pyspark_jetstream.protocol.errors import JetStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition
@@ -40,6 +41,7 @@ def repair_leader(partition: Partition, address_of: Callable[[str], str | None])
     damaged = partition.log.damaged
     if not damaged:
         return []
+    log = Labels(partition.stream, partition.number).bind(logger)
     for replica in partition.isr:
         if replica == partition.broker_id:
             continue
@@ -50,19 +52,11 @@ def repair_leader(partition: Partition, address_of: Callable[[str], str | None])
             copies = _read_ranges(address, partition, damaged)
             fixed = partition.log.repair(copies)
         except (flight.FlightError, JetStreamError, LogError, pa.ArrowException, ValueError) as exc:
-            logger.warning(
-                "%s/%d: cannot repair offsets from %s yet: %s",
-                partition.stream,
-                partition.number,
-                replica,
-                exc,
-            )
+            log.warning("cannot repair offsets from %s yet: %s", replica, exc)
             continue
         for repaired in fixed:
-            logger.warning(
-                "%s/%d: repaired offsets %d to %d from in-sync follower %s",
-                partition.stream,
-                partition.number,
+            log.warning(
+                "repaired offsets %d to %d from in-sync follower %s",
                 repaired.first_offset,
                 repaired.last_offset,
                 replica,

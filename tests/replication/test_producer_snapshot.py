@@ -143,7 +143,9 @@ def test_a_damaged_snapshot_is_ignored_with_a_warning(tmp_path, scans, caplog, c
     with caplog.at_level(logging.WARNING):
         partition = open_leader(tmp_path / "p")
     assert scans == [[0, 5]]
-    assert any(PRODUCER_SNAPSHOT in r.getMessage() for r in caplog.records)
+    (ignored,) = [r for r in caplog.records if PRODUCER_SNAPSHOT in r.getMessage()]
+    assert ignored.getMessage().startswith("orders/0: ")
+    assert (ignored.stream, ignored.partition) == ("orders", 0)  # fields of the JSON log format
     assert send(partition, "p", 4).error is ErrorCode.DUPLICATE
     assert send(partition, "p", 5).error is ErrorCode.OK
     partition.close()
