@@ -261,6 +261,16 @@ class Broker:
             return {}
         return {key: tail.batches for key, tail in self.ingestor.tails.items()}
 
+    def ack_latency(self) -> dict[str, tuple[list[tuple[float, int]], float]]:
+        """Each stream's ack latency: cumulative counts per bucket bound (``inf`` last), and the sum."""
+        if self.ingestor is None:
+            return {}
+        return {stream: h.snapshot() for stream, h in self.ingestor.ack_latency().items()}
+
+    def partition_messages_in(self) -> dict[tuple[str, int], int]:
+        """Messages each partition held here has appended as leader since it was opened."""
+        return {(p.stream, p.number): p.messages_in for p in self.manager.held()}
+
     def nats_connected(self) -> bool:
         """Whether the NATS connection is up."""
         return self.ingestor is not None and self.ingestor.connected

@@ -23,7 +23,16 @@ metric                                      labels, meaning
 ``flight_requests_total``                   kind, code: Flight calls served, by outcome
 ``flight_follow_readers``                   Flight follow reads open now
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
+``partition_messages_in_total``             stream, partition: messages appended here as leader
+``ack_latency_seconds``                     stream: histogram of the time from a publish reaching
+                                            the broker to its ack (``ALL``: committed by the ISR)
 ==========================================  =====================================================
+
+Counters count from the broker's start (``messages_in`` from the partition's
+opening here), so use them with ``rate()``.  The ack latency is counted by
+the ingestion loop itself in fixed buckets (see
+:mod:`broker_node.ingest.latency`) and only read here; for its quantiles use
+``histogram_quantile(0.99, sum by (le) (rate(jetstream_ack_latency_seconds_bucket[5m])))``.
 
 ``/healthz`` answers 200 with ``{"ok": true}`` or 503 with the problems (the
 same list as ``jetstream health``), for supervisors and load balancers.
@@ -40,7 +49,7 @@ from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -63,6 +72,10 @@ class Counts(Protocol):
     def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
     def nats_connected(self) -> bool: ...
     def partition_files(self) -> Mapping[tuple[str, int], tuple[int, int]]: ...
+    def partition_messages_in(self) -> Mapping[tuple[str, int], int]: ...
+    def ack_latency(self) -> Mapping[str, tuple[list[tuple[float, int]], float]]:
+        """Per stream: cumulative counts per bucket upper bound (``inf`` last), and the sum."""
+        ...
 
 
 class BrokerCollector(Collector):
@@ -152,6 +165,27 @@ class BrokerCollector(Collector):
         for (stream, partition), count in sorted(self.counts.live_tail_batches().items()):
             published.add_metric([stream, str(partition)], count)
         yield published
+        appended = CounterMetricFamily(
+            PREFIX + "partition_messages_in",
+            "Messages appended by this broker as the partition's leader.",
+            labels=["stream", "partition"],
+        )
+        for (stream, partition), count in sorted(self.counts.partition_messages_in().items()):
+            appended.add_metric([stream, str(partition)], count)
+        yield appended
+        latency = HistogramMetricFamily(
+            PREFIX + "ack_latency_seconds",
+            "Seconds from a publish reaching the broker to its ack (ALL: once the in-sync replicas have it).",
+            labels=["stream"],
+        )
+        for stream, (buckets, total) in sorted(self.counts.ack_latency().items()):
+            latency.add_metric([stream], [(_bound(le), count) for le, count in buckets], total)
+        yield latency
+
+
+def _bound(le: float) -> str:
+    """A bucket's ``le`` label as Prometheus writes it (``+Inf``, ``0.005``)."""
+    return "+Inf" if le == float("inf") else repr(le)
 
 
 def _replicas(stream: dict[str, Any] | None, partition: int) -> int:

@@ -27,6 +27,7 @@ from pyspark_jetstream.protocol.errors import UnavailableError
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, INTERNAL_PREFIX, partition_subject
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
 
+from .latency import LatencyHistogram
 from .live_tail import TailPartition, TailPublisher
 from .partition_ingest import IngestPartition, PartitionIngest
 
@@ -81,6 +82,8 @@ class Ingestor:
         self._reopening: asyncio.Task[None] | None = None
         self._tails: dict[tuple[str, int], TailPublisher] = {}
         self._heartbeats: asyncio.Task[None] | None = None
+        self._latency: dict[str, LatencyHistogram] = {}
+        """Ack latency per stream led here, shared by its partitions' ingests."""
 
     @classmethod
     async def connect(
@@ -191,6 +194,10 @@ class Ingestor:
         """Partitions whose subscription NATS refused, with the reason."""
         return dict(self._failures)
 
+    def ack_latency(self) -> dict[str, LatencyHistogram]:
+        """The ack latency of each stream with a partition ingested here (from any thread)."""
+        return dict(self._latency)
+
     @property
     def tails(self) -> dict[tuple[str, int], TailPublisher]:
         """The live-tail publishers, one per partition led here (none with ``live_tail`` off)."""
@@ -236,7 +243,8 @@ class Ingestor:
             partition = leading[key]
             config = partition.config
             nc = await self._current()
-            ingest = PartitionIngest(nc, partition, self.settings)
+            latency = self._latency.setdefault(config.name, LatencyHistogram())
+            ingest = PartitionIngest(nc, partition, self.settings, latency)
             errors, drops, last_error = len(self._errors), self._drops, nc.last_error
             try:
                 ingest.subscription = await self._subscribe(nc, ingest)
@@ -260,6 +268,8 @@ class Ingestor:
                         await ingest.subscription.unsubscribe()
                 continue
             self._ingests[key] = ingest
+        ingested = {stream for stream, _ in self._ingests}
+        self._latency = {stream: h for stream, h in self._latency.items() if stream in ingested}
         await self._sync_tails(leading)
         return self.failures
 

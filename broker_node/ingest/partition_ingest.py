@@ -20,7 +20,8 @@ it: every in-sync replica has it), and is refused with ``not_enough_replicas``
 -- never acked -- while fewer replicas than the stream's
 ``min_insync_replicas`` are in sync.  A plain NATS message with a reply
 subject is acked like ``ALL``.  A publish that is never acked times out at
-the producer; nothing is dropped silently.
+the producer; nothing is dropped silently.  Every ack sent is timed in the
+stream's :class:`~.latency.LatencyHistogram`.
 
 The partition is reached through :class:`IngestPartition`, which
 ``broker_node.replication.partition.Partition`` satisfies.
@@ -31,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Literal, NamedTuple, Protocol, overload
 
 import pyarrow as pa
@@ -58,6 +60,8 @@ from pyspark_jetstream.protocol.envelope import (
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .latency import LatencyHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -93,16 +97,30 @@ class _AckTarget(NamedTuple):
     correlation_id: str
     committed: bool
     """Ack once committed (``ALL``) rather than once stored (``LEADER``)."""
+    received: float
+    """When the message reached the broker (``perf_counter``), for the ack latency."""
+
+
+_Pending = tuple[list[Ack], list[float]]
+"""Acks for one inbox, and when each acked message was received."""
 
 
 class PartitionIngest:
     """Coalesces one partition's incoming messages into batches and acks them."""
 
-    def __init__(self, nc: NatsClient, partition: IngestPartition, settings: IngestConfig) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        partition: IngestPartition,
+        settings: IngestConfig,
+        latency: LatencyHistogram | None = None,
+    ) -> None:
+        """``latency``: where to time the acks (the stream's histogram; by default its own)."""
         self.nc = nc
         self.partition = partition
         self.config = partition.config
         self.settings = settings
+        self.latency = latency if latency is not None else LatencyHistogram()
         self.subscription: Subscription | None = None
         self._records: list[Record] = []
         self._targets: list[_AckTarget | None] = []
@@ -121,6 +139,7 @@ class PartitionIngest:
             )
 
     async def _handle(self, msg: Msg) -> None:
+        received = perf_counter()
         data = msg.data
         envelope = None
         if looks_like_envelope(data):
@@ -130,7 +149,8 @@ class PartitionIngest:
                 logger.warning(
                     "refusing an envelope on %s for %s: %s", msg.subject, self._name, exc, extra=self._fields
                 )
-                await self._ack(self._ack_target(exc.header), error=ErrorCode.TOO_LARGE, message=str(exc))
+                target = self._ack_target(exc.header, received)
+                await self._ack(target, error=ErrorCode.TOO_LARGE, message=str(exc))
                 return
             except EnvelopeError as exc:
                 logger.debug(
@@ -139,15 +159,17 @@ class PartitionIngest:
         if envelope is None:
             headers = tuple((k, v.encode()) for k, v in msg.headers.items()) if msg.headers else ()
             record = Record(data, headers=headers, subject=msg.subject, reply=msg.reply or None)
-            target = _AckTarget(msg.reply, "", True) if self.config.ack_reply and msg.reply else None
+            target = (
+                _AckTarget(msg.reply, "", True, received) if self.config.ack_reply and msg.reply else None
+            )
             await self._add(record, target)
             return
         if envelope.batch is None and envelope.producer_id is None:
             record = Record(envelope.value, key=envelope.key, headers=envelope.headers, subject=msg.subject)
-            await self._add(record, self._ack_target(envelope))
+            await self._add(record, self._ack_target(envelope, received))
         else:
             await self.flush()
-            await self._store_alone(envelope, msg.subject)
+            await self._store_alone(envelope, msg.subject, received)
 
     def _targeted(self, envelope: Envelope) -> bool:
         """Whether this partition is the one the envelope names (or it names none)."""
@@ -155,11 +177,12 @@ class PartitionIngest:
             envelope.stream == self.config.name and envelope.partition == self.partition.number
         )
 
-    def _ack_target(self, envelope: Envelope) -> _AckTarget | None:
+    def _ack_target(self, envelope: Envelope, received: float) -> _AckTarget | None:
         """Where to ack: only the targeted partition acks; other streams store a silent copy."""
         if not envelope.ack_inbox or envelope.ack_policy is AckPolicy.NONE or not self._targeted(envelope):
             return None
-        return _AckTarget(envelope.ack_inbox, envelope.correlation_id, envelope.ack_policy is AckPolicy.ALL)
+        committed = envelope.ack_policy is AckPolicy.ALL
+        return _AckTarget(envelope.ack_inbox, envelope.correlation_id, committed, received)
 
     async def _add(self, record: Record, target: _AckTarget | None) -> None:
         size = record_size(record)
@@ -232,16 +255,17 @@ class PartitionIngest:
                 await self._ack(failed, error=_error_code(exc), message=str(exc))
             return
         stream, number = self.config.name, self.partition.number
-        now: dict[str, list[Ack]] = {}
-        later: dict[str, list[Ack]] = {}
+        now: dict[str, _Pending] = {}
+        later: dict[str, _Pending] = {}
         for offset, target in zip(offsets, targets, strict=True):
             if target is not None:
-                ack = Ack(stream, number, offset, offset, target.correlation_id)
-                (later if target.committed else now).setdefault(target.subject, []).append(ack)
+                acks, received = (later if target.committed else now).setdefault(target.subject, ([], []))
+                acks.append(Ack(stream, number, offset, offset, target.correlation_id))
+                received.append(target.received)
         # One NATS message per ack inbox per flush: a producer pipelining many
         # messages gets their acks together.
-        for subject, batch in now.items():
-            await self._send(subject, encode_acks(batch))
+        for subject, (batch, received) in now.items():
+            await self._send(subject, encode_acks(batch), received)
         if later:
             self._when_committed(offsets[-1], later)
 
@@ -263,13 +287,13 @@ class PartitionIngest:
     def _bytes_of(records: list[Record]) -> int:
         return sum(record_size(r) for r in records)
 
-    def _when_committed(self, last_offset: int, acks: dict[str, list[Ack]]) -> None:
+    def _when_committed(self, last_offset: int, acks: dict[str, _Pending]) -> None:
         """Send ``acks`` once ``last_offset`` is committed, or their error if that fails."""
         loop = asyncio.get_running_loop()
 
         async def send(error: JetStreamError | None) -> None:
-            for subject, pending in acks.items():
-                await self._send(subject, encode_acks(_failed(pending, error)))
+            for subject, (pending, received) in acks.items():
+                await self._send(subject, encode_acks(_failed(pending, error)), received)
 
         def committed(error: JetStreamError | None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
@@ -277,8 +301,8 @@ class PartitionIngest:
 
         self.partition.when_committed(last_offset, committed)
 
-    async def _store_alone(self, envelope: Envelope, subject: str) -> None:
-        target = self._ack_target(envelope)
+    async def _store_alone(self, envelope: Envelope, subject: str, received: float) -> None:
+        target = self._ack_target(envelope, received)
         if target is not None and target.committed:
             try:
                 self.partition.check_min_insync()
@@ -310,9 +334,9 @@ class PartitionIngest:
             return
         ack = ack._replace(correlation_id=target.correlation_id)
         if target.committed and ack.ok:
-            self._when_committed(ack.last_offset, {target.subject: [ack]})
+            self._when_committed(ack.last_offset, {target.subject: ([ack], [target.received])})
         else:
-            await self._send(target.subject, encode_ack(ack))
+            await self._send(target.subject, encode_ack(ack), (target.received,))
 
     async def _ack(
         self,
@@ -325,16 +349,19 @@ class PartitionIngest:
         if target is None:
             return
         ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error, message)
-        await self._send(target.subject, encode_ack(ack))
+        await self._send(target.subject, encode_ack(ack), (target.received,))
 
-    async def _send(self, subject: str, payload: bytes) -> None:
-        """Publish an ack; without a connection it is lost, and the producer's timeout tells it."""
+    async def _send(self, subject: str, payload: bytes, received: Sequence[float]) -> None:
+        """Publish an ack (of messages ``received`` then) and time it; without a connection it is
+        lost, and the producer's timeout tells it."""
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
             logger.warning(
                 "cannot send an ack for %s to %s: %s", self._name, subject, exc, extra=self._fields
             )
+            return
+        self.latency.observe_since(received, perf_counter())
 
     async def close(self) -> None:
         """Stop listening and store what is pending."""

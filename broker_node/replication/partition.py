@@ -123,6 +123,8 @@ class Partition:
         """Logs with ``stream/partition:`` first, and both as fields."""
         self.broker_id = broker_id
         self.state = state
+        self.messages_in = 0
+        """Messages appended here as leader (counted under the role lock, so exactly)."""
         self.role = Role.OPENED
         self.producers = ProducerTable()
         self.cursors: CursorTable | None = CursorTable() if config.name == CURSOR_STREAM else None
@@ -243,6 +245,8 @@ class Partition:
             with self._lock:
                 self._check_leader()
             offsets = self.log.append(records, wait=wait)
+            if offsets is not None:
+                self.messages_in += len(offsets)
         finally:
             self._role_lock.release()
         if offsets is not None:

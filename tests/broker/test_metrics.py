@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 
 from .harness import BrokerProcess, wait_until
@@ -87,6 +87,42 @@ def test_metrics_describe_partitions_cursors_requests_and_the_live_tail(measured
         >= 1
     )
     assert healthz(measured) == (200, {"ok": True, "problems": []})
+
+
+def test_ack_latency_counts_every_ack_and_messages_in_every_append(measured):
+    with SyncClient(nats_urls=measured.nats_url, broker=measured.flight) as client:
+        client.create_stream("timed", "timed", partitions=2)
+        acks = [client.publish("timed", b"%d" % i, partition=0) for i in range(5)]
+        acks += [client.publish("timed", b"all", partition=1, ack_policy=AckPolicy.ALL) for _ in range(3)]
+        client.publish("timed", b"unacked", partition=1, ack_policy=AckPolicy.NONE)
+        assert all(ack is not None and ack.ok for ack in acks)
+        stream = (("stream", "timed"),)
+        # The broker counts an ack just after sending it: the last one may trail the client by a hair.
+        samples = wait_until(
+            lambda: (
+                (s := scrape(measured)).get(("jetstream_ack_latency_seconds_count", stream)) == len(acks)
+                and s
+            ),
+            message="every ack counted",
+        )
+        wait_until(
+            lambda: (
+                scrape(measured).get(
+                    ("jetstream_partition_messages_in_total", (("partition", "1"), ("stream", "timed")))
+                )
+                == 4
+            ),
+            message="the unacked message counted in",
+        )
+    assert samples[("jetstream_partition_messages_in_total", (("partition", "0"), ("stream", "timed")))] == 5
+    buckets = {
+        float(dict(labels)["le"]): value
+        for (name, labels), value in samples.items()
+        if name == "jetstream_ack_latency_seconds_bucket" and dict(labels)["stream"] == "timed"
+    }
+    assert buckets[float("inf")] == len(acks)
+    assert list(buckets.values()) == sorted(buckets.values()), "cumulative"
+    assert 0 < samples[("jetstream_ack_latency_seconds_sum", stream)] < 10
 
 
 def test_healthz_answers_503_with_the_problem_when_nats_is_gone(measured, nats_server):
