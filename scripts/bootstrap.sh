@@ -44,7 +44,13 @@ stamp=.venv/.bootstrap-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     echo "bootstrap: installing the project and its dev dependencies into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev]"
+    .venv/bin/python -m pip install -q -e ".[dev,spark,broker]"
     rm -f .venv/.bootstrap-*
     touch "$stamp"
+fi
+
+# Delta Lake's jars, once, into ~/.cache/pyspark-jetstream/jars (with Maven, which honours
+# ~/.m2/settings.xml mirrors); without Maven, Spark fetches them itself at the first session.
+if ! .venv/bin/python -m pyspark_jetstream.spark.delta --fetch-jars >/dev/null; then
+    echo "bootstrap: the Delta jars were not fetched with Maven; Spark will fetch them from Maven Central"
 fi

@@ -14,7 +14,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "docs" / "ARCHITECTURE.md"
-TRACKED = ("broker_node", "pyspark_jetstream", "nats", "kazoo", "pyarrow.flight", "pyspark", "zlib_ng")
+TRACKED = (
+    "broker_node",
+    "pyspark_jetstream",
+    "nats",
+    "kazoo",
+    "pyarrow.flight",
+    "pyspark",
+    "delta",
+    "zlib_ng",
+)
 """Modules whose use the table governs; everything else (stdlib, pyarrow) is free."""
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|[^|]*\|([^|]*)\|\s*$")
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_jetstream.client import AckPolicy
-from pyspark_jetstream.spark import jetstream_session
+from pyspark_jetstream.spark.delta import delta_session
 
 from ..broker.harness import wait_until
 from .helpers import leader_of, publish_all
@@ -19,7 +19,7 @@ from .helpers import leader_of, publish_all
 
 @pytest.fixture(scope="module")
 def spark():
-    session = jetstream_session("pyspark-jetstream-cluster-tests", **{"spark.sql.shuffle.partitions": "2"})
+    session = delta_session("pyspark-jetstream-cluster-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
 

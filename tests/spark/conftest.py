@@ -8,7 +8,7 @@ import pytest
 
 from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import SyncClient
-from pyspark_jetstream.spark import jetstream_session
+from pyspark_jetstream.spark.delta import delta_session
 
 from ..broker.harness import BrokerProcess
 
@@ -33,7 +33,7 @@ def client(deployment):
 
 @pytest.fixture(scope="module")
 def spark():
-    session = jetstream_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
+    session = delta_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
 
