@@ -34,6 +34,9 @@ from pyspark_jetstream.protocol.streams import (
 
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 """Offset ranges longer than this are split over several Spark tasks."""
+DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
+"""``maxTriggerDelay``'s default, as in Spark's Kafka source: 15 minutes."""
+MAX_MIN_PARTITIONS = 100_000
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 3600.0
 MIN_SINK_BATCH_BYTES = 64
@@ -55,10 +58,16 @@ SOURCE_OPTIONS = (
     "assign",
     "startingOffsets",
     "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
     "endingOffsets",
     "endingTimestamp",
+    "endingOffsetsByTimestamp",
     "maxRecordsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "maxRecordsPerPartition",
+    "minPartitions",
     "failOnDataLoss",
     "includeHeaders",
     "readFromReplicas",
@@ -76,13 +85,6 @@ SOURCE_ALIASES = {
 SINK_ALIASES = {"topic": "stream"}
 KAFKA_ONLY = {
     "kafka.bootstrap.servers": "use 'servers' (the brokers' Flight addresses, grpc://host:port) or 'nats'",
-    "startingOffsetsByTimestamp": "not supported yet; use 'startingTimestamp' (one time for every partition)",
-    "endingOffsetsByTimestamp": "not supported yet; use 'endingTimestamp' (one time for every partition)",
-    "startingOffsetsByTimestampStrategy": "not supported yet; a 'startingTimestamp' past a partition's "
-    "newest message starts that partition at its end",
-    "minOffsetsPerTrigger": "not supported yet; bound micro-batches from above with 'maxRecordsPerTrigger'",
-    "maxTriggerDelay": "not supported yet (it goes with minOffsetsPerTrigger)",
-    "minPartitions": "not supported yet; use 'maxRecordsPerPartition' to split long ranges over more tasks",
     "groupIdPrefix": "use 'consumerId' (the name the query's cursors are stored under)",
     "kafka.group.id": "use 'consumerId' (the name the query's cursors are stored under)",
     "fetchOffset.numRetries": "not needed: reads follow leader changes and retry by themselves",
@@ -142,8 +144,16 @@ class SourceOptions:
     starting_timestamp: float | None = None
     ending: str | Offsets = "latest"
     ending_timestamp: float | None = None
+    starting_by_timestamp: dict[str, dict[str, int]] | None = None
+    """``startingOffsetsByTimestamp``: milliseconds per stream partition."""
+    ending_by_timestamp: dict[str, dict[str, int]] | None = None
+    by_timestamp_strategy: str = "error"
+    """``startingOffsetsByTimestampStrategy``: ``error`` or ``latest`` when no message is that new."""
     max_records_per_trigger: int | None = None
+    min_records_per_trigger: int | None = None
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
     read_from_replicas: bool = False
@@ -207,8 +217,31 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             "endingOffsets='earliest' would read nothing; use 'latest' or JSON offsets"
         )
     max_per_trigger = _positive_int(opts, "maxRecordsPerTrigger")
-    if max_per_trigger is not None and not streaming:
-        raise InvalidArgumentError("maxRecordsPerTrigger applies to streaming reads only")
+    min_per_trigger = _positive_int(opts, "minOffsetsPerTrigger")
+    for given in ("maxRecordsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
+        if given.lower() in opts and not streaming:
+            raise InvalidArgumentError(f"{given} applies to streaming reads only")
+    if "maxtriggerdelay" in opts and min_per_trigger is None:
+        raise InvalidArgumentError("maxTriggerDelay goes with minOffsetsPerTrigger: give both, or neither")
+    if min_per_trigger is not None and max_per_trigger is not None and min_per_trigger > max_per_trigger:
+        raise InvalidArgumentError(
+            f"minOffsetsPerTrigger ({min_per_trigger}) is more than maxRecordsPerTrigger ({max_per_trigger})"
+        )
+    starting_by_time = _timestamps_option(opts, "startingOffsetsByTimestamp")
+    ending_by_time = _timestamps_option(opts, "endingOffsetsByTimestamp")
+    if starting_by_time is not None and ("startingtimestamp" in opts or "startingoffsets" in opts):
+        raise InvalidArgumentError(
+            "give one of startingOffsets, startingTimestamp and startingOffsetsByTimestamp"
+        )
+    if ending_by_time is not None and ("endingtimestamp" in opts or "endingoffsets" in opts):
+        raise InvalidArgumentError("give one of endingOffsets, endingTimestamp and endingOffsetsByTimestamp")
+    if streaming and ending_by_time is not None:
+        raise InvalidArgumentError("endingOffsetsByTimestamp is for batch reads (spark.read), not streams")
+    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise InvalidArgumentError(
+            f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {shown(strategy)}"
+        )
     consumer = opts.get("consumerid") or _default_consumer(opts)
     if "/" in consumer:
         raise InvalidArgumentError(f"option 'consumerId' must not contain '/', got {consumer!r}")
@@ -221,9 +254,15 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         starting_timestamp=_timestamp(opts, "startingTimestamp"),
         ending=ending,
         ending_timestamp=_timestamp(opts, "endingTimestamp"),
+        starting_by_timestamp=starting_by_time,
+        ending_by_timestamp=ending_by_time,
+        by_timestamp_strategy=strategy,
         max_records_per_trigger=max_per_trigger,
+        min_records_per_trigger=min_per_trigger,
+        max_trigger_delay=_duration(opts, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY),
         max_records_per_partition=_positive_int(opts, "maxRecordsPerPartition")
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
+        min_partitions=_bounded_int(opts, "minPartitions", 1, MAX_MIN_PARTITIONS),
         fail_on_data_loss=_boolean(opts, "failOnDataLoss", True),
         include_headers=_boolean(opts, "includeHeaders", False),
         read_from_replicas=_boolean(opts, "readFromReplicas", False),
@@ -373,6 +412,57 @@ def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> st
                 )
             offsets[stream][str(number)] = offset
     return offsets
+
+
+def _timestamps_option(opts: Mapping[str, str], option: str) -> dict[str, dict[str, int]] | None:
+    """Kafka's per-partition times: ``{"orders": {"0": 1700000000000, "1": ...}}`` (milliseconds)."""
+    raw = opts.get(option.lower())
+    if raw is None:
+        return None
+    example = '{"orders": {"0": 1767225600000, "1": 1767225600000}}'
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not data or not all(isinstance(v, dict) and v for v in data.values()):
+        raise InvalidArgumentError(
+            f"option '{option}' is {shown(raw)}: map each stream to {{partition: milliseconds since the "
+            f"epoch}}, like {example}"
+        )
+    out: dict[str, dict[str, int]] = {}
+    for stream, partitions in data.items():
+        _stream_name(option, stream)
+        out[stream] = {}
+        for partition, millis in partitions.items():
+            number = int(partition) if str(partition).isdigit() and len(partition) <= 4 else None
+            if number is None or number >= MAX_PARTITIONS:
+                raise InvalidArgumentError(
+                    f"option '{option}': partition {shown(partition)} of {stream!r} must be a partition "
+                    f"number from 0 to {MAX_PARTITIONS - 1}"
+                )
+            if not isinstance(millis, int) or isinstance(millis, bool) or not 0 <= millis <= MAX_TIMESTAMP_MS:
+                raise InvalidArgumentError(
+                    f"option '{option}': {stream}/{partition} has {shown(millis)}; use milliseconds since "
+                    f"the epoch, 0 to {MAX_TIMESTAMP_MS}"
+                )
+            out[stream][str(number)] = millis
+    return out
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(opts: Mapping[str, str], option: str, default: float) -> float:
+    """A duration as Spark writes them (``15m``, ``30s``, ``500ms``, ``1h``); returns seconds."""
+    raw = opts.get(option.lower())
+    if raw is None:
+        return default
+    match = re.fullmatch(r"\s*(\d{1,9})\s*(ms|s|min|m|h|d)?\s*", raw.lower())
+    if match is None:
+        raise InvalidArgumentError(
+            f"option '{option}' is {shown(raw)}: use a duration like 30s, 15m, 500ms or 1h"
+        )
+    return int(match[1]) * _DURATION_UNITS[match[2] or "ms"]
 
 
 def _positive_int(opts: Mapping[str, str], option: str) -> int | None:

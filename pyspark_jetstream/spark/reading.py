@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -81,17 +81,51 @@ def resolve(
     timestamp: float | None,
     layout: dict[str, dict[str, PartitionState]],
     cursors: dict[str, dict[str, int | None]] | None = None,
+    *,
+    by_timestamp: dict[str, dict[str, int]] | None = None,
+    no_match: str = "latest",
+    option: str = "startingOffsets",
 ) -> Offsets:
-    """Concrete offsets for a starting/ending spec, partition by partition."""
+    """Concrete offsets for a starting/ending spec, partition by partition.
+
+    A JSON spec (``option``) or per-partition times (``by_timestamp``) must
+    name every partition read, as in Spark's Kafka source.  A per-partition
+    time with no message at or after it resolves to the partition's end, or,
+    with ``no_match="error"``, fails naming the partition.
+    """
+    given_streams = by_timestamp if by_timestamp is not None else spec if isinstance(spec, dict) else None
+    if given_streams is not None:
+        unknown = sorted(set(given_streams) - set(layout))
+        if unknown:
+            raise UnknownStreamError(
+                f"offsets name stream(s) this source does not read: {', '.join(unknown)}"
+            )
     out: Offsets = {}
     for stream, partitions in layout.items():
         out[stream] = {}
         for partition, state in partitions.items():
+            if given_streams is not None and partition not in given_streams.get(stream, {}):
+                name = f"{option}ByTimestamp" if by_timestamp is not None else option
+                raise InvalidArgumentError(
+                    f"option '{name}' has no entry for {stream}/{partition}: name every partition read"
+                    + ("" if by_timestamp is not None else " (-2 for earliest, -1 for latest)")
+                )
+            if by_timestamp is not None:
+                millis = by_timestamp[stream][partition]
+                found = first_offset_at(connection, stream, int(partition), millis / 1000.0)
+                if found is None and no_match == "error":
+                    raise InvalidArgumentError(
+                        f"option '{option}ByTimestamp': {stream}/{partition} has no message at or after "
+                        f"{millis} ms; set startingOffsetsByTimestampStrategy=latest to start such "
+                        "partitions at their end"
+                    )
+                out[stream][partition] = state.high_watermark if found is None else found
+                continue
             if timestamp is not None:
                 out[stream][partition] = offset_for_time(connection, stream, int(partition), timestamp)
                 continue
             if isinstance(spec, dict):
-                given = spec.get(stream, {}).get(partition, EARLIEST)
+                given = spec[stream][partition]
                 offset = {EARLIEST: state.log_start_offset, LATEST: state.high_watermark}.get(given, given)
             elif spec == "cursor":
                 stored = (cursors or {}).get(stream, {}).get(partition)
@@ -99,24 +133,28 @@ def resolve(
             else:
                 offset = state.log_start_offset if spec == "earliest" else state.high_watermark
             out[stream][partition] = offset
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - set(layout))
-        if unknown:
-            raise UnknownStreamError(
-                f"offsets name stream(s) this source does not read: {', '.join(unknown)}"
-            )
     return out
 
 
 def offset_for_time(connection: ClusterConnection, stream: str, partition: int, seconds: float) -> int:
     """The first offset at or after ``seconds`` (or the high watermark if none)."""
+    found, end = _time_lookup(connection, stream, partition, seconds)
+    return end if found is None else found
+
+
+def first_offset_at(connection: ClusterConnection, stream: str, partition: int, seconds: float) -> int | None:
+    """The first offset at or after ``seconds``, or ``None`` when no message is that new."""
+    return _time_lookup(connection, stream, partition, seconds)[0]
+
+
+def _time_lookup(
+    connection: ClusterConnection, stream: str, partition: int, seconds: float
+) -> tuple[int | None, int]:
     result = connection.read(
         ReadRequest(stream, partition, StartPosition("timestamp", seconds), max_records=1)
     )
-    if result.num_rows:
-        offset: int = result.batches[0].column(0)[0].as_py()
-        return offset
-    return result.next_offset
+    found = result.batches[0].column(0)[0].as_py() if result.num_rows else None
+    return found, result.next_offset
 
 
 def limit_rows(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
@@ -162,6 +200,14 @@ def plan_ranges(options: SourceOptions, start: Offsets, end: Offsets) -> list[Ra
             begin = start.get(stream, {}).get(partition, 0)
             for lo in range(begin, stop, step):
                 ranges.append(RangeSpec(options.broker, stream, int(partition), lo, min(lo + step, stop)))
+    wanted = options.min_partitions or 0
+    while 0 < len(ranges) < wanted:  # minPartitions: halve the longest range until there are enough
+        longest = max(ranges, key=lambda r: r.end - r.start)
+        if longest.end - longest.start < 2:
+            break
+        middle = longest.start + (longest.end - longest.start) // 2
+        at = ranges.index(longest)
+        ranges[at : at + 1] = [replace(longest, end=middle), replace(longest, start=middle)]
     return ranges
 
 

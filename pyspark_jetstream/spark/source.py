@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -32,11 +33,12 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.cluster import ClusterConnection
-from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import ActionType
 
 from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
 from .reading import (
+    PartitionState,
     RangeSpec,
     describe,
     limit_rows,
@@ -123,6 +125,18 @@ class _Reading:
             for stream, partitions in layout.items()
         }
 
+    def _start(self, conn: ClusterConnection, layout: dict[str, dict[str, PartitionState]]) -> Offsets:
+        cursors = self._cursors(layout) if self.options.starting == "cursor" else None
+        return resolve(
+            conn,
+            self.options.starting,
+            self.options.starting_timestamp,
+            layout,
+            cursors,
+            by_timestamp=self.options.starting_by_timestamp,
+            no_match=self.options.by_timestamp_strategy,
+        )
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """On an executor: the range's batches, in exactly Spark's Arrow schema."""
         spec: RangeSpec | None = partition.value
@@ -145,9 +159,15 @@ class JetStreamBatchReader(_Reading, DataSourceReader):
         """One task per partition range (long ranges split so every core works)."""
         conn = connection(self.options)
         layout = describe(conn, self.options)
-        cursors = self._cursors(layout) if self.options.starting == "cursor" else None
-        start = resolve(conn, self.options.starting, self.options.starting_timestamp, layout, cursors)
-        end = resolve(conn, self.options.ending, self.options.ending_timestamp, layout)
+        start = self._start(conn, layout)
+        end = resolve(
+            conn,
+            self.options.ending,
+            self.options.ending_timestamp,
+            layout,
+            by_timestamp=self.options.ending_by_timestamp,
+            option="endingOffsets",
+        )
         return self._ranges(start, end)
 
 
@@ -157,13 +177,15 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         super().__init__(options, schema)
         self._target: Offsets | None = None
+        self._last_batch: float | None = None
+        """``time.monotonic()`` when the last micro-batch was planned (the first is never delayed)."""
+        self._stored: Offsets | None = None
+        """The position last stored as cursors."""
 
     def initialOffset(self) -> Offsets:
         """Where a new query starts (``startingOffsets`` / ``startingTimestamp``)."""
         conn = connection(self.options)
-        layout = describe(conn, self.options)
-        cursors = self._cursors(layout) if self.options.starting == "cursor" else None
-        return resolve(conn, self.options.starting, self.options.starting_timestamp, layout, cursors)
+        return self._start(conn, describe(conn, self.options))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxRecordsPerTrigger`` as a read limit, if set."""
@@ -183,7 +205,15 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
 
         Partitions that appeared since ``start`` (new partitions, or new
         streams matching ``streamPattern``) are read from their beginning.
+
+        Spark calls this once the micro-batch ending at ``start`` has
+        completed, so ``start`` is stored as the query's cursors here: the
+        cursors reach the end of the last micro-batch, also after the last
+        batch of ``Trigger.AvailableNow``.  With ``minOffsetsPerTrigger``,
+        fewer new messages than that plan no batch until ``maxTriggerDelay``
+        has passed since the last one (as in Spark's Kafka source).
         """
+        self._store(start)
         latest = self._latest()
         if self._target is not None:
             latest = {
@@ -201,7 +231,24 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
             latest = limit_rows(start, latest, limit.max_rows)
         for stream, parts in start.items():  # a deleted stream keeps its last position
             latest.setdefault(stream, dict(parts))
+        if self._delayed(start, latest):
+            return start
+        if latest != start:
+            self._last_batch = time.monotonic()
         return latest
+
+    def _delayed(self, start: Offsets, latest: Offsets) -> bool:
+        wanted = self.options.min_records_per_trigger
+        if wanted is None or self._target is not None:  # AvailableNow reads what there is
+            return False
+        if self._last_batch is None or time.monotonic() - self._last_batch >= self.options.max_trigger_delay:
+            return False
+        available = sum(
+            end - start.get(stream, {}).get(p, 0)
+            for stream, parts in latest.items()
+            for p, end in parts.items()
+        )
+        return available < wanted
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """The micro-batch's tasks."""
@@ -209,18 +256,31 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
 
     def commit(self, end: Offsets) -> None:
         """Store the query's position as cursors in the log (named by ``consumerId``)."""
+        self._store(end)
+
+    def _store(self, position: Offsets) -> None:
+        """Cursors at ``position`` (once per position).  They are a report for people and for
+        ``startingOffsets=cursor``; Spark's checkpoint is what the query resumes from, so a
+        broker that cannot take them is logged, not fatal."""
+        if position == self._stored:
+            return
         conn = connection(self.options)
-        for stream, partitions in end.items():
-            for partition, offset in partitions.items():
-                conn.action(
-                    ActionType.SET_CURSOR,
-                    {
-                        "consumer": self.options.consumer_id,
-                        "stream": stream,
-                        "partition": int(partition),
-                        "offset": offset,
-                    },
-                )
+        try:
+            for stream, partitions in position.items():
+                for partition, offset in partitions.items():
+                    conn.action(
+                        ActionType.SET_CURSOR,
+                        {
+                            "consumer": self.options.consumer_id,
+                            "stream": stream,
+                            "partition": int(partition),
+                            "offset": offset,
+                        },
+                    )
+        except JetStreamError as exc:
+            logger.warning("cursors of %s not stored at %s: %s", self.options.consumer_id, position, exc)
+            return
+        self._stored = {stream: dict(parts) for stream, parts in position.items()}
 
     def _latest(self) -> Offsets:
         layout = describe(connection(self.options), self.options)
