@@ -11,11 +11,12 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_exist():
+def test_the_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == [
         "01_quickstart",
         "02_exactly_once_pipeline",
         "03_replay_from_a_timestamp",
+        "05_delta_lake",
     ]
 
 
