@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import math
@@ -29,6 +30,8 @@ from pyspark_jetstream.protocol.schema import COMPRESSIONS
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, number_range
 from pyspark_jetstream.protocol.subjects import subjects_overlap
 
+BROKER_MODULES = ("zlib_ng", "kazoo", "prometheus_client")
+"""What ``jetstream broker start`` needs beyond the client: the ``[broker]`` extra."""
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 3600.0
 
@@ -39,6 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "broker":
         # The broker is its own program (it takes --config, --data-dir, ...); become it.
+        missing = [m for m in BROKER_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            print(
+                f"jetstream: running a broker needs the [broker] extra ({', '.join(missing)} missing): "
+                "pip install 'pyspark-jetstream[broker]'",
+                file=sys.stderr,
+            )
+            return 2
         os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -98,6 +98,15 @@ def test_base_install_is_the_client_without_spark_or_broker(wheel, tmp_path):
     assert facts["installed"] == []
     assert not set(facts["loaded"]) & {*SPARK_ONLY, *BROKER_ONLY, "broker_node"}
     assert _run(venv / "bin" / "jetstream", "--version", cwd=venv).strip() == f"jetstream {VERSION}"
+    refused = subprocess.run(
+        [str(venv / "bin" / "jetstream"), "broker", "start"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "needs the [broker] extra" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_broker_extra_runs_a_broker(wheel, tmp_path):
