@@ -7,7 +7,7 @@ PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: demo test bootstrap lint bench cluster cluster-clean chaos
+.PHONY: demo test bootstrap lint bench cluster cluster-clean chaos notebooks
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -30,6 +30,10 @@ bench: bootstrap
 	$(PY) bench/broker_bench.py --quick
 	$(PY) bench/spark_bench.py --quick
 	$(PY) bench/cluster_bench.py --quick
+
+# Execute the notebooks in place, so the outputs committed with them come from a real run.
+notebooks: bootstrap
+	$(PY) scripts/run_notebooks.py
 
 # A three-broker cluster on this machine (ZooKeeper, NATS, conf/cluster/*.toml) until Ctrl-C.
 cluster: bootstrap

@@ -44,7 +44,7 @@ stamp=.venv/.bootstrap-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     echo "bootstrap: installing the project and its dev dependencies into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,spark,broker]"
+    .venv/bin/python -m pip install -q -e ".[dev,spark,broker,outbox]"
     rm -f .venv/.bootstrap-*
     touch "$stamp"
 fi
