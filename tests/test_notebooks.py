@@ -16,6 +16,7 @@ def test_the_notebooks_exist():
         "01_quickstart",
         "02_exactly_once_pipeline",
         "03_replay_from_a_timestamp",
+        "04_outbox_to_spark",
         "05_delta_lake",
     ]
 
