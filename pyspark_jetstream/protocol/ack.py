@@ -6,13 +6,27 @@ An ack is a small JSON object (so any NATS client can read it)::
      "correlation_id": "c-17", "error": "ok", "message": ""}
 
 ``error`` is an :class:`~.errors.ErrorCode` value.  ``duplicate`` means the
-producer sequence was stored before: the offsets are the original ones (or -1
-when the sequence is older than the broker remembers).  On any other error
-the offsets are -1.
+producer sequence, or the message id, was stored before: the offsets are the
+original ones (or -1 when a producer sequence is older than the broker
+remembers).  On any other error the offsets are -1.
 
 When one flush stores several messages for the same ack inbox, their acks
 travel together as one NATS message holding a JSON array of such objects;
 a single ack is always the bare object.
+
+Plain NATS requests (not envelopes: ``nats-py``'s ``js.publish`` and any
+other JetStream publisher) are answered in JetStream's publish-ack format
+instead, so that JetStream clients parse it unchanged (:func:`encode_pub_ack`)::
+
+    {"stream": "orders", "seq": 41, "duplicate": false, "partition": 0, "offset": 41}
+    {"error": {"code": 400, "err_code": 10054, "description": "message size exceeds ..."},
+     "stream": "orders", "partition": 0}
+
+``seq`` is the offset in the partition (``partition`` and ``offset`` are
+ours, beside JetStream's fields); ``code`` is HTTP-like and ``err_code``
+JetStream's own number for the error (:data:`PUB_ACK_ERRORS`), so a
+JetStream client raises its usual error types.  Always one object per
+message.
 """
 
 from __future__ import annotations
@@ -45,7 +59,8 @@ class Ack(NamedTuple):
 
     @property
     def duplicate(self) -> bool:
-        """Whether this repeated an already-stored producer sequence."""
+        """Whether this repeated an already-stored producer sequence or message id (``False``
+        for anything else): nothing was stored, the offsets are the original's."""
         return self.error is ErrorCode.DUPLICATE
 
 
@@ -115,3 +130,35 @@ def _ack_from(data: object) -> Ack:
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"not an ack: {exc}") from None
+
+
+PUB_ACK_ERRORS: dict[ErrorCode, tuple[int, int]] = {
+    ErrorCode.TOO_LARGE: (400, 10054),  # JSStreamMessageExceedsMaximumErr
+    ErrorCode.INVALID_ARGUMENT: (400, 10003),  # JSBadRequestErr
+    ErrorCode.UNKNOWN_STREAM: (404, 10059),  # JSStreamNotFoundErr
+    ErrorCode.NOT_ENOUGH_REPLICAS: (503, 10008),  # JSClusterNotAvailErr
+    ErrorCode.NOT_LEADER: (503, 10008),
+    ErrorCode.UNAVAILABLE: (503, 10008),
+    ErrorCode.TIMEOUT: (503, 10008),
+    ErrorCode.STORAGE: (503, 10077),  # JSStreamStoreFailedF
+}
+"""JetStream's ``(code, err_code)`` for each error a plain request can get; anything else is
+``(500, 10051)`` (JSStreamGeneralErrorF).  503s are what a JetStream client retries."""
+STREAM_MISMATCH = (400, 10060)
+"""JSStreamNotMatchErr: the ``Nats-Expected-Stream`` header names another stream."""
+_GENERAL_ERROR = (500, 10051)
+
+
+def encode_pub_ack(ack: Ack, jetstream_error: tuple[int, int] | None = None) -> bytes:
+    """``ack`` in JetStream's publish-ack format (see the module docstring).
+
+    ``jetstream_error`` overrides the ``(code, err_code)`` of an error ack.
+    """
+    if ack.ok:
+        return (
+            f'{_prefix(ack.stream, int(ack.partition))}"seq":{int(ack.first_offset)},'
+            f'"duplicate":{"true" if ack.duplicate else "false"},"offset":{int(ack.first_offset)}}}'
+        ).encode()
+    code, err_code = jetstream_error or PUB_ACK_ERRORS.get(ack.error, _GENERAL_ERROR)
+    error = {"code": code, "err_code": err_code, "description": ack.message or ack.error.value}
+    return json.dumps({"error": error, "stream": ack.stream, "partition": int(ack.partition)}).encode()

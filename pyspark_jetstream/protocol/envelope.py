@@ -10,14 +10,16 @@ Layout, version 2 (integers little-endian)::
     4       1     version: 2
     5       1     flags: bit 0 key present, bit 1 value present,
                   bit 2 payload is an Arrow batch, bit 3 producer present,
-                  bit 4 target present; other bits zero.  Bits 1 and 2 are
-                  exclusive.
+                  bit 4 target present, bit 5 message id present; other bits
+                  zero.  Bits 1 and 2 are exclusive, and so are bit 5 and
+                  bits 2 and 3.
     6       1     ack policy: 0 NONE, 1 LEADER, 2 ALL
     7       1     reserved: 0
     8       ...   str16  ack inbox        (length 0: no ack requested)
                   str16  correlation id
                   if target:   str16 stream, u32 partition
                   if producer: str16 producer id, u32 epoch, u32 sequence
+                  if message id: str16 message id
                   if key:      bytes32 key
                   u16 header count, then per header: str16 name, bytes32 value
                   if value:    bytes32 value
@@ -47,6 +49,15 @@ Producer
     ``broker_node/replication/producers.py``).  In the log both travel as one
     int64: ``epoch << 32 | sequence`` (:func:`producer_position`).
 
+Message id
+    Any publisher's id for the message (see
+    :mod:`.headers`): within the stream's ``duplicate_window`` a repeat is
+    acked as a duplicate with the original offset.  The broker stores it as
+    the ``Nats-Msg-Id`` header of the stored record.  Only for one message
+    that is not an idempotent producer's (the two kinds of de-duplication are
+    not combined).  Added without a new version: an envelope without one is
+    byte for byte what it was.
+
 Batches
     The batch's IPC buffers may be compressed; its decoded size is checked
     against the caller's limit before anything is decompressed
@@ -61,6 +72,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from .headers import message_id_problem
 from .ipc import decoded_size
 
 MAGIC = b"\x8eJSE"
@@ -69,7 +81,7 @@ _HEADER = struct.Struct("<4sBBBB")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _EPOCH_SEQUENCE = struct.Struct("<II")
-_KEY, _VALUE, _BATCH, _PRODUCER, _TARGET = 1, 2, 4, 8, 16
+_KEY, _VALUE, _BATCH, _PRODUCER, _TARGET, _MESSAGE_ID = 1, 2, 4, 8, 16, 32
 MAX_EPOCH = 2**31 - 1
 MAX_SEQUENCE = 2**32 - 1
 _BATCH_COLUMNS = frozenset({"key", "value", "headers"})
@@ -137,6 +149,8 @@ class Envelope(NamedTuple):
     """The target stream (with ``partition``): only that partition acks."""
     partition: int | None = None
     producer_epoch: int = 0
+    message_id: str | None = None
+    """The publisher's id for the message, for de-duplication within the stream's window."""
 
     @property
     def message_count(self) -> int:
@@ -152,12 +166,19 @@ def encode(envelope: Envelope) -> bytes:
         raise EnvelopeError("producer_id and sequence go together")
     if (envelope.stream is None) != (envelope.partition is None):
         raise EnvelopeError("the target stream and partition go together")
+    if envelope.message_id is not None:
+        if envelope.batch is not None or envelope.producer_id is not None:
+            raise EnvelopeError("a message id goes with one message, not a batch or an idempotent producer's")
+        problem = message_id_problem(envelope.message_id)
+        if problem is not None:
+            raise EnvelopeError(problem)
     flags = (
         (_KEY if envelope.key is not None else 0)
         | (_VALUE if envelope.value is not None else 0)
         | (_BATCH if envelope.batch is not None else 0)
         | (_PRODUCER if envelope.producer_id is not None else 0)
         | (_TARGET if envelope.stream is not None else 0)
+        | (_MESSAGE_ID if envelope.message_id is not None else 0)
     )
     parts: list[bytes | memoryview] = [
         _HEADER.pack(MAGIC, VERSION, flags, int(envelope.ack_policy), 0),
@@ -173,6 +194,8 @@ def encode(envelope: Envelope) -> bytes:
         epoch = _bounded("producer epoch", envelope.producer_epoch, MAX_EPOCH)
         sequence = _bounded("sequence", envelope.sequence, MAX_SEQUENCE)
         parts += [_str16(envelope.producer_id, "producer id"), _EPOCH_SEQUENCE.pack(epoch, sequence)]
+    if envelope.message_id is not None:
+        parts.append(_str16(envelope.message_id, "message id"))
     if envelope.key is not None:
         parts.append(_bytes32(envelope.key))
     if len(envelope.headers) > 0xFFFF:
@@ -208,9 +231,10 @@ def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
     if version != VERSION:
         raise EnvelopeError(f"unsupported envelope version {version}")
     if (
-        flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER | _TARGET)
+        flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER | _TARGET | _MESSAGE_ID)
         or reserved
         or (flags & _VALUE and flags & _BATCH)
+        or (flags & _MESSAGE_ID and flags & (_BATCH | _PRODUCER))
     ):
         raise EnvelopeError(f"invalid envelope flags {flags:#04x}")
     if policy >= len(_POLICIES):
@@ -241,6 +265,12 @@ def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
             pos += 8
             if epoch > MAX_EPOCH:
                 raise EnvelopeError(f"producer epoch {epoch} is over {MAX_EPOCH}")
+        message_id = None
+        if flags & _MESSAGE_ID:
+            # Decoded as it comes: the broker refuses a bad id with an ack naming it.
+            n = _U16.unpack_from(payload, pos)[0]
+            message_id = payload[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
         key = None
         if flags & _KEY:
             n = _U32.unpack_from(payload, pos)[0]
@@ -296,6 +326,7 @@ def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
         stream=stream,
         partition=partition,
         producer_epoch=epoch,
+        message_id=message_id,
     )
 
 

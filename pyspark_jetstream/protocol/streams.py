@@ -69,6 +69,14 @@ MAX_MESSAGE_BYTES = 64 * MiB
 message can reach the broker."""
 MAX_AGE = 100 * 365 * 24 * 3600
 """Longest retention or tombstone age: 100 years, in seconds (none means forever)."""
+MAX_DUPLICATE_WINDOW = 7 * 24 * 3600
+"""Longest ``duplicate_window``: a week, in seconds.  A partition reads the log's last window
+of messages each time it opens, to remember their ids, so a longer window means a slower
+start; retries and failovers are over long before a week."""
+DEFAULT_DUPLICATE_WINDOW = 120.0
+"""JetStream's default (two minutes)."""
+MAX_DUPLICATE_IDS = 100_000_000
+"""Most message ids a partition may remember (each takes about 170 bytes of memory plus the id)."""
 MIN_TIMESTAMP = -62135596800
 """0001-01-01T00:00:00Z in seconds: read timestamps span Python's ``datetime``
 (years 1 to 9999), far inside the log's int64 microseconds."""
@@ -243,6 +251,13 @@ class StreamConfig:
     unclean_leader_election: bool = False
     """When every in-sync replica is down, let a replica outside the ISR lead: the
     partition is writable again sooner, but committed messages it lacks are lost."""
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
+    """Seconds a message id is remembered (``Nats-Msg-Id``, or the client's ``message_id``):
+    a message whose id was stored this recently in the same partition is acked as a
+    duplicate instead of being stored; 0 turns de-duplication by id off.  0 to a week."""
+    duplicate_max_ids: int = 1_000_000
+    """Most message ids a partition remembers; past it the oldest are forgotten first, even
+    within the window.  1 to 100,000,000."""
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
@@ -263,6 +278,8 @@ class StreamConfig:
         if self.group is not None:
             validate_group(self.group)
         check_retention(self.retention_age, self.retention_bytes, self.retention_messages)
+        bounded_number("duplicate_window", self.duplicate_window, 0, MAX_DUPLICATE_WINDOW)
+        bounded_int("duplicate_max_ids", self.duplicate_max_ids, 1, MAX_DUPLICATE_IDS)
         bounded_int("min_insync_replicas", self.min_insync_replicas, 1, MAX_REPLICATION_FACTOR)
         if self.min_insync_replicas > self.replication_factor:
             raise InvalidArgumentError(

@@ -68,6 +68,9 @@ def envelopes(draw) -> Envelope:
         batch=batch,
         stream=target[0] if target else None,
         partition=target[1] if target else None,
+        message_id=None
+        if batch is not None or with_producer
+        else draw(st.one_of(st.none(), st.text(min_size=1, max_size=30))),
     )
 
 
