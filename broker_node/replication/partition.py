@@ -25,10 +25,12 @@ Fencing: a partition whose broker lost touch with the coordinator (or whose
 lease lapsed) refuses appends and holds back acknowledgements, because
 another broker may be leader already.
 
-Producer and cursor tables follow the log: built when the partition opens,
-kept up to date by every append (a follower's replicated appends included)
-and rebuilt after a truncation, so a new leader de-duplicates retries of what
-its predecessor stored.
+Producer, message-id and cursor tables follow the log: built when the
+partition opens, kept up to date by every append (a follower's replicated
+appends included) and rebuilt after a truncation, so a new leader
+de-duplicates retries of what its predecessor stored.  The message ids are
+read back from the log's last ``duplicate_window`` only (see
+:mod:`.message_ids`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from broker_node.coordination.base import PartitionState
 from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
@@ -62,6 +65,7 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .cursors import CURSOR_STREAM, CursorTable
+from .message_ids import MessageIdTable
 from .producers import ProducerTable, Verdict
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ logger = logging.getLogger(__name__)
 SCRUB_BYTES = 32 * 1024 * 1024
 """Bytes of not yet checked batches each maintenance pass checks against their checksums."""
 
+MessageIds = Sequence[tuple[str, int]]
+"""Message ids of records to append: ``(id, index of the record)``, in record order."""
 Committed = Callable[[JetStreamError | None], None]
 """Called once with ``None`` when an offset is committed, or with the error that ended the wait."""
 
@@ -113,8 +119,10 @@ class Partition:
         *,
         clock: Callable[[], float] = time.monotonic,
         lease: Callable[[], bool] = lambda: True,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``lease()`` says whether this broker's coordinator session is surely alive."""
+        """``lease()`` says whether this broker's coordinator session is surely alive;
+        ``wall_clock`` gives seconds since the epoch, as the log's timestamps count them."""
         self.config = config
         self.stream = config.name
         self.number = number
@@ -127,6 +135,8 @@ class Partition:
         """Messages appended here as leader (counted under the role lock, so exactly)."""
         self.role = Role.OPENED
         self.producers = ProducerTable()
+        self._wall_clock = wall_clock
+        self.message_ids = self._new_message_ids()
         self.cursors: CursorTable | None = CursorTable() if config.name == CURSOR_STREAM else None
         self._clock = clock
         self._lease = lease
@@ -229,15 +239,19 @@ class Partition:
     # ---- leader: appends and commits ----------------------------------------------------
 
     @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    def append(
+        self, records: Records, *, wait: Literal[True] = True, message_ids: MessageIds = ()
+    ) -> range: ...
     @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
+    def append(self, records: Records, *, wait: bool, message_ids: MessageIds = ()) -> range | None: ...
 
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
+    def append(self, records: Records, *, wait: bool = True, message_ids: MessageIds = ()) -> range | None:
         """Append as leader; return the offsets.  ``NotLeaderError`` if this broker may not lead.
 
         With ``wait=False``, ``None`` (nothing appended) if the log is busy
-        (see :meth:`Log.append`).
+        (see :meth:`Log.append`).  ``message_ids``: the ids the records carry,
+        ``(id, index of the record)`` in record order, remembered with the
+        append (see :mod:`.message_ids`).
         """
         if not self._role_lock.acquire(blocking=wait):
             return None
@@ -247,6 +261,8 @@ class Partition:
             offsets = self.log.append(records, wait=wait)
             if offsets is not None:
                 self.messages_in += len(offsets)
+                if message_ids:
+                    self.message_ids.remember([(i, offsets[k]) for i, k in message_ids])
         finally:
             self._role_lock.release()
         if offsets is not None:
@@ -255,11 +271,19 @@ class Partition:
         return offsets
 
     def append_idempotent(
-        self, records: Records, producer_id: str, epoch: int, sequence: int, *, target: bool = True
+        self,
+        records: Records,
+        producer_id: str,
+        epoch: int,
+        sequence: int,
+        *,
+        target: bool = True,
+        message_ids: MessageIds = (),
     ) -> Ack:
         """Append one producer's message(s) unless the sequence says not to (see ``producers``).
 
-        ``target`` is whether this partition is the one the producer named.
+        ``target`` is whether this partition is the one the producer named;
+        ``message_ids`` as for :meth:`append` (remembered, not checked).
         Returns the ack: ``ok`` with the offsets, ``duplicate`` with the
         original ones, or a refusal (out of order, fenced) that stored nothing.
         """
@@ -271,9 +295,14 @@ class Partition:
                 return self._ack(-1, -1, ErrorCode.OUT_OF_ORDER_SEQUENCE, check.reason)
             if check.verdict is Verdict.FENCED:
                 return self._ack(-1, -1, ErrorCode.PRODUCER_FENCED, check.reason)
-            offsets = self.append(records)
+            offsets = self.append(records, message_ids=message_ids)
             self.producers.record(producer_id, epoch, sequence, offsets.start, offsets[-1])
             return self._ack(offsets.start, offsets[-1])
+
+    def message_id_offset(self, message_id: str) -> int | None:
+        """The offset of the message stored with ``message_id`` within the stream's
+        ``duplicate_window``, or ``None`` (see :mod:`.message_ids`)."""
+        return self.message_ids.offset_of(message_id)
 
     def _ack(self, first: int, last: int, error: ErrorCode = ErrorCode.OK, message: str = "") -> Ack:
         return Ack(self.stream, self.number, first, last, "", error, message)
@@ -520,6 +549,11 @@ class Partition:
         """Write the producer table with the log offset it covers (:data:`PRODUCER_SNAPSHOT`), so
         that the next open reads only the log after that offset instead of all of it.
 
+        Beside it, ``message_ids_from``: the offset of the oldest message id
+        remembered (the end offset when there is none), so that an open reads
+        message ids back from there at the earliest: a stream that stores no
+        ids reads nothing more than the producers need.
+
         Written atomically; a failure (a full disk) is logged and costs only
         the next open a longer read.  Internal streams (the cursor table is
         rebuilt from its whole compacted log) write none.
@@ -535,6 +569,7 @@ class Partition:
                 "end_offset": end,
                 "epoch": self._epoch_below(end),
                 "producers": self.producers.snapshot(),
+                "message_ids_from": self.message_ids.oldest_offset(end),
             }
         try:
             atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
@@ -647,12 +682,14 @@ class Partition:
         for frame in frames:
             batch = decode(frame)
             self.producers.learn(batch)
+            self.message_ids.learn(batch)
             if self.cursors is not None:
                 self.cursors.learn(batch)
 
     def _rebuild_tables(self, *, from_snapshot: bool = False) -> None:
-        """Read the producer (and cursor) tables from the log; ``from_snapshot``: start from the
-        producer snapshot when it still fits the log, and read only what follows it."""
+        """Read the producer, message-id (and cursor) tables from the log; ``from_snapshot``:
+        start the producers from their snapshot when it still fits the log, and read only
+        what follows it.  Message ids are read from the start of the window on."""
 
         def skipped(error: CorruptSegmentError) -> None:
             self._log.error(
@@ -660,26 +697,47 @@ class Partition:
             )
 
         self.producers = ProducerTable()
-        start = None
+        producers_from = 0
+        ids_from: int | None = 0
         loaded = self._load_snapshot() if from_snapshot and self.cursors is None else None
         if loaded is not None:
-            self.producers, start = loaded
-            self._snapshot_end = start
+            self.producers, producers_from, ids_from = loaded
+            self._snapshot_end = producers_from
+        message_ids = self._new_message_ids()
+        # Ids stored before the window are forgotten; the snapshot says where its ids began.
+        ids_from = max(self._window_start(message_ids), ids_from or 0) if message_ids.enabled else None
+        start = producers_from if ids_from is None else min(producers_from, ids_from)
         cursors = CursorTable() if self.cursors is not None else None
         for batch in self.log.scan(max_bytes=64 * 1024 * 1024, on_damaged=skipped, start_offset=start):
-            self.producers.learn(batch)
+            offsets = batch.column(0)
+            if offsets[-1].as_py() >= producers_from:
+                self.producers.learn(_from_offset(batch, producers_from))
+            if ids_from is not None:
+                message_ids.learn(batch)  # ids older than the window are left out by timestamp
             if cursors is not None:
                 cursors.learn(batch)
+        self.message_ids = message_ids
         self.cursors = cursors
+
+    def _new_message_ids(self) -> MessageIdTable:
+        return MessageIdTable(self.config.duplicate_window, self.config.duplicate_max_ids, self._wall_clock)
+
+    def _window_start(self, message_ids: MessageIdTable) -> int:
+        """The first offset stored within the duplicate window, found through the time index."""
+        try:
+            return self.log.offset_for_timestamp(message_ids.horizon() / 1_000_000)
+        except CorruptSegmentError as exc:
+            return exc.first_offset  # the scan skips the damaged batch and goes on after it
 
     def _epoch_below(self, end: int) -> list[int] | None:
         """``[epoch, start offset]`` of the leader epoch that holds offset ``end - 1`` (if any)."""
         entries = [entry for entry in self.log.leader_epochs if entry[1] < end]
         return list(entries[-1]) if entries else None
 
-    def _load_snapshot(self) -> tuple[ProducerTable, int] | None:
-        """The producer snapshot and the offset it covers, if it is readable and fits the log:
-        the log still reaches that offset, in the same leader epoch as when it was written."""
+    def _load_snapshot(self) -> tuple[ProducerTable, int, int | None] | None:
+        """The producer snapshot, the offset it covers and its ``message_ids_from`` (``None`` if
+        it has none), if it is readable and fits the log: the log still reaches that offset,
+        in the same leader epoch as when it was written."""
         path = self._snapshot_path
         try:
             raw = path.read_bytes()
@@ -696,6 +754,11 @@ class Partition:
             if isinstance(end, bool) or not isinstance(end, int) or end < 0:
                 raise ValueError(f"bad end_offset {end!r}")
             table = ProducerTable.from_snapshot(data["producers"])
+            ids_from = data.get("message_ids_from")
+            if ids_from is not None and (
+                isinstance(ids_from, bool) or not isinstance(ids_from, int) or not 0 <= ids_from <= end
+            ):
+                raise ValueError(f"bad message_ids_from {ids_from!r}")
         except (ValueError, KeyError, RecursionError) as exc:
             self._log.warning("ignoring %s (%s); reading the whole log", path, exc)
             return None
@@ -704,7 +767,7 @@ class Partition:
                 "the producer snapshot at offset %d no longer fits the log; reading the whole log", end
             )
             return None
-        return table, end
+        return table, end, ids_from
 
     def _forget_snapshot(self) -> None:
         """Remove the producer snapshot before the log below its offset changes."""
@@ -713,6 +776,13 @@ class Partition:
         except OSError as exc:
             self._log.warning("cannot remove %s: %s", self._snapshot_path, exc)
         self._snapshot_end = -1
+
+
+def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:
+    """The rows of ``batch`` at and after ``offset`` (offsets ascend, with gaps after compaction)."""
+    if batch.column(0)[0].as_py() >= offset:
+        return batch
+    return batch.slice(pc.sum(pc.less(batch.column(0), offset)).as_py() or 0)
 
 
 def _call(callback: Committed, error: JetStreamError | None) -> None:
