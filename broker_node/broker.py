@@ -47,6 +47,7 @@ from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.records import partition_directories, read_record
 from broker_node.service import BrokerService
+from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ class Broker:
             self.config.ingest,
             self.service.discovery,
             name=f"pyspark-jetstream broker {self.broker_id}",
+            streams=self._stream_config,
         )
         flight_config = self.config.flight
         self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self.service)
@@ -386,6 +388,13 @@ class Broker:
                     if not key[0].startswith(INTERNAL_PREFIX)
                 }
                 await self.ingestor.sync(leading)
+
+    def _stream_config(self, name: str) -> StreamConfig | None:
+        """A stream's configuration as the coordinator has it (``None``: no such stream)."""
+        try:
+            return self.coordinator.get_stream(name).config
+        except UnknownStreamError:
+            return None
 
     def log_config(self, config: StreamConfig) -> LogConfig:
         """A partition's log settings: the broker's defaults with the stream's own."""

@@ -29,7 +29,7 @@ from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
 
 from .latency import LatencyHistogram
 from .live_tail import TailPartition, TailPublisher
-from .partition_ingest import IngestPartition, PartitionIngest
+from .partition_ingest import IngestPartition, PartitionIngest, StreamLookup
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +63,18 @@ class Ingestor:
         settings: IngestConfig,
         discovery: Callable[[], dict[str, object]],
         name: str,
+        *,
+        streams: StreamLookup | None = None,
     ) -> None:
+        """``streams`` finds any stream's configuration by name (for ``Nats-Expected-Stream``;
+        by default a partition knows only its own stream)."""
         self.urls = urls
         self.nats_config = nats_config
         self.settings = settings
         self.name = name
         self.nc = NatsClient()
         self._discovery = discovery
+        self._streams = streams
         self._answering = False
         self._ingests: dict[tuple[str, int], PartitionIngest] = {}
         self._failures: dict[tuple[str, int], str] = {}
@@ -93,9 +98,11 @@ class Ingestor:
         settings: IngestConfig,
         discovery: Callable[[], dict[str, object]],
         name: str,
+        *,
+        streams: StreamLookup | None = None,
     ) -> Ingestor:
         """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails."""
-        ingestor = cls(urls, nats_config, settings, discovery, name)
+        ingestor = cls(urls, nats_config, settings, discovery, name, streams=streams)
         try:
             await ingestor._connect(ingestor.nc)
         except Exception as exc:
@@ -244,7 +251,7 @@ class Ingestor:
             config = partition.config
             nc = await self._current()
             latency = self._latency.setdefault(config.name, LatencyHistogram())
-            ingest = PartitionIngest(nc, partition, self.settings, latency)
+            ingest = PartitionIngest(nc, partition, self.settings, latency, self._streams)
             errors, drops, last_error = len(self._errors), self._drops, nc.last_error
             try:
                 ingest.subscription = await self._subscribe(nc, ingest)

@@ -19,9 +19,26 @@ stored the message; ``ALL`` once it is committed (the high watermark passed
 it: every in-sync replica has it), and is refused with ``not_enough_replicas``
 -- never acked -- while fewer replicas than the stream's
 ``min_insync_replicas`` are in sync.  A plain NATS message with a reply
-subject is acked like ``ALL``.  A publish that is never acked times out at
-the producer; nothing is dropped silently.  Every ack sent is timed in the
-stream's :class:`~.latency.LatencyHistogram`.
+subject is acked like ``ALL``, alone and in JetStream's publish-ack format
+(:mod:`.replies`).  A publish that is never acked times out at the producer;
+nothing is dropped silently.  Every ack sent is timed in the stream's
+:class:`~.latency.LatencyHistogram`.
+
+Message ids (``Nats-Msg-Id``, or an envelope's message id; see
+:mod:`pyspark_jetstream.protocol.headers`): a single message, not an
+idempotent producer's, whose id the partition stored within the stream's
+``duplicate_window`` -- or that waits in a flush not yet stored -- is not
+stored again: it is acked as a duplicate with the original's offset (for
+``ALL`` and plain requests once that offset is committed).  After each
+append the partition remembers the ids it stored.
+
+A plain message's JetStream headers: one with ``Nats-Expected-Stream`` naming
+another stream that also receives the message (it listens on the subject and
+is not in this stream's load-balance group) is left to that stream: neither
+stored nor acked here.  Naming no such stream, it is refused with JetStream's
+"expected stream does not match" (400, 10060), nothing stored.  A header
+asking for a check the broker does not make (``Nats-Expected-Last-Sequence``
+and its kin) is refused too.
 
 The partition is reached through :class:`IngestPartition`, which
 ``broker_node.replication.partition.Partition`` satisfies.
@@ -32,9 +49,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import perf_counter
-from typing import Literal, NamedTuple, Protocol, overload
+from typing import Literal, Protocol, overload
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -46,7 +63,7 @@ from broker_node.config import IngestConfig
 from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
 from broker_node.log.labels import Labels
 from broker_node.log.records import Records, record_size
-from pyspark_jetstream.protocol.ack import Ack, encode_ack, encode_acks
+from pyspark_jetstream.protocol.ack import STREAM_MISMATCH, Ack
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
     AckPolicy,
@@ -58,10 +75,20 @@ from pyspark_jetstream.protocol.envelope import (
     producer_position,
 )
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
+from pyspark_jetstream.protocol.headers import (
+    EXPECTED_STREAM_HEADER,
+    MSG_ID_HEADER,
+    UNSUPPORTED_EXPECTATIONS,
+    decoded_id,
+    message_id_problem,
+    message_ids_in,
+)
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.subjects import subject_matches
 
 from .latency import LatencyHistogram
+from .replies import AckTarget, Outgoing, grouped, single
 
 logger = logging.getLogger(__name__)
 
@@ -82,27 +109,49 @@ class IngestPartition(Protocol):
     @property
     def appends_sync(self) -> bool: ...
     @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    def append(
+        self, records: Records, *, wait: Literal[True] = True, message_ids: MessageIds = ()
+    ) -> range: ...
     @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
+    def append(self, records: Records, *, wait: bool, message_ids: MessageIds = ()) -> range | None: ...
     def append_idempotent(
-        self, records: Records, producer_id: str, epoch: int, sequence: int, *, target: bool = True
+        self,
+        records: Records,
+        producer_id: str,
+        epoch: int,
+        sequence: int,
+        *,
+        target: bool = True,
+        message_ids: MessageIds = (),
     ) -> Ack: ...
     def check_min_insync(self) -> None: ...
     def when_committed(self, last_offset: int, callback: Callable[[JetStreamError | None], None]) -> None: ...
+    def message_id_offset(self, message_id: str) -> int | None: ...
 
 
-class _AckTarget(NamedTuple):
-    subject: str
-    correlation_id: str
-    committed: bool
-    """Ack once committed (``ALL``) rather than once stored (``LEADER``)."""
-    received: float
-    """When the message reached the broker (``perf_counter``), for the ack latency."""
+MessageIds = Sequence[tuple[str, int]]
+"""The message ids of records to append, ``(id, index of the record)``: the partition remembers
+them with the append."""
+StreamLookup = Callable[[str], StreamConfig | None]
+"""A stream's configuration by name (``None``: no such stream), for ``Nats-Expected-Stream``."""
+
+_Refusal = tuple[ErrorCode, str]
+"""Why a message was not stored: the ack's error and message."""
 
 
-_Pending = tuple[list[Ack], list[float]]
-"""Acks for one inbox, and when each acked message was received."""
+class _Batch:
+    """Messages waiting to be stored as one batch, and what to ack once they are."""
+
+    __slots__ = ("ids", "records", "repeats", "size", "targets")
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.targets: list[AckTarget | None] = []
+        self.size = 0
+        self.ids: dict[str, int] = {}
+        """Message id -> index of the record that carries it."""
+        self.repeats: list[tuple[int, AckTarget]] = []
+        """Messages repeating an id of this batch: the original's index, and where to ack."""
 
 
 class PartitionIngest:
@@ -114,17 +163,20 @@ class PartitionIngest:
         partition: IngestPartition,
         settings: IngestConfig,
         latency: LatencyHistogram | None = None,
+        streams: StreamLookup | None = None,
     ) -> None:
-        """``latency``: where to time the acks (the stream's histogram; by default its own)."""
+        """``latency``: where to time the acks (the stream's histogram; by default its own);
+        ``streams``: every stream's configuration by name (by default only this one's)."""
         self.nc = nc
         self.partition = partition
         self.config = partition.config
         self.settings = settings
         self.latency = latency if latency is not None else LatencyHistogram()
         self.subscription: Subscription | None = None
-        self._records: list[Record] = []
-        self._targets: list[_AckTarget | None] = []
-        self._bytes = 0
+        self._streams = streams or (lambda name: self.config if name == self.config.name else None)
+        self._batch = _Batch()
+        self._storing: list[_Batch] = []
+        """Batches being appended: the partition remembers their ids only once the append is done."""
         self._flush_task: asyncio.Task[None] | None = None
         self._writing = asyncio.Lock()
         """One append at a time, in arrival order."""
@@ -157,19 +209,77 @@ class PartitionIngest:
                     "payload on %s is not a valid envelope (%s); storing it as plain", msg.subject, exc
                 )
         if envelope is None:
-            headers = tuple((k, v.encode()) for k, v in msg.headers.items()) if msg.headers else ()
-            record = Record(data, headers=headers, subject=msg.subject, reply=msg.reply or None)
-            target = (
-                _AckTarget(msg.reply, "", True, received) if self.config.ack_reply and msg.reply else None
-            )
-            await self._add(record, target)
-            return
-        if envelope.batch is None and envelope.producer_id is None:
-            record = Record(envelope.value, key=envelope.key, headers=envelope.headers, subject=msg.subject)
-            await self._add(record, self._ack_target(envelope, received))
+            await self._add_plain(msg, received)
+        elif envelope.batch is None and envelope.producer_id is None:
+            headers = envelope.headers
+            message_id = envelope.message_id
+            if message_id is not None:
+                headers = _with_message_id(headers, message_id)
+            elif headers:
+                message_id = next((decoded_id(v) for k, v in headers if k == MSG_ID_HEADER), None) or None
+            record = Record(envelope.value, key=envelope.key, headers=headers, subject=msg.subject)
+            await self._add(record, self._ack_target(envelope, received), message_id)
         else:
             await self.flush()
             await self._store_alone(envelope, msg.subject, received)
+
+    async def _add_plain(self, msg: Msg, received: float) -> None:
+        """Store a plain NATS message as it is, its NATS headers as the record's."""
+        reply = msg.reply
+        target = AckTarget(reply, "", True, received, True) if self.config.ack_reply and reply else None
+        headers = msg.headers
+        if not headers:
+            await self._add(Record(msg.data, subject=msg.subject, reply=reply or None), target)
+            return
+        if not await self._expectations_met(headers, msg.subject, target):
+            return
+        stored = tuple((k, v.encode()) for k, v in headers.items())
+        record = Record(msg.data, headers=stored, subject=msg.subject, reply=reply or None)
+        await self._add(record, target, headers.get(MSG_ID_HEADER) or None)
+
+    async def _expectations_met(
+        self, headers: Mapping[str, str], subject: str, target: AckTarget | None
+    ) -> bool:
+        """Whether a plain message's JetStream headers let this partition store it; if not, the
+        refusal is acked (see the module docstring)."""
+        for name in UNSUPPORTED_EXPECTATIONS:
+            if name in headers:
+                await self._refuse_plain(
+                    target,
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"bad request: the {name} header asks for a check pyspark-jetstream does not "
+                    f"make; nothing was stored on {subject!r}",
+                )
+                return False
+        expected = headers.get(EXPECTED_STREAM_HEADER)
+        if expected is None or expected == self.config.name:
+            return True
+        other = self._streams(expected)
+        if (
+            other is not None
+            and (other.group is None or other.group != self.config.group)
+            and any(subject_matches(pattern, subject) for pattern in other.partition_subjects())
+        ):
+            return False  # that stream receives it too: it stores and acks it
+        await self._refuse_plain(
+            target,
+            ErrorCode.INVALID_ARGUMENT,
+            f"expected stream does not match: the message on {subject!r} names stream {expected!r} "
+            f"in {EXPECTED_STREAM_HEADER}, but it reached stream {self.config.name!r}"
+            + ("" if other is not None else f", and no stream {expected!r} exists"),
+            STREAM_MISMATCH,
+        )
+        return False
+
+    async def _refuse_plain(
+        self,
+        target: AckTarget | None,
+        error: ErrorCode,
+        message: str,
+        jetstream_error: tuple[int, int] | None = None,
+    ) -> None:
+        logger.info("refusing a message for %s: %s", self._name, message, extra=self._fields)
+        await self._ack(target, error=error, message=message, jetstream_error=jetstream_error)
 
     def _targeted(self, envelope: Envelope) -> bool:
         """Whether this partition is the one the envelope names (or it names none)."""
@@ -177,14 +287,14 @@ class PartitionIngest:
             envelope.stream == self.config.name and envelope.partition == self.partition.number
         )
 
-    def _ack_target(self, envelope: Envelope, received: float) -> _AckTarget | None:
+    def _ack_target(self, envelope: Envelope, received: float) -> AckTarget | None:
         """Where to ack: only the targeted partition acks; other streams store a silent copy."""
         if not envelope.ack_inbox or envelope.ack_policy is AckPolicy.NONE or not self._targeted(envelope):
             return None
         committed = envelope.ack_policy is AckPolicy.ALL
-        return _AckTarget(envelope.ack_inbox, envelope.correlation_id, committed, received)
+        return AckTarget(envelope.ack_inbox, envelope.correlation_id, committed, received)
 
-    async def _add(self, record: Record, target: _AckTarget | None) -> None:
+    async def _add(self, record: Record, target: AckTarget | None, message_id: str | None = None) -> None:
         size = record_size(record)
         limit = self.config.max_message_bytes
         if size > limit:
@@ -198,16 +308,31 @@ class PartitionIngest:
             await self._ack(
                 target,
                 error=ErrorCode.TOO_LARGE,
-                message=f"message is {size} bytes, over max_message_bytes={limit}",
+                message=f"message size exceeds maximum allowed: the message is {size} bytes, over "
+                f"max_message_bytes={limit}",
             )
             return
-        if self._records and self._bytes + size > self.settings.max_batch_bytes:
+        if message_id is not None and self.config.duplicate_window <= 0:
+            message_id = None  # de-duplication by id is off
+        if message_id is not None:
+            problem = message_id_problem(message_id)
+            if problem is not None:
+                logger.info("refusing a message for %s: %s", self._name, problem, extra=self._fields)
+                await self._ack(target, error=ErrorCode.INVALID_ARGUMENT, message=problem)
+                return
+        batch = self._batch
+        if batch.records and batch.size + size > self.settings.max_batch_bytes:
             await self.flush()  # keep every stored batch within the limit
-        self._records.append(record)
-        self._targets.append(target)
-        self._bytes += size
+            batch = self._batch
+        if message_id is not None:
+            if await self._repeated(message_id, target):
+                return
+            batch.ids[message_id] = len(batch.records)
+        batch.records.append(record)
+        batch.targets.append(target)
+        batch.size += size
         settings = self.settings
-        full = len(self._records) >= settings.max_batch_messages or self._bytes >= settings.max_batch_bytes
+        full = len(batch.records) >= settings.max_batch_messages or batch.size >= settings.max_batch_bytes
         # Nothing else queued to coalesce with: store now rather than a loop iteration later.
         idle = (
             settings.max_delay == 0 and self.subscription is not None and not self.subscription.pending_msgs
@@ -216,6 +341,31 @@ class PartitionIngest:
             await self.flush()
         elif self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_soon())
+
+    async def _repeated(self, message_id: str, target: AckTarget | None) -> bool:
+        """Whether ``message_id`` was stored within the window, or waits to be: then the message
+        is acked (or will be) as a duplicate of the original."""
+        original = self.partition.message_id_offset(message_id)
+        if original is not None:
+            if target is not None:
+                ack = self._duplicate(original, target.correlation_id)
+                if target.committed:
+                    self._when_committed(original, grouped([(target, ack)]))
+                else:
+                    await self._send(target.subject, single(target, ack), (target.received,))
+            return True
+        for pending in (self._batch, *self._storing):
+            index = pending.ids.get(message_id)
+            if index is not None:
+                if target is not None:
+                    pending.repeats.append((index, target))
+                return True
+        return False
+
+    def _duplicate(self, offset: int, correlation_id: str) -> Ack:
+        return Ack(
+            self.config.name, self.partition.number, offset, offset, correlation_id, ErrorCode.DUPLICATE
+        )
 
     async def _flush_soon(self) -> None:
         await asyncio.sleep(self.settings.max_delay)  # 0: just let the queue drain first
@@ -227,49 +377,77 @@ class PartitionIngest:
 
     async def flush(self) -> None:
         """Store the pending messages as one batch and ack them (``ALL`` ones once committed)."""
-        if not self._records:
+        batch = self._batch
+        if not batch.records:
             return
-        records, targets = self._records, self._targets
-        self._records, self._targets, self._bytes = [], [], 0
+        self._batch = _Batch()
+        self._storing.append(batch)
+        try:
+            outcomes = await self._store(batch)
+        finally:
+            # The partition remembered the ids with the append: a message repeating one
+            # finds it there from now on, and in the batch until now.
+            self._storing.remove(batch)
+        stream, number = self.config.name, self.partition.number
+        replies: list[tuple[AckTarget, Ack]] = []
+        for outcome, target in zip(outcomes, batch.targets, strict=True):
+            if target is not None:
+                replies.append((target, _ack(stream, number, outcome, target.correlation_id)))
+        for index, target in batch.repeats:
+            outcome = outcomes[index]
+            if isinstance(outcome, int):
+                replies.append((target, self._duplicate(outcome, target.correlation_id)))
+            else:
+                replies.append((target, _ack(stream, number, outcome, target.correlation_id)))
+        await self._reply(replies)
+
+    async def _store(self, batch: _Batch) -> list[int | _Refusal]:
+        """Append the batch; for each message, its offset or why it was not stored."""
+        records, targets = batch.records, batch.targets
+        outcomes: list[int | _Refusal] = [(ErrorCode.STORAGE, "not stored")] * len(records)
+        kept = list(range(len(records)))
+        ids = list(batch.ids.items())
         if any(t is not None and t.committed for t in targets):
             try:
                 self.partition.check_min_insync()
             except JetStreamError as exc:
                 # Refused before storing (Kafka does the same): the others go ahead.
-                for refused in targets:
-                    if refused is not None and refused.committed:
-                        await self._ack(refused, error=exc.code, message=str(exc))
-                kept = [(r, t) for r, t in zip(records, targets, strict=True) if t is None or not t.committed]
+                kept = [i for i, t in enumerate(targets) if t is None or not t.committed]
+                for i, target in enumerate(targets):
+                    if target is not None and target.committed:
+                        outcomes[i] = (exc.code, str(exc))
                 if not kept:
-                    return
-                records, targets = [r for r, _ in kept], [t for _, t in kept]
+                    return outcomes
+                records = [records[i] for i in kept]
+                position = {index: n for n, index in enumerate(kept)}
+                ids = [(i, position[index]) for i, index in ids if index in position]
         try:
             async with self._writing:
-                offsets = await self._append(records, self._bytes_of(records))
+                offsets = await self._append(records, self._bytes_of(records), ids)
         except (LogError, JetStreamError) as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
                 logger.exception(
                     "failed to append %d messages to %s", len(records), self._name, extra=self._fields
                 )
-            for failed in targets:
-                await self._ack(failed, error=_error_code(exc), message=str(exc))
-            return
-        stream, number = self.config.name, self.partition.number
-        now: dict[str, _Pending] = {}
-        later: dict[str, _Pending] = {}
-        for offset, target in zip(offsets, targets, strict=True):
-            if target is not None:
-                acks, received = (later if target.committed else now).setdefault(target.subject, ([], []))
-                acks.append(Ack(stream, number, offset, offset, target.correlation_id))
-                received.append(target.received)
+            for i in kept:
+                outcomes[i] = (_error_code(exc), str(exc))
+            return outcomes
+        for i, offset in zip(kept, offsets, strict=True):
+            outcomes[i] = offset
+        return outcomes
+
+    async def _reply(self, replies: list[tuple[AckTarget, Ack]]) -> None:
+        """Send acks: ``LEADER`` ones and refusals now, ``ALL`` ones once committed."""
+        now = [(t, a) for t, a in replies if not (t.committed and a.ok)]
+        later = [(t, a) for t, a in replies if t.committed and a.ok]
         # One NATS message per ack inbox per flush: a producer pipelining many
         # messages gets their acks together.
-        for subject, (batch, received) in now.items():
-            await self._send(subject, encode_acks(batch), received)
+        for outgoing in grouped(now):
+            await self._send(outgoing.subject, outgoing.payload(), outgoing.received)
         if later:
-            self._when_committed(offsets[-1], later)
+            self._when_committed(max(a.last_offset for _, a in later), grouped(later))
 
-    async def _append(self, records: list[Record], size: int) -> range:
+    async def _append(self, records: list[Record], size: int, message_ids: MessageIds) -> range:
         """Append in a worker thread -- or right here when that costs less than the hop to a thread.
 
         A small batch (``INLINE_BYTES``) whose log is free and does not fsync
@@ -278,22 +456,22 @@ class PartitionIngest:
         holds it) is never waited for on the loop.
         """
         if size <= INLINE_BYTES and not self.partition.appends_sync:
-            offsets = self.partition.append(records, wait=False)
+            offsets = self.partition.append(records, wait=False, message_ids=message_ids)
             if offsets is not None:
                 return offsets
-        return await asyncio.to_thread(self.partition.append, records)
+        return await asyncio.to_thread(self.partition.append, records, message_ids=message_ids)
 
     @staticmethod
     def _bytes_of(records: list[Record]) -> int:
         return sum(record_size(r) for r in records)
 
-    def _when_committed(self, last_offset: int, acks: dict[str, _Pending]) -> None:
-        """Send ``acks`` once ``last_offset`` is committed, or their error if that fails."""
+    def _when_committed(self, last_offset: int, outgoing: list[Outgoing]) -> None:
+        """Send ``outgoing`` once ``last_offset`` is committed, or their error if that fails."""
         loop = asyncio.get_running_loop()
 
         async def send(error: JetStreamError | None) -> None:
-            for subject, (pending, received) in acks.items():
-                await self._send(subject, encode_acks(_failed(pending, error)), received)
+            for message in outgoing:
+                await self._send(message.subject, message.payload(error), message.received)
 
         def committed(error: JetStreamError | None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
@@ -311,6 +489,8 @@ class PartitionIngest:
                 return
         table = _envelope_table(envelope, subject)
         producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
+        # A batch's ids are remembered, not checked: a batch is stored whole.
+        ids = _ids_of(table) if self.config.duplicate_window > 0 else []
         try:
             async with self._writing:
                 if producer is not None and sequence is not None:
@@ -321,9 +501,10 @@ class PartitionIngest:
                         epoch,
                         sequence,
                         target=self._targeted(envelope),
+                        message_ids=ids,
                     )
                 else:
-                    offsets = await asyncio.to_thread(self.partition.append, table)
+                    offsets = await asyncio.to_thread(self.partition.append, table, message_ids=ids)
                     ack = Ack(self.config.name, self.partition.number, offsets.start, offsets[-1])
         except (LogError, JetStreamError) as exc:
             if _error_code(exc) is ErrorCode.STORAGE:
@@ -334,22 +515,22 @@ class PartitionIngest:
             return
         ack = ack._replace(correlation_id=target.correlation_id)
         if target.committed and ack.ok:
-            self._when_committed(ack.last_offset, {target.subject: ([ack], [target.received])})
+            self._when_committed(ack.last_offset, grouped([(target, ack)]))
         else:
-            await self._send(target.subject, encode_ack(ack), (target.received,))
+            await self._send(target.subject, single(target, ack), (target.received,))
 
     async def _ack(
         self,
-        target: _AckTarget | None,
-        first: int = -1,
-        last: int = -1,
+        target: AckTarget | None,
         error: ErrorCode = ErrorCode.OK,
         message: str = "",
+        jetstream_error: tuple[int, int] | None = None,
     ) -> None:
+        """Send a refusal (``error``) to ``target``, if there is one."""
         if target is None:
             return
-        ack = Ack(self.config.name, self.partition.number, first, last, target.correlation_id, error, message)
-        await self._send(target.subject, encode_ack(ack), (target.received,))
+        ack = Ack(self.config.name, self.partition.number, -1, -1, target.correlation_id, error, message)
+        await self._send(target.subject, single(target, ack, jetstream_error), (target.received,))
 
     async def _send(self, subject: str, payload: bytes, received: Sequence[float]) -> None:
         """Publish an ack (of messages ``received`` then) and time it; without a connection it is
@@ -384,11 +565,28 @@ class PartitionIngest:
         return Labels(self.config.name, self.partition.number).fields
 
 
-def _failed(acks: list[Ack], error: JetStreamError | None) -> list[Ack]:
-    """``acks`` as they are (``error`` is ``None``), or turned into refusals carrying ``error``."""
-    if error is None:
-        return acks
-    return [a._replace(first_offset=-1, last_offset=-1, error=error.code, message=str(error)) for a in acks]
+def _ack(stream: str, partition: int, outcome: int | _Refusal, correlation_id: str) -> Ack:
+    """The ack of a message stored at ``outcome``, or refused with it."""
+    if isinstance(outcome, int):
+        return Ack(stream, partition, outcome, outcome, correlation_id)
+    error, message = outcome
+    return Ack(stream, partition, -1, -1, correlation_id, error, message)
+
+
+def _ids_of(table: pa.Table) -> list[tuple[str, int]]:
+    """The message ids the rows of ``table`` carry, with their row numbers."""
+    if "headers" not in table.column_names:
+        return []
+    rows, ids = message_ids_in(table.column("headers").combine_chunks())
+    return list(zip(ids, rows, strict=True))
+
+
+def _with_message_id(
+    headers: tuple[tuple[str, bytes], ...], message_id: str
+) -> tuple[tuple[str, bytes], ...]:
+    """``headers`` with ``Nats-Msg-Id`` set to ``message_id`` (it is stored as that header)."""
+    kept = tuple((k, v) for k, v in headers if k != MSG_ID_HEADER)
+    return (*kept, (MSG_ID_HEADER, message_id.encode()))
 
 
 def _error_code(exc: LogError | JetStreamError) -> ErrorCode:

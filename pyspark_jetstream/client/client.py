@@ -47,6 +47,7 @@ from pyspark_jetstream.protocol.flight import (
     StreamInfo,
     parse_response_metadata,
 )
+from pyspark_jetstream.protocol.headers import MSG_ID_HEADER, validate_message_id
 from pyspark_jetstream.protocol.streams import (
     DISCOVERY_SUBJECT,
     INTERNAL_PREFIX,
@@ -248,7 +249,9 @@ class Client:
         Options are those of :class:`~pyspark_jetstream.protocol.streams.StreamConfig`:
         ``partitions``, ``replication_factor``, ``group``, ``retention_age``,
         ``retention_bytes``, ``retention_messages``, ``compaction``,
-        ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``.
+        ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``,
+        ``min_insync_replicas``, ``unclean_leader_election``, ``duplicate_window``
+        (seconds message ids are remembered; 0: off) and ``duplicate_max_ids``.
         """
         try:
             config = StreamConfig(name=name, subject=subject, **options)
@@ -343,6 +346,7 @@ class Client:
         producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
+        message_id: str | None = None,
     ) -> Ack | None:
         """Publish one message and wait for its ack (``None`` with ``AckPolicy.NONE``).
 
@@ -360,6 +364,15 @@ class Client:
         with ``duplicate`` set; a gap raises ``OutOfOrderSequenceError``
         (nothing stored: resend from the sequence it names); an epoch older
         than one stored raises ``ProducerFencedError``.
+
+        With ``message_id`` (1 to 256 bytes of UTF-8, stored as the
+        ``Nats-Msg-Id`` header), a message whose id the partition stored
+        within the stream's ``duplicate_window`` (two minutes by default) is
+        not stored again: the ack has ``duplicate`` set and the original
+        offset.  Any publisher may repeat an id (several processes publishing
+        the same record, a retry after a failover); ids are per partition,
+        so repeats must go to the same partition (the same key, say).  Not
+        combined with ``producer_id``.
         """
         future = await self.publish_async(
             stream,
@@ -374,6 +387,7 @@ class Client:
             producer_epoch=producer_epoch,
             sequence=sequence,
             timeout=timeout,
+            message_id=message_id,
         )
         return None if future is None else await self._await_ack(future)
 
@@ -392,13 +406,17 @@ class Client:
         producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
+        message_id: str | None = None,
     ) -> asyncio.Future[Ack] | None:
         """Publish without waiting: returns a future for the ack (pipelining), or ``None``.
 
         The future fails with ``RequestTimeoutError`` if no ack comes within
-        ``timeout`` seconds (default: the client's timeout).
+        ``timeout`` seconds (default: the client's timeout).  Its ack may be a
+        refusal: check ``ack.ok`` (:meth:`publish` raises the error instead).
         """
         pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
+        if message_id is not None:
+            _check_message_id(message_id, pairs, producer_id)
         target = await self._target(stream, key, partition, partitioner, subject)
         return await self._send(
             target,
@@ -407,6 +425,7 @@ class Client:
             value=value,
             key=key,
             headers=pairs,
+            message_id=message_id,
             **_producer(producer_id, producer_epoch, sequence),
         )
 
@@ -834,6 +853,24 @@ def _producer(producer_id: str | None, epoch: int, sequence: int | None) -> dict
     if (producer_id is None) != (sequence is None):
         raise InvalidArgumentError("producer_id and sequence go together")
     return {"producer_id": producer_id, "producer_epoch": epoch, "sequence": sequence}
+
+
+def _check_message_id(
+    message_id: object, headers: tuple[tuple[str, bytes], ...], producer_id: str | None
+) -> None:
+    """Refuse a bad ``message_id``, naming it, and one that contradicts the other arguments."""
+    validate_message_id(message_id)
+    if producer_id is not None:
+        raise InvalidArgumentError(
+            f"message_id {message_id!r} and producer_id {producer_id!r} cannot be combined: an "
+            "idempotent producer's sequences already de-duplicate its retries; use one or the other"
+        )
+    for name, value in headers:
+        if name == MSG_ID_HEADER and value != str(message_id).encode():
+            raise InvalidArgumentError(
+                f"message_id {message_id!r} contradicts the {MSG_ID_HEADER} header {value!r}: "
+                "message_id is stored as that header; pass one of them"
+            )
 
 
 def _as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
