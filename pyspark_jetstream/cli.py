@@ -53,6 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "outbox":
+        from pyspark_jetstream.outbox import cli as outbox_cli
+
+        try:
+            return outbox_cli.run(args)
+        except JetStreamError as exc:
+            _fail(str(exc))
+            return 1
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.CRITICAL, format="jetstream: %(name)s: %(message)s"
     )
@@ -157,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
         help="start a broker: --config FILE, --data-dir DIR, ... ('broker start --help' lists them)",
         add_help=False,  # --help goes to the broker program itself
     )
+
+    from pyspark_jetstream.outbox.cli import add_commands as add_outbox_commands
+
+    add_outbox_commands(commands)
 
     stream = commands.add_parser("stream", help="create, list, describe or delete streams")
     stream_commands = stream.add_subparsers(dest="stream_command", required=True)

@@ -107,6 +107,24 @@ def test_base_install_is_the_client_without_spark_or_broker(wheel, tmp_path):
     )
     assert refused.returncode == 2
     assert "needs the [broker] extra" in refused.stderr and "Traceback" not in refused.stderr
+    # The outbox on SQLite (the embedded default) needs no extra.
+    made = _run(
+        venv / "bin" / "jetstream", "outbox", "init", "--database", f"sqlite:///{venv}/app.db", cwd=venv
+    )
+    assert "outbox table outbox and outbox_dead_letters ready" in made
+
+
+def test_outbox_extra_brings_postgresql_and_zookeeper_clients(wheel, tmp_path):
+    venv = install(wheel, "outbox", tmp_path / "venv")
+    facts = probe(
+        venv,
+        f"""
+        import importlib.util, json
+        import psycopg, kazoo.client, pyspark_jetstream.outbox
+        print(json.dumps({{"installed": {_INSTALLED.format(modules=SPARK_ONLY)}}}))
+        """,
+    )
+    assert facts["installed"] == []
 
 
 def test_broker_extra_runs_a_broker(wheel, tmp_path):

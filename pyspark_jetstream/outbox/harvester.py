@@ -1,0 +1,518 @@
+"""The outbox harvester: mark-purge/reset from a database table into streams.
+
+One leader at a time (:mod:`.election`) runs a term:
+
+1. **Mark** a batch: the first rows by id not marked by this term's
+   ``leader_id`` (rows of a dead leader are salvaged this way).
+2. For each row in id order: wait while ``max_in_flight`` rows are in flight
+   (the throttle) and while a row of the same key is in flight (the barrier);
+   then, unless a failure has been seen since the mark, **publish** it
+   asynchronously with the message id ``<table>:<id>``.
+3. On an ack (a duplicate ack too), **purge** the row (purges are batched).
+   On a failure, **reset** the row (``leader_id`` back to NULL), raise
+   ``force_remark``, then lower the barrier: the mark loop, which checks the
+   flag after passing the barrier, starts a new ``leader_id``, so every
+   unacknowledged row is marked again, in order.
+
+Per-key order holds across failures and failovers because at most one row of
+a key is ever in flight.  A row published twice (its ack lost, or a new
+leader salvaging it) is stored once, because the broker drops a message id
+it stored within the stream's ``duplicate_window``: exactly once into the log
+within that window.
+
+A row the broker refuses (unknown stream, too large, not permitted: errors
+that are not retriable) is retried with exponential backoff, and after
+``max_attempts`` refusals moved to the dead-letter table.  While it is
+retried, later rows of its key wait; once it is dead-lettered they move on
+(the dead letter is out of order if requeued: it gets a new id, after them).
+Timeouts and unreachable brokers are retried without limit and never
+dead-letter a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import tomllib
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pyspark_jetstream.client import AckPolicy, Client
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    UnavailableError,
+    error_from_code,
+)
+
+from .election import (
+    AdvisoryLockLeadership,
+    FileLockLeadership,
+    Leadership,
+    ZooKeeperLeadership,
+)
+from .store import Record, SQLiteStore, Store, UnavailableDatabaseError, checked_table, open_store
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ACKED_MEMORY = 100_000
+"""Ids acked in this term that a re-mark will not publish again (the broker would drop them anyway)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HarvesterConfig:
+    """What ``jetstream outbox run --config FILE`` reads from the file's ``[outbox]`` table."""
+
+    database: str
+    """``sqlite:///path/outbox.db`` or ``postgresql://user@host:port/db``."""
+    table: str = "outbox"
+    nats: str = ""
+    """NATS servers, comma-separated (required): rows are published there, and a broker is found there."""
+    servers: str = ""
+    """A broker's Flight address (grpc://host:port), if it cannot be found through NATS."""
+    zookeeper: str = ""
+    """ZooKeeper hosts: elect the leader there instead of with the database's lock."""
+    batch_size: int = 500
+    max_in_flight: int = 1000
+    max_attempts: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+    deadline: float = 5.0
+    """NELI: a leader that cannot confirm its leadership for this long stops; a new one waits this long."""
+    poll: float = 0.05
+    """Seconds between marks while the outbox is empty."""
+    ack_timeout: float = 30.0
+    shutdown_timeout: float = 10.0
+    ack_policy: str = "all"
+    report_every: float = 10.0
+
+    def __post_init__(self) -> None:
+        checked_table(self.table)
+        if not self.nats.strip():
+            raise InvalidArgumentError(
+                "outbox: 'nats' is required (nats://host:port[,...]): rows are published through NATS"
+            )
+        for name, low, high in (
+            ("batch_size", 1, 100_000),
+            ("max_in_flight", 1, 1_000_000),
+            ("max_attempts", 1, 1_000),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidArgumentError(
+                    f"outbox: {name} must be an integer from {low} to {high}, got {value!r}"
+                )
+        for name in (
+            "backoff",
+            "max_backoff",
+            "deadline",
+            "poll",
+            "ack_timeout",
+            "shutdown_timeout",
+            "report_every",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 3600:
+                raise InvalidArgumentError(f"outbox: {name} must be seconds from 0 to 3600, got {value!r}")
+        if self.ack_policy not in ("leader", "all"):
+            raise InvalidArgumentError(f"outbox: ack_policy must be leader or all, got {self.ack_policy!r}")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HarvesterConfig:
+        """The ``[outbox]`` table of a TOML file; unknown keys are errors naming them."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgumentError(f"outbox config {path}: {exc}") from None
+        section = data.get("outbox")
+        if not isinstance(section, dict):
+            raise InvalidArgumentError(f"outbox config {path}: no [outbox] table")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise InvalidArgumentError(
+                f"outbox config {path}: unknown key(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        if "database" not in section:
+            raise InvalidArgumentError(f"outbox config {path}: 'database' is required")
+        return cls(**section)
+
+
+@dataclass(slots=True)
+class HarvesterStatus:
+    """What the harvester reports (``status()``, and its log every ``report_every`` seconds)."""
+
+    role: str = "standby"
+    leader_id: str = ""
+    backlog: int | None = None
+    in_flight: int = 0
+    published: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    dead_lettered: int = 0
+    terms: int = 0
+    election: str = ""
+    last_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Connection:
+    """A store used from one thread of its own (database connections are not thread-safe)."""
+
+    def __init__(self, config: HarvesterConfig, name: str) -> None:
+        self.config = config
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"outbox-{name}")
+        self._store: Store | None = None
+
+    async def run(self, call: str, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, call, args)
+
+    def _call(self, call: str, args: tuple[Any, ...]) -> Any:
+        if self._store is None:
+            self._store = open_store(self.config.database, self.config.table)
+        try:
+            return getattr(self._store, call)(*args)
+        except UnavailableDatabaseError:
+            with contextlib.suppress(Exception):
+                self._store.close()
+            self._store = None
+            raise
+
+    async def close(self) -> None:
+        def close() -> None:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, close)
+        self._pool.shutdown(wait=True)
+
+
+class Harvester:
+    """Publishes an outbox table's rows into streams, exactly once within the duplicate window."""
+
+    def __init__(self, config: HarvesterConfig, *, identifier: str | None = None) -> None:
+        self.config = config
+        self.identifier = identifier or uuid.uuid4().hex[:12]
+        self.status = HarvesterStatus()
+        self._stop = asyncio.Event()
+        self._client: Client | None = None
+        self._marker = _Connection(config, "mark")
+        self._purger = _Connection(config, "purge")
+        self._in_flight = 0
+        self._keys: dict[bytes, asyncio.Event] = {}
+        self._space = asyncio.Condition()
+        self._force_remark = False
+        self._retry_at: dict[bytes | None, float] = {}
+        self._acked: OrderedDict[int, None] = OrderedDict()
+        self._purges: asyncio.Queue[int] = asyncio.Queue()
+        self._settling: set[asyncio.Task[None]] = set()
+        self._leadership = self._election()
+        self.status.election = self._leadership.description
+
+    def _election(self) -> Leadership:
+        config = self.config
+        if config.zookeeper:
+            return ZooKeeperLeadership(config.zookeeper, config.table, self.identifier, config.deadline)
+        if config.database.startswith("sqlite:"):
+            path = config.database.removeprefix("sqlite://")
+            path = path[1:] if path.startswith("/") and not path.startswith("//") else path
+            return FileLockLeadership(path, config.table, config.deadline)
+        return AdvisoryLockLeadership(config.database, config.table, config.deadline)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish (in-flight acks are waited for, up to ``shutdown_timeout``)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Stand by, lead when elected, until :meth:`stop`."""
+        config = self.config
+        self._client = await Client.connect(
+            nats_urls=[u.strip() for u in config.nats.split(",") if u.strip()],
+            broker=config.servers or None,
+            timeout=config.ack_timeout,
+            max_pending=max(config.max_in_flight, 4000),
+        )
+        purging = asyncio.create_task(self._purging())
+        reporting = asyncio.create_task(self._reporting())
+        try:
+            while not self._stop.is_set():
+                if not await self._until_stopped(self._leadership.acquire()):
+                    break
+                try:
+                    await self._term()
+                finally:
+                    await self._leadership.release()
+                    self.status.role = "standby"
+        finally:
+            await self._drain()
+            purging.cancel()
+            reporting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purging
+            await self._purge_now()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporting
+            await self._client.close()
+            await self._marker.close()
+            await self._purger.close()
+
+    async def _until_stopped(self, work: Any) -> bool:
+        """Run ``work`` unless :meth:`stop` comes first; whether it finished."""
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            stopping.cancel()
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+
+    async def _term(self) -> None:
+        """Lead: mark and publish while leadership is confirmed."""
+        status = self.status
+        status.role, status.terms = "leader", status.terms + 1
+        leader_id = self._new_leader_id()
+        self._force_remark = False
+        self._acked.clear()
+        logger.info("outbox harvester %s leads (%s)", self.identifier, self._leadership.description)
+        while not self._stop.is_set() and self._leadership.confirmed():
+            if self._force_remark:
+                self._force_remark = False
+                leader_id = self._new_leader_id()
+            try:
+                records = await self._marker.run("mark", leader_id, self.config.batch_size)
+            except UnavailableDatabaseError as exc:
+                status.last_error = str(exc)
+                logger.warning("outbox: %s", exc)
+                await self._pause(self.config.backoff)
+                continue
+            if not records:
+                await self._pause(self.config.poll)
+                continue
+            await self._publish_all(records)
+        if not self._leadership.confirmed() and not self._stop.is_set():
+            logger.warning(
+                "outbox harvester %s cannot confirm its leadership: it stops publishing", self.identifier
+            )
+        await self._drain()
+
+    def _new_leader_id(self) -> str:
+        self.status.leader_id = f"{self.identifier}-{uuid.uuid4().hex[:12]}"
+        return self.status.leader_id
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _publish_all(self, records: list[Record]) -> None:
+        """Publish a marked batch in id order, within the throttle and the per-key barrier."""
+        held_back: set[bytes | None] = set()
+        for record in records:
+            if record.id in self._acked:
+                continue
+            async with self._space:
+                await self._space.wait_for(lambda: self._in_flight < self.config.max_in_flight)
+            if record.key is not None:
+                while (busy := self._keys.get(record.key)) is not None:
+                    await busy.wait()
+            if self._force_remark or self._stop.is_set() or not self._leadership.confirmed():
+                return  # an older row is back in the outbox: mark again from the top
+            wait_until = self._retry_at.get(record.key)
+            if record.key in held_back or (wait_until is not None and wait_until > time.monotonic()):
+                held_back.add(record.key)  # this key's refused row waits, and so do the rows after it
+                continue
+            self._in_flight += 1
+            if record.key is not None:
+                self._keys[record.key] = asyncio.Event()
+            self.status.in_flight = self._in_flight
+            await self._send(record)
+        if held_back:
+            # Rows held back stay marked by this term; come back to them when the first wait ends.
+            soonest = min(self._retry_at.get(k, 0.0) for k in held_back)
+            asyncio.get_running_loop().call_later(max(soonest - time.monotonic(), 0.0), self._remark)
+
+    def _remark(self) -> None:
+        self._force_remark = True
+
+    async def _send(self, record: Record) -> None:
+        assert self._client is not None
+        try:
+            future = await self._client.publish_async(
+                record.stream,
+                record.value,
+                key=record.key,
+                subject=record.subject,
+                headers={k: v.encode() for k, v in record.headers.items()},
+                message_id=f"{self.config.table}:{record.id}",
+                ack_policy=AckPolicy.ALL if self.config.ack_policy == "all" else AckPolicy.LEADER,
+                timeout=self.config.ack_timeout,
+            )
+        except JetStreamError as exc:
+            self._settle_later(record, None, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - anything else that refuses this row is a refusal too
+            self._settle_later(record, None, JetStreamError(f"{type(exc).__name__}: {exc}"))
+            return
+        assert future is not None
+        future.add_done_callback(lambda done: self._settle_later(record, done, None))
+
+    def _settle_later(
+        self, record: Record, done: asyncio.Future[Any] | None, error: JetStreamError | None
+    ) -> None:
+        if done is not None and done.cancelled():
+            error = UnavailableError("the publish was cancelled")
+        elif done is not None:
+            failure = done.exception()
+            if failure is not None:
+                error = failure if isinstance(failure, JetStreamError) else JetStreamError(str(failure))
+            elif not done.result().ok:  # a negative ack: the broker refused the row
+                ack = done.result()
+                error = error_from_code(ack.error.value, f"{ack.stream}/{ack.partition}: {ack.message}")
+        task = asyncio.ensure_future(self._settle(record, None if error else done, error))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(
+        self, record: Record, done: asyncio.Future[Any] | None, error: JetStreamError | None
+    ) -> None:
+        """Purge on an ack; on a failure reset the row, raise ``force_remark``, then lower the barrier."""
+        status = self.status
+        try:
+            if error is None:
+                assert done is not None
+                ack = done.result()
+                status.published += 1
+                status.duplicates += int(bool(getattr(ack, "duplicate", False)))
+                self._acked[record.id] = None
+                while len(self._acked) > ACKED_MEMORY:
+                    self._acked.popitem(last=False)
+                self._retry_at.pop(record.key, None)
+                self._purges.put_nowait(record.id)
+            else:
+                await self._failed(record, error)
+        finally:
+            self._in_flight -= 1
+            status.in_flight = self._in_flight
+            if record.key is not None:
+                busy = self._keys.pop(record.key, None)
+                if busy is not None:
+                    busy.set()
+            async with self._space:
+                self._space.notify_all()
+
+    async def _failed(self, record: Record, error: JetStreamError) -> None:
+        status = self.status
+        status.failures += 1
+        status.last_error = f"row {record.id}: {error}"
+        refused = not error.retriable
+        try:
+            attempts = await self._purger.run("reset", record.id, str(error)[:2000] if refused else None)
+            if refused and attempts >= self.config.max_attempts:
+                await self._purger.run("dead_letter", record.id, str(error)[:2000])
+                status.dead_lettered += 1
+                self._retry_at.pop(record.key, None)
+                logger.warning(
+                    "outbox: row %d (stream %s, key %r) moved to %s_dead_letters after %d refusals: %s",
+                    record.id,
+                    record.stream,
+                    record.key,
+                    self.config.table,
+                    attempts,
+                    error,
+                )
+            elif refused:
+                delay = min(self.config.backoff * 2 ** (attempts - 1), self.config.max_backoff)
+                self._retry_at[record.key] = time.monotonic() + delay
+                logger.warning(
+                    "outbox: row %d refused (attempt %d, retry in %.1f s): %s",
+                    record.id,
+                    attempts,
+                    delay,
+                    error,
+                )
+            else:
+                logger.info("outbox: row %d not acked, publishing again: %s", record.id, error)
+        except JetStreamError as exc:  # the database is down: the new leader id re-marks the row anyway
+            status.last_error = f"row {record.id}: {exc}"
+            logger.warning("outbox: cannot reset row %d: %s", record.id, exc)
+        self._force_remark = True
+
+    async def _purging(self) -> None:
+        """Delete acked rows in batches."""
+        while True:
+            first = await self._purges.get()
+            await self._purge_now([first])
+
+    async def _purge_now(self, ids: list[int] | None = None) -> None:
+        ids = list(ids or [])
+        while not self._purges.empty() and len(ids) < 5000:
+            ids.append(self._purges.get_nowait())
+        while ids:
+            try:
+                await self._purger.run("purge", ids)
+                return
+            except JetStreamError as exc:  # keep them: a row not purged is published again, then dropped
+                self.status.last_error = str(exc)
+                logger.warning("outbox: cannot purge %d rows yet: %s", len(ids), exc)
+                if self._stop.is_set():
+                    return
+                await asyncio.sleep(self.config.backoff)
+
+    async def _drain(self) -> None:
+        """Wait (up to ``shutdown_timeout``) for every in-flight ack."""
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while (self._in_flight or self._settling) and time.monotonic() < deadline:
+            async with self._space:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._space.wait(), max(deadline - time.monotonic(), 0.01))
+            if self._settling:
+                await asyncio.wait(set(self._settling), timeout=max(deadline - time.monotonic(), 0.01))
+        if self._in_flight:
+            logger.warning(
+                "outbox: %d rows still in flight at shutdown; the next leader publishes them", self._in_flight
+            )
+
+    async def _reporting(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.report_every)
+            try:
+                self.status.backlog = await self._purger.run("backlog")
+            except JetStreamError as exc:
+                self.status.last_error = str(exc)
+            s = self.status
+            logger.info(
+                "outbox %s: %s, backlog %s, in flight %d, published %d (duplicates %d), failures %d, "
+                "dead letters %d",
+                self.identifier,
+                s.role,
+                s.backlog,
+                s.in_flight,
+                s.published,
+                s.duplicates,
+                s.failures,
+                s.dead_lettered,
+            )
+
+
+def init_outbox(database: str, table: str = "outbox") -> None:
+    """Create the outbox and dead-letter tables (``jetstream outbox init``)."""
+    store = open_store(database, table)
+    try:
+        store.init()
+    finally:
+        store.close()
+
+
+__all__ = ["Harvester", "HarvesterConfig", "HarvesterStatus", "SQLiteStore", "init_outbox"]

@@ -1,0 +1,197 @@
+"""The harvester on a real PostgreSQL: concurrent writers, kill -9 failover, database and broker faults."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psycopg
+import pytest
+
+from broker_node.nats_server import NatsServer
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.local import LocalBroker
+from pyspark_jetstream.local_postgres import LocalPostgres
+from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
+
+from .conftest import Running, config_for, wait_for_empty
+from .test_harvester import check_exactly_once_in_order
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    with LocalPostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def database(postgres):
+    dsn = postgres.create_database(f"app{next(_databases)}")
+    init_outbox(dsn)
+    return dsn
+
+
+def write_rows(dsn: str, stream: str, writer: int, transactions: int, committed: list, seed: int) -> None:
+    """Application transactions of 1 to 3 rows, one in five rolled back (leaving gaps in the ids)."""
+    rng = random.Random(seed)
+    with psycopg.connect(dsn) as db:
+        for t in range(transactions):
+            rows = []
+            rolled_back = rng.random() < 0.2
+            with db.transaction():
+                for i in range(rng.randint(1, 3)):
+                    key, value = f"k{rng.randrange(8)}", f"w{writer}-t{t}-{i}"
+                    row_id = db.execute(
+                        "INSERT INTO outbox (stream, key, value) VALUES (%s, %s, %s) RETURNING id",
+                        (stream, key.encode(), value.encode()),
+                    ).fetchone()[0]
+                    rows.append((row_id, key, value))
+                if rolled_back:
+                    raise psycopg.Rollback()
+            if not rolled_back:
+                committed.extend(rows)
+
+
+def test_concurrent_writers_every_committed_row_once_in_id_order_per_key(deployment, client, name, database):
+    client.create_stream(name, name, partitions=3)
+    config = config_for(deployment, database, batch_size=50, max_in_flight=40)
+    running = Running(config)
+    committed: list = []
+    try:
+        writers = [
+            threading.Thread(target=write_rows, args=(database, name, w, 60, committed, w)) for w in range(4)
+        ]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(120)
+        wait_for_empty(config, running=running)
+    finally:
+        running.stop()
+    ids = sorted(row_id for row_id, _, _ in committed)
+    assert len(ids) > 200 and ids[-1] > len(ids), "rolled-back transactions leave gaps in the ids"
+    check_exactly_once_in_order(client, name, committed)
+
+
+def test_kill_9_of_the_leader_fails_over_to_the_standby_exactly_once(
+    deployment, client, name, database, tmp_path
+):
+    client.create_stream(name, name, partitions=2)
+    conf = tmp_path / "outbox.toml"
+    conf.write_text(
+        f'[outbox]\ndatabase = "{database}"\nnats = "{deployment.nats_url}"\n'
+        "deadline = 0.5\nbatch_size = 100\nmax_in_flight = 200\n"
+    )
+    store = open_store(database)
+    store.insert(
+        {"stream": name, "key": f"k{i % 7}".encode(), "value": f"v{i}".encode()} for i in range(4000)
+    )
+    committed = [(i + 1, f"k{i % 7}", f"v{i}") for i in range(4000)]
+    command = [sys.executable, "-m", "pyspark_jetstream.cli", "outbox", "run", "--config", str(conf)]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    with logs[0].open("w") as out:
+        leader = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "leads" not in logs[0].read_text():
+        assert time.monotonic() < deadline and leader.poll() is None, logs[0].read_text()
+        time.sleep(0.02)
+    with logs[1].open("w") as out:
+        standby = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while store.backlog() > 3000:
+            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
+            time.sleep(0.005)
+        assert "leads" not in logs[1].read_text()  # one leader at a time
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(30)
+        assert store.backlog() > 0
+        wait_for_empty(HarvesterConfig(database=database, nats=deployment.nats_url), timeout=90)
+        assert "leads" in logs[1].read_text()
+    finally:
+        for process in (leader, standby):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+    assert standby.returncode == 0, logs[1].read_text()[-2000:]
+    store.close()
+    check_exactly_once_in_order(client, name, committed)
+
+
+def test_the_database_going_down_mid_run_loses_nothing(deployment, client, name, tmp_path):
+    """SIGKILL of PostgreSQL while the harvester runs: it steps down, waits, leads again, finishes."""
+    client.create_stream(name, name, partitions=2)
+    data = _shared_dir()
+    with LocalPostgres(data_dir=data) as own:
+        dsn = own.dsn
+        init_outbox(dsn)
+        store = open_store(dsn)
+        store.insert(
+            {"stream": name, "key": f"k{i % 5}".encode(), "value": f"v{i}".encode()} for i in range(3000)
+        )
+        store.close()
+        committed = [(i + 1, f"k{i % 5}", f"v{i}") for i in range(3000)]
+        config = config_for(deployment, dsn, batch_size=100, max_in_flight=100)
+        running = Running(config)
+        try:
+            deadline = time.monotonic() + 60
+            while running.harvester.status.published < 300:
+                assert time.monotonic() < deadline and running.error is None
+                time.sleep(0.005)
+            own.kill()
+            own.start()
+            wait_for_empty(config, running=running, timeout=90)
+        finally:
+            running.stop()
+        assert running.harvester.status.terms >= 2, "the lock's connection died with the server: a new term"
+    shutil.rmtree(os.path.dirname(data), ignore_errors=True)
+    check_exactly_once_in_order(client, name, committed)
+
+
+def test_a_broker_that_stops_answering_is_retried_and_each_row_stored_once(name, database, tmp_path):
+    """A broker paused (SIGSTOP) past the ack timeout: the publishes fail, the rows are reset and
+    marked again, and those the broker stored meanwhile are dropped as duplicates when resent."""
+    with (
+        NatsServer() as nats_server,
+        LocalBroker(tmp_path / "broker", nats_url=nats_server.url) as broker,
+        SyncClient(nats_urls=nats_server.url, broker=broker.flight) as client,
+    ):
+        client.create_stream(name, name, partitions=2)
+        store = open_store(database)
+        store.insert(
+            {"stream": name, "key": f"k{i % 5}".encode(), "value": f"v{i}".encode()} for i in range(2000)
+        )
+        committed = [(i + 1, f"k{i % 5}", f"v{i}") for i in range(2000)]
+        config = config_for(broker, database, batch_size=100, max_in_flight=100, ack_timeout=1.0)
+        running = Running(config)
+        try:
+            deadline = time.monotonic() + 60
+            while running.harvester.status.published < 200:
+                assert time.monotonic() < deadline and running.error is None
+                time.sleep(0.005)
+            broker.pause()
+            time.sleep(3.0)  # three ack timeouts: the in-flight publishes fail for certain
+            broker.resume()
+            wait_for_empty(config, running=running, timeout=90)
+        finally:
+            running.stop()
+        status = running.harvester.status
+        assert status.failures > 0 and status.dead_lettered == 0
+        check_exactly_once_in_order(client, name, committed)
+        store.close()
+
+
+def _shared_dir() -> str:
+    """A data directory the postgres user can enter (pytest's own are private to root)."""
+    path = tempfile.mkdtemp(prefix="outbox-pg-", dir="/tmp")
+    os.chmod(path, 0o755)
+    return os.path.join(path, "data")
