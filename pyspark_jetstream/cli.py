@@ -193,6 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--segment-bytes", type=_size, help="bytes, or 512KiB, 64MB, 1GiB")
     create.add_argument("--max-message-bytes", type=_size, help="bytes, or 512KiB, 1MiB")
     create.add_argument(
+        "--duplicate-window",
+        type=_duration,
+        help="drop a repeated message id within this time: seconds, or 90s, 2m (default 120 s; 0: off)",
+    )
+    create.add_argument("--duplicate-max-ids", type=int, help="message ids remembered per partition")
+    create.add_argument(
         "--compression", choices=COMPRESSIONS, default="none", help="codec for stored batches"
     )
     create.add_argument(
@@ -304,6 +310,10 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         options["segment_bytes"] = args.segment_bytes
     if args.max_message_bytes is not None:
         options["max_message_bytes"] = args.max_message_bytes
+    if args.duplicate_window is not None:
+        options["duplicate_window"] = args.duplicate_window
+    if args.duplicate_max_ids is not None:
+        options["duplicate_max_ids"] = args.duplicate_max_ids
     info = client.create_stream(args.name, args.subject, **options)
     print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
     mine = StreamConfig.from_json(info.config).partition_subjects()

@@ -289,8 +289,14 @@ def test_sizes_and_durations_take_units_and_broker_start_help_lists_its_options(
         "64MB",
         "--max-message-bytes",
         "512KiB",
+        "--duplicate-window",
+        "2m",
+        "--duplicate-max-ids",
+        "5000",
     )
     described = jetstream(broker, "stream", "describe", "units").stdout
+    assert re.search(r"^duplicate_window +120\.0$", described, re.M), described
+    assert re.search(r"^duplicate_max_ids +5000$", described, re.M), described
     assert re.search(r"^retention_age +604800\.0$", described, re.M), described
     assert re.search(r"^retention_bytes +10737418240$", described, re.M)
     assert re.search(r"^segment_bytes +64000000$", described, re.M)
