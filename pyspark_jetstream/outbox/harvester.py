@@ -57,7 +57,15 @@ from .election import (
     Leadership,
     ZooKeeperLeadership,
 )
-from .store import Record, SQLiteStore, Store, UnavailableDatabaseError, checked_table, open_store
+from .store import (
+    Record,
+    SQLiteStore,
+    Store,
+    UnavailableDatabaseError,
+    checked_table,
+    open_store,
+    sqlite_path,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -223,9 +231,7 @@ class Harvester:
         if config.zookeeper:
             return ZooKeeperLeadership(config.zookeeper, config.table, self.identifier, config.deadline)
         if config.database.startswith("sqlite:"):
-            path = config.database.removeprefix("sqlite://")
-            path = path[1:] if path.startswith("/") and not path.startswith("//") else path
-            return FileLockLeadership(path, config.table, config.deadline)
+            return FileLockLeadership(sqlite_path(config.database), config.table, config.deadline)
         return AdvisoryLockLeadership(config.database, config.table, config.deadline)
 
     def stop(self) -> None:

@@ -105,16 +105,21 @@ def open_store(database: str, table: str = "outbox", *, timeout: float = 30.0) -
     checked_table(table)
     scheme = urlparse(database).scheme
     if scheme == "sqlite":
-        path = database.removeprefix("sqlite://")
-        path = path[1:] if path.startswith("/") and not path.startswith("//") else path
-        if not path:
-            raise InvalidArgumentError(f"database {database!r}: use sqlite:///path/to/outbox.db")
-        return SQLiteStore(path, table, timeout=timeout)
+        return SQLiteStore(sqlite_path(database), table, timeout=timeout)
     if scheme in ("postgresql", "postgres"):
         return PostgresStore(database, table, timeout=timeout)
     raise InvalidArgumentError(
         f"database {database!r}: use sqlite:///path/to/outbox.db or postgresql://user@host:port/dbname"
     )
+
+
+def sqlite_path(database: str) -> str:
+    """The file of a ``sqlite:///path`` URL (``sqlite:////abs/path`` or ``sqlite:///rel/path``)."""
+    path = database.removeprefix("sqlite://")
+    path = path[1:] if path.startswith("/") and not path.startswith("//") else path
+    if not path:
+        raise InvalidArgumentError(f"database {database!r}: use sqlite:///path/to/outbox.db")
+    return path
 
 
 def _headers(raw: str | None, where: str) -> dict[str, str]:
