@@ -6,9 +6,6 @@ import itertools
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,10 +17,10 @@ from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
-from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
+from pyspark_jetstream.outbox import init_outbox, open_store
 
 from .conftest import Running, config_for, wait_for_empty
-from .test_harvester import check_exactly_once_in_order
+from .test_harvester import check_exactly_once_in_order, fail_over_after_kill_9
 
 _databases = itertools.count()
 
@@ -86,45 +83,7 @@ def test_concurrent_writers_every_committed_row_once_in_id_order_per_key(deploym
 def test_kill_9_of_the_leader_fails_over_to_the_standby_exactly_once(
     deployment, client, name, database, tmp_path
 ):
-    client.create_stream(name, name, partitions=2)
-    conf = tmp_path / "outbox.toml"
-    conf.write_text(
-        f'[outbox]\ndatabase = "{database}"\nnats = "{deployment.nats_url}"\n'
-        "deadline = 0.5\nbatch_size = 100\nmax_in_flight = 200\n"
-    )
-    store = open_store(database)
-    store.insert(
-        {"stream": name, "key": f"k{i % 7}".encode(), "value": f"v{i}".encode()} for i in range(4000)
-    )
-    committed = [(i + 1, f"k{i % 7}", f"v{i}") for i in range(4000)]
-    command = [sys.executable, "-m", "pyspark_jetstream.cli", "outbox", "run", "--config", str(conf)]
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    with logs[0].open("w") as out:
-        leader = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while "leads" not in logs[0].read_text():
-        assert time.monotonic() < deadline and leader.poll() is None, logs[0].read_text()
-        time.sleep(0.02)
-    with logs[1].open("w") as out:
-        standby = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while store.backlog() > 3000:
-            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
-            time.sleep(0.005)
-        assert "leads" not in logs[1].read_text()  # one leader at a time
-        os.killpg(leader.pid, signal.SIGKILL)
-        leader.wait(30)
-        assert store.backlog() > 0
-        wait_for_empty(HarvesterConfig(database=database, nats=deployment.nats_url), timeout=90)
-        assert "leads" in logs[1].read_text()
-    finally:
-        for process in (leader, standby):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                process.wait(30)
-    assert standby.returncode == 0, logs[1].read_text()[-2000:]
-    store.close()
-    check_exactly_once_in_order(client, name, committed)
+    fail_over_after_kill_9(deployment, client, name, database, tmp_path)
 
 
 def test_the_database_going_down_mid_run_loses_nothing(deployment, client, name, tmp_path):
