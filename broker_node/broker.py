@@ -29,10 +29,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from pyarrow import flight
 
 from broker_node.api.server import FlightApi
-from broker_node.config import BrokerConfig, ConfigError
+from broker_node.config import BrokerConfig, ConfigError, SecurityConfig
 from broker_node.coordination.base import BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
@@ -46,7 +48,9 @@ from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.records import partition_directories, read_record
+from broker_node.security import AccessControl
 from broker_node.service import BrokerService
+from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
@@ -87,6 +91,11 @@ class Broker:
             self.log_config,
             lease=lease if callable(lease) else (lambda: True),
         )
+        security = config.security
+        self.access = AccessControl(security.acl_file, on_change=self._security_changed)
+        self.credentials = _own_credentials(config)
+        """What this broker presents to NATS and to its peers."""
+        self.manager.connect_peer = self._connect_peer
         self.service = BrokerService(self)
         self.flight_address = ""
         self.nats_urls: list[str] = []
@@ -118,6 +127,13 @@ class Broker:
             raise
 
     async def _start(self) -> None:
+        exposed = self.config.exposed_insecurely()
+        if exposed:
+            raise ConfigError(
+                f"refusing to listen on {', '.join(exposed)} without TLS and an ACL: anyone who can reach "
+                "it could read, write and delete every stream. Set [security] tls_cert, tls_key and "
+                "acl_file (see conf/secure/), bind to 127.0.0.1, or set [security] insecure = true"
+            )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
         nats_config = self.config.nats
@@ -128,7 +144,9 @@ class Broker:
                 host=nats_config.embedded_host,
                 port=nats_config.embedded_port,
                 pid_file=self.data_dir / NATS_PID_FILE,
+                config=self._nats_config(),
             )
+            self.nats_server.always_config = self.access.enabled
             # Launched from the loop's thread, which lives as long as the broker:
             # the server is killed when the thread that started it ends.
             self.nats_server.launch()
@@ -142,11 +160,20 @@ class Broker:
             self.service.discovery,
             name=f"pyspark-jetstream broker {self.broker_id}",
             streams=self._stream_config,
+            connect_arguments=self.credentials.nats_arguments(),
         )
         flight_config = self.config.flight
-        self._flight = FlightApi(f"grpc://{flight_config.host}:{flight_config.port}", self.service)
+        security = self.config.security
+        scheme = "grpc+tls" if security.tls else "grpc"
+        self._flight = FlightApi(
+            f"{scheme}://{flight_config.host}:{flight_config.port}",
+            self.service,
+            access=self.access,
+            max_streams=security.max_streams,
+            **_flight_tls(security),
+        )
         host = flight_config.advertised_host or flight_config.host
-        self.flight_address = f"grpc://{host}:{self._flight.port}"
+        self.flight_address = f"{scheme}://{host}:{self._flight.port}"
         metrics_config = self.config.metrics
         if metrics_config.port >= 0:
             self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, self)
@@ -380,6 +407,7 @@ class Broker:
         """Make partitions and subscriptions fit the coordinator's metadata."""
         assert self._sync_lock is not None
         async with self._sync_lock:
+            await asyncio.to_thread(self._reconfigure_nats)
             await asyncio.to_thread(self.manager.apply)
             if self.ingestor is not None:
                 leading = {
@@ -388,6 +416,47 @@ class Broker:
                     if not key[0].startswith(INTERNAL_PREFIX)
                 }
                 await self.ingestor.sync(leading)
+
+    # ---- security ---------------------------------------------------------------------------
+
+    def _nats_config(self) -> str:
+        """The embedded nats-server's configuration: TLS, and users with the ACL's permissions."""
+        security = self.config.security
+        tls: dict[str, object] | None = None
+        if security.tls:
+            tls = {"cert_file": security.tls_cert, "key_file": security.tls_key, "timeout": 5}
+            if security.tls_ca:
+                tls["ca_file"] = security.tls_ca
+            if security.verify_clients:
+                tls["verify"] = True
+        subjects: dict[str, str] = {}
+        with contextlib.suppress(Exception):  # before the coordinator starts: no streams yet
+            subjects = {
+                s.config.name: s.config.subject
+                for s in self.coordinator.list_streams()
+                if not s.config.name.startswith(INTERNAL_PREFIX)
+            }
+        return self.access.nats_config(subjects, tls)
+
+    def _reconfigure_nats(self) -> None:
+        """Reload the embedded nats-server if its permissions changed (streams, ACL)."""
+        server = self.nats_server
+        if server is None or not self.access.enabled:
+            return
+        config = self._nats_config()
+        if config != server.config:
+            server.reload(config)
+            logger.info("reloaded the embedded nats-server's permissions")
+
+    def _security_changed(self) -> None:
+        """The ACL changed (any thread): the embedded NATS's permissions follow."""
+        loop = getattr(self, "_loop", None)  # None while the broker is being made
+        if loop is not None and self.nats_server is not None:
+            loop.call_soon_threadsafe(self.request_sync)
+
+    def _connect_peer(self, address: str) -> flight.FlightClient:
+        """A Flight client to another broker, with this broker's TLS trust and credentials."""
+        return flight.connect(address, **self.credentials.flight_arguments())
 
     def _stream_config(self, name: str) -> StreamConfig | None:
         """A stream's configuration as the coordinator has it (``None``: no such stream)."""
@@ -446,3 +515,29 @@ def _log_failure(future: concurrent.futures.Future[None]) -> None:
 
 def _sync_if_due(partition: Partition) -> None:
     partition.log.sync_if_due()
+
+
+def _flight_tls(security: SecurityConfig) -> dict[str, Any]:
+    """``FlightServerBase`` keyword arguments for ``[security]``'s TLS."""
+    if not security.tls:
+        return {}
+    pair = flight.CertKeyPair(
+        Path(security.tls_cert).read_text(encoding="utf-8"),
+        Path(security.tls_key).read_text(encoding="utf-8"),
+    )
+    arguments: dict[str, Any] = {"tls_certificates": [pair]}
+    if security.verify_clients:
+        arguments["verify_client"] = True
+        arguments["root_certificates"] = Path(security.tls_ca).read_text(encoding="utf-8")
+    return arguments
+
+
+def _own_credentials(config: BrokerConfig) -> Credentials:
+    """This broker's credentials file, else [security]'s CA (and certificate, for mutual TLS)."""
+    security = config.security
+    own = Credentials.load(security.credentials_file) if security.credentials_file else Credentials()
+    if own.tls_ca is None and security.tls_ca:
+        own = dataclasses.replace(own, tls_ca=security.tls_ca)
+    if own.tls_cert is None and security.verify_clients:
+        own = dataclasses.replace(own, tls_cert=security.tls_cert, tls_key=security.tls_key)
+    return own

@@ -11,6 +11,7 @@ the range.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,6 +136,51 @@ class IngestConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SecurityConfig:
+    """TLS, who may connect, and what each principal may do (see ``conf/secure/``)."""
+
+    tls_cert: str = ""
+    """PEM certificate of this broker: Flight serves ``grpc+tls``, the embedded nats-server TLS."""
+    tls_key: str = ""
+    tls_ca: str = ""
+    """PEM CA that signed the brokers' certificates (and the clients', with ``verify_clients``)."""
+    verify_clients: bool = False
+    """Mutual TLS: Flight and the embedded nats-server require a client certificate from ``tls_ca``."""
+    acl_file: str = ""
+    """Principals, their tokens (bcrypt) and grants (``conf/secure/acl.toml``), reloaded when the
+    file changes; in a cluster kept in ZooKeeper.  Set: every call needs credentials and everything
+    not granted is denied."""
+    credentials_file: str = ""
+    """This broker's own user and token (and client certificate): its NATS login and its calls to
+    peers.  The user must be a ``cluster = true`` principal of the ACL."""
+    max_streams: int = 10_000
+    """Streams the cluster may hold (1 to 1,000,000): a cap on creation for every principal."""
+    insecure: bool = False
+    """Allow listening on a non-loopback address with no TLS or no ACL."""
+
+    def __post_init__(self) -> None:
+        for name in ("tls_cert", "tls_key", "tls_ca", "acl_file", "credentials_file"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be a file path (a string), got {value!r}")
+            if value and not Path(value).is_file():
+                raise ValueError(f"{name} {value!r} is not a readable file")
+        for name in ("verify_clients", "insecure"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together (the certificate and its private key)")
+        if self.verify_clients and not (self.tls_cert and self.tls_ca):
+            raise ValueError("verify_clients needs tls_cert, tls_key and tls_ca")
+        bounded_int("max_streams", self.max_streams, 1, 1_000_000)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the broker serves TLS."""
+        return bool(self.tls_cert)
+
+
+@dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     """Everything a broker process needs."""
 
@@ -151,11 +197,34 @@ class BrokerConfig:
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
     """A cluster's coordinator; with no hosts the broker is a single broker of its own."""
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
         bounded_number(
             "maintenance_interval", self.maintenance_interval, MIN_INTERVAL, MAX_MAINTENANCE_INTERVAL
         )
+
+    def exposed_insecurely(self) -> list[str]:
+        """The listeners bound beyond loopback while TLS or the ACL is off (``insecure`` allows it)."""
+        security = self.security
+        if security.insecure or (security.tls and security.acl_file):
+            return []
+        listeners = [("flight", self.flight.host)]
+        if not self.nats.servers:
+            listeners.append(("nats embedded", self.nats.embedded_host))
+        if self.metrics.port >= 0:
+            listeners.append(("metrics", self.metrics.host))
+        return [f"[{name}] {host}" for name, host in listeners if not _loopback(host)]
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or name (a name is resolved by nothing: only localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _SECTIONS: dict[str, type] = {
@@ -166,6 +235,7 @@ _SECTIONS: dict[str, type] = {
     "log": LogConfig,
     "zookeeper": ZooKeeperConfig,
     "replication": ReplicationConfig,
+    "security": SecurityConfig,
 }
 
 

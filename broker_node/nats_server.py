@@ -70,6 +70,8 @@ class NatsServer:
         self.pid_file = Path(pid_file) if pid_file else None
         self.config = config
         """nats-server configuration file text (e.g. ``max_control_line: 512``), if any."""
+        self.always_config = False
+        """Start with a configuration file even while ``config`` is empty (so :meth:`reload` works)."""
         self.port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -113,7 +115,7 @@ class NatsServer:
         ]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir or self._workdir / "jetstream")]
-        if self.config:
+        if self.config or self.always_config:
             config_file = self._workdir / "nats-server.conf"
             config_file.write_text(self.config)
             args += ["-c", str(config_file)]
@@ -146,6 +148,30 @@ class NatsServer:
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server did not start within {timeout:g}s: {self._log_tail()}")
+
+    def reload(self, config: str, timeout: float = 5.0) -> None:
+        """Replace the configuration file's text and have the running server reload it (SIGHUP);
+        return once its log says it did (or ``timeout`` passed, which is logged)."""
+        self.config = config
+        if self._workdir is None or self._process is None or self._process.poll() is not None:
+            return  # the next launch uses it
+        (self._workdir / "nats-server.conf").write_text(config)
+        log = self._workdir / "nats-server.log"
+        before = self._reloads(log)
+        self._process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while self._reloads(log) <= before:
+            if time.monotonic() > deadline:
+                logger.error("nats-server did not confirm a configuration reload within %gs", timeout)
+                return
+            time.sleep(0.005)
+
+    @staticmethod
+    def _reloads(log: Path) -> int:
+        try:
+            return log.read_text(errors="replace").count("Reloaded server configuration")
+        except OSError:
+            return 0
 
     def kill(self) -> None:
         """SIGKILL: a crash (the files are kept, for a restart)."""

@@ -182,7 +182,12 @@ class BrokerService:
                 address = self.broker.manager.peer_address_of(str(controller)) if controller else None
                 if address is not None and controller != self.broker.broker_id:
                     try:
-                        return _call(address, ActionType.CONTROLLER_CALL, {"action": action, "body": body})
+                        return _call(
+                            self.broker.manager.connect_peer(address),
+                            address,
+                            ActionType.CONTROLLER_CALL,
+                            {"action": action, "body": body},
+                        )
                     except NotControllerError:
                         pass  # it stopped being controller: ask again
                 if time.monotonic() > deadline:
@@ -230,7 +235,7 @@ class BrokerService:
         if address is None:
             return False
         try:
-            answer = _call(address, ActionType.METADATA, {})
+            answer = _call(self.broker.manager.connect_peer(address), address, ActionType.METADATA, {})
         except JetStreamError:
             return False
         return isinstance(answer, dict) and key in answer.get("leading", [])
@@ -437,9 +442,9 @@ class BrokerService:
         return self.broker.ingestor.failures if self.broker.ingestor is not None else {}
 
 
-def _call(address: str, action: ActionType, body: dict[str, Any]) -> object:
-    """An admin action on another broker; its errors as ``JetStreamError``."""
-    client = flight.connect(address)
+def _call(client: flight.FlightClient, address: str, action: ActionType, body: dict[str, Any]) -> object:
+    """An admin action on another broker (``client`` reaches it at ``address``); its errors as
+    ``JetStreamError``."""
     try:
         results = list(
             client.do_action(

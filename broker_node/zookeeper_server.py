@@ -7,6 +7,16 @@ four-letter command with ``imok``.  Like :mod:`.nats_server`, it dies with the
 thread that started it (``setpriv --pdeathsig``), so a killed test run leaves
 no server behind.
 
+With ``tls_cert``, ``tls_key`` and ``tls_ca`` the server speaks only TLS, on
+its one client port (ZooKeeper's ``secureClientPort``; no plain port at all),
+through Netty, and asks every client for a certificate signed by ``tls_ca``.
+ZooKeeper 3.8 reads PEM key and trust stores directly; its PEM reader takes
+PKCS#8 keys only (``-----BEGIN PRIVATE KEY-----``).  Debian's
+``zookeeper.jar`` lists only part of Netty in its manifest's ``Class-Path``:
+without ``netty-codec`` and ``netty-resolver`` a TLS server starts but drops
+every connection (``NoClassDefFoundError:
+io/netty/handler/codec/ByteToMessageDecoder``), so they are added here.
+
 Fault helpers send real signals: :meth:`ZooKeeperServer.kill` (SIGKILL),
 :meth:`ZooKeeperServer.pause` / :meth:`ZooKeeperServer.resume` (SIGSTOP /
 SIGCONT); :meth:`ZooKeeperServer.start` again restarts it on the same port and
@@ -15,11 +25,13 @@ data directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -31,7 +43,14 @@ logger = logging.getLogger(__name__)
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
 """Debian's ZooKeeper server and a logger binding (without one it logs nothing)."""
+NETTY_JARS = (
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+)
+"""Netty jars a TLS server needs that ``zookeeper.jar``'s manifest does not list."""
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
 
 
 class ZooKeeperError(RuntimeError):
@@ -69,9 +88,22 @@ class ZooKeeperServer:
         tick_time: float = 0.5,
         max_session_timeout: float = 60.0,
         heap: str = "256m",
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        tls_ca: str | Path | None = None,
     ) -> None:
         """``port`` 0 picks a free one.  ``tick_time`` (seconds) sets the shortest
-        session timeout the server grants: twice the tick."""
+        session timeout the server grants: twice the tick.
+
+        ``tls_cert`` (PEM, with any intermediates), ``tls_key`` (PEM, PKCS#8,
+        unencrypted) and ``tls_ca`` (PEM: the CAs clients' certificates must
+        chain to) make it a TLS-only server; give all three or none.  The
+        server's own certificate is also the client certificate of the
+        ``ruok`` readiness check, so it must allow client authentication.
+        """
+        tls = (tls_cert, tls_key, tls_ca)
+        if any(tls) and not all(tls):
+            raise ZooKeeperError("tls_cert, tls_key and tls_ca go together: give all three or none")
         self.host = host
         self.port = port or free_port(host)
         self._owned_dir = data_dir is None
@@ -79,7 +111,15 @@ class ZooKeeperServer:
         self.tick_time = tick_time
         self.max_session_timeout = max_session_timeout
         self.heap = heap
+        self.tls_cert = Path(tls_cert) if tls_cert else None
+        self.tls_key = Path(tls_key) if tls_key else None
+        self.tls_ca = Path(tls_ca) if tls_ca else None
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (only)."""
+        return self.tls_cert is not None
 
     @property
     def hosts(self) -> str:
@@ -111,14 +151,14 @@ class ZooKeeperServer:
         config.write_text(
             f"tickTime={tick_ms}\n"
             f"dataDir={self.data_dir / 'data'}\n"
-            f"clientPort={self.port}\n"
-            f"clientPortAddress={self.host}\n"
-            f"maxSessionTimeout={int(self.max_session_timeout * 1000)}\n"
+            + (self._tls_config() if self.tls else f"clientPort={self.port}\nclientPortAddress={self.host}\n")
+            + f"maxSessionTimeout={int(self.max_session_timeout * 1000)}\n"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,stat,mntr\n"
             "maxClientCnxns=0\n"
         )
-        classpath = ":".join(jar for jar in ZOOKEEPER_JARS if Path(jar).exists())
+        jars = ZOOKEEPER_JARS + (NETTY_JARS if self.tls else ())
+        classpath = ":".join(jar for jar in jars if Path(jar).exists())
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 [
@@ -155,13 +195,16 @@ class ZooKeeperServer:
     def four_letter(self, command: str, timeout: float = 1.0) -> str | None:
         """Send a four-letter command (``ruok``, ``srvr``, ``mntr``); ``None`` if there is no answer."""
         try:
-            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+            with contextlib.ExitStack() as stack:
+                s = stack.enter_context(socket.create_connection((self.host, self.port), timeout=timeout))
+                if self.tls:
+                    s = stack.enter_context(self._client_context().wrap_socket(s, server_hostname=self.host))
                 s.sendall(command.encode())
                 chunks = []
                 while chunk := s.recv(65536):
                     chunks.append(chunk)
             return b"".join(chunks).decode(errors="replace")
-        except OSError:
+        except OSError:  # ssl.SSLError included
             return None
 
     def stop(self) -> None:
@@ -193,6 +236,43 @@ class ZooKeeperServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _tls_config(self) -> str:
+        """zoo.cfg lines of a TLS-only server; writes the PEM key store (key, then certificates)."""
+        assert self.tls_cert is not None and self.tls_key is not None and self.tls_ca is not None
+        texts = []
+        for path in (self.tls_key, self.tls_cert, self.tls_ca):
+            try:
+                texts.append(path.read_text(encoding="ascii"))
+            except OSError as exc:
+                raise ZooKeeperError(f"cannot read ZooKeeper's TLS file {path}: {exc.strerror}") from None
+            except UnicodeDecodeError:  # its message would quote a byte of the key
+                raise ZooKeeperError(f"ZooKeeper's TLS file {path} is not PEM text") from None
+        key, chain, _ = texts
+        if "-----BEGIN PRIVATE KEY-----" not in key:
+            raise ZooKeeperError(
+                f"{self.tls_key} is not an unencrypted PKCS#8 PEM key (-----BEGIN PRIVATE KEY-----), "
+                f"the only kind ZooKeeper reads; convert it: openssl pkey -in {self.tls_key} -out key.pem"
+            )
+        key_store = self.data_dir / "tls-keystore.pem"
+        key_store.touch(mode=0o600)
+        key_store.chmod(0o600)
+        key_store.write_text(key.rstrip("\n") + "\n" + chain)
+        return (
+            f"secureClientPort={self.port}\n"
+            f"secureClientPortAddress={self.host}\n"
+            f"serverCnxnFactory={NETTY_FACTORY}\n"
+            f"ssl.keyStore.location={key_store}\n"
+            "ssl.keyStore.type=PEM\n"
+            f"ssl.trustStore.location={self.tls_ca.resolve()}\n"
+            "ssl.trustStore.type=PEM\n"
+        )
+
+    def _client_context(self) -> ssl.SSLContext:
+        """The four-letter commands' TLS: trusts ``tls_ca``, presents the server's own certificate."""
+        context = ssl.create_default_context(cafile=str(self.tls_ca))
+        context.load_cert_chain(str(self.tls_cert), str(self.tls_key))
+        return context
 
     def _signal_and_wait(self, sig: int) -> None:
         process, self._process = self._process, None

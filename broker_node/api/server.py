@@ -31,6 +31,7 @@ from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
     JetStreamError,
+    LimitExceededError,
     OffsetOutOfRangeError,
     StorageError,
 )
@@ -125,17 +126,87 @@ class BrokerView(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
+class Access(Protocol):
+    """Who a call is from and what it may do (the broker's access control)."""
+
+    def authenticate(self, authorization: str | None, peer_identity: str) -> str: ...
+    def check(
+        self, principal: str, action: str, *, stream: str | None = None, consumer: str | None = None
+    ) -> None: ...
+    def allows(self, principal: str, action: str, *, stream: str) -> bool: ...
+    def check_cluster(self, principal: str, what: str) -> None: ...
+    def open_follow(self, principal: str) -> Callable[[], None]: ...
+
+
+class _OpenAccess:
+    """No access control: everyone may do everything (no ``[security] acl_file``)."""
+
+    def authenticate(self, authorization: str | None, peer_identity: str) -> str:
+        return "anonymous"
+
+    def check(
+        self, principal: str, action: str, *, stream: str | None = None, consumer: str | None = None
+    ) -> None:
+        return None
+
+    def allows(self, principal: str, action: str, *, stream: str) -> bool:
+        return True
+
+    def check_cluster(self, principal: str, what: str) -> None:
+        return None
+
+    def open_follow(self, principal: str) -> Callable[[], None]:
+        return lambda: None
+
+
+class _CredentialsFactory(flight.ServerMiddlewareFactory):
+    """Keeps each call's ``authorization`` header for the handler (which also sees the client
+    certificate's identity, which middleware does not)."""
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> flight.ServerMiddleware:
+        values = headers.get("authorization")
+        return _Presented(values[0] if values else None)
+
+
+class _Presented(flight.ServerMiddleware):
+    def __init__(self, authorization: str | None) -> None:
+        self.authorization = authorization
+
+
+MIDDLEWARE_KEY = "credentials"
+
+
 class FlightApi(flight.FlightServerBase):
     """Flight endpoint of one broker."""
 
-    def __init__(self, location: str, broker: BrokerView) -> None:
-        super().__init__(location)
+    def __init__(
+        self,
+        location: str,
+        broker: BrokerView,
+        *,
+        access: Access | None = None,
+        max_streams: int | None = None,
+        **tls: Any,
+    ) -> None:
+        """``tls``: ``tls_certificates``, ``verify_client``, ``root_certificates`` of
+        ``FlightServerBase`` (with a ``grpc+tls://`` location)."""
+        super().__init__(location, middleware={MIDDLEWARE_KEY: _CredentialsFactory()}, **tls)
         self.broker = broker
+        self.access: Access = access if access is not None else _OpenAccess()
+        self.max_streams = max_streams
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         """Calls served, by kind (read, follow, replica_fetch, an action's name) and outcome code."""
         self.follow_readers = 0
         """Follow reads open now."""
         self._counts_lock = threading.Lock()
+
+    def _principal(self, context: flight.ServerCallContext) -> str:
+        presented = context.get_middleware(MIDDLEWARE_KEY)
+        authorization = presented.authorization if isinstance(presented, _Presented) else None
+        identity = context.peer_identity()
+        return self.access.authenticate(
+            authorization, identity.decode("utf-8", "replace") if isinstance(identity, bytes) else identity
+        )
 
     def _counted(self, kind: str) -> Callable[[str], None]:
         def count(code: str) -> None:
@@ -152,13 +223,16 @@ class FlightApi(flight.FlightServerBase):
         call = _Call("read")
 
         def get() -> flight.FlightDataStream:
+            principal = self._principal(context)
             fetch = parse_replica_ticket(ticket.ticket)
             if fetch is not None:
                 call.about("replica_fetch", fetch.stream, fetch.partition)
+                self.access.check_cluster(principal, "fetch as a replica")
                 return self._replica_fetch(fetch)
             request = ReadRequest.from_ticket(ticket.ticket)
             call.about("follow" if request.follow > 0 else "read", request.stream, request.partition)
-            return self._read(request, context)
+            self.access.check(principal, "read", stream=request.stream)
+            return self._read(request, context, principal)
 
         def outcome(code: str) -> None:  # the kind is known once the ticket is parsed
             self._counted(call.kind)(code)
@@ -178,13 +252,16 @@ class FlightApi(flight.FlightServerBase):
         )
         return flight.RecordBatchStream(table)
 
-    def _read(self, request: ReadRequest, context: flight.ServerCallContext) -> flight.FlightDataStream:
+    def _read(
+        self, request: ReadRequest, context: flight.ServerCallContext, principal: str
+    ) -> flight.FlightDataStream:
         partition = self.broker.readable(
             request.stream, request.partition, from_replicas=request.from_replicas
         )
         log = partition.log
         start = self._resolve_start(request, partition)
         if request.follow > 0:
+            close = self.access.open_follow(principal)
             metadata = response_metadata(
                 next_offset=start,
                 high_watermark=partition.high_watermark,
@@ -193,7 +270,7 @@ class FlightApi(flight.FlightServerBase):
             )
             return flight.GeneratorStream(
                 _projected_schema(request).with_metadata(metadata),
-                self._counting_followers(self._follow(request, partition, start, context)),
+                self._counting_followers(self._follow(request, partition, start, context), close),
             )
         if request.max_wait > 0 and start >= partition.high_watermark:
             partition.wait_for_data(start, request.max_wait)
@@ -223,12 +300,15 @@ class FlightApi(flight.FlightServerBase):
             batches = [b.select(list(request.columns)) for b in batches]  # zero-copy
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
 
-    def _counting_followers(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def _counting_followers(
+        self, batches: Iterator[pa.RecordBatch], close: Callable[[], None]
+    ) -> Iterator[pa.RecordBatch]:
         with self._counts_lock:
             self.follow_readers += 1
         try:
             yield from batches
         finally:
+            close()
             with self._counts_lock:
                 self.follow_readers -= 1
 
@@ -290,9 +370,12 @@ class FlightApi(flight.FlightServerBase):
     # ---- metadata ----------------------------------------------------------------
 
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
-        """One flight per stream partition."""
+        """One flight per stream partition (of the streams the caller may read)."""
+        principal = _guard(lambda: self._principal(context), about=_Call("list_flights"))
         streams = _guard(self.broker.list_streams, about=_Call("list_flights"))
         for info in streams:
+            if not self.access.allows(principal, "read", stream=info.config["name"]):
+                continue
             for p in info.partitions:
                 yield self._flight_info(
                     info.config["name"], p.partition, p.high_watermark - p.log_start_offset
@@ -312,6 +395,7 @@ class FlightApi(flight.FlightServerBase):
                 )
             number = int(path[1]) if len(path) == 2 else 0
             call.about("flight_info", str(path[0]), number)
+            self.access.check(self._principal(context), "read", stream=str(path[0]))
             partition = self.broker.readable(path[0], number)
             return self._flight_info(
                 path[0], number, partition.high_watermark - partition.log.log_start_offset
@@ -340,10 +424,11 @@ class FlightApi(flight.FlightServerBase):
         body = action.body.to_pybytes() if action.body is not None else b""
         kind = action.type if action.type in _ACTION_NAMES else "unknown"
         call = _Call(kind)
-        result = _guard(lambda: self._action(action.type, body, call), self._counted(kind), call)
+        result = _guard(lambda: self._action(action.type, body, call, context), self._counted(kind), call)
         yield encode_json(result)
 
-    def _action(self, name: str, body: bytes, call: _Call) -> object:
+    def _action(self, name: str, body: bytes, call: _Call, context: flight.ServerCallContext) -> object:
+        principal = self._principal(context)
         try:
             kind = ActionType(name)
         except ValueError:
@@ -358,24 +443,36 @@ class FlightApi(flight.FlightServerBase):
                 stream if isinstance(stream, str) else None,
                 partition if isinstance(partition, int) and not isinstance(partition, bool) else None,
             )
-        broker = self.broker
+        broker, access = self.broker, self.access
         if kind is ActionType.CREATE_STREAM:
-            return broker.create_stream(StreamConfig.from_json(args)).to_json()
+            config = StreamConfig.from_json(args)
+            access.check(principal, "admin", stream=config.name)
+            self._check_stream_cap(config.name)
+            return broker.create_stream(config).to_json()
         if kind is ActionType.LIST_STREAMS:
-            return [info.to_json() for info in broker.list_streams()]
+            return [info.to_json() for info in broker.list_streams() if self._sees(principal, info)]
         if kind is ActionType.STATUS:
+            access.check(principal, "admin", stream="*")
             return broker.status()
         if kind is ActionType.HEALTH:
             return broker.health()
         if kind is ActionType.DELETE_STREAM:
-            broker.delete_stream(_arg(args, "name", str))
+            name = _arg(args, "name", str)
+            access.check(principal, "admin", stream=name)
+            broker.delete_stream(name)
             return {}
         if kind is ActionType.DESCRIBE_STREAM:
-            return broker.describe_stream(_arg(args, "name", str)).to_json()
+            name = _arg(args, "name", str)
+            if not any(access.allows(principal, a, stream=name) for a in ("read", "write", "admin")):
+                access.check(principal, "read", stream=name)  # raises, naming the principal
+            return broker.describe_stream(name).to_json()
         if kind is ActionType.METADATA:
             return broker.metadata()
         if kind is ActionType.ELECT_PREFERRED_LEADERS:
+            access.check(principal, "admin", stream="*")
             return broker.elect_preferred_leaders()
+        if kind in (ActionType.CONTROLLER_CALL, ActionType.OFFSETS_FOR_LEADER_EPOCH):
+            access.check_cluster(principal, kind.value)
         if kind is ActionType.CONTROLLER_CALL:
             inner = args.get("body")
             if not isinstance(inner, dict):
@@ -387,6 +484,8 @@ class FlightApi(flight.FlightServerBase):
             )
         consumer, stream = _arg(args, "consumer", str), _arg(args, "stream", str)
         partition = _arg(args, "partition", int)
+        access.check(principal, "cursor", consumer=consumer)
+        access.check(principal, "read", stream=stream)
         if kind is ActionType.SET_CURSOR:
             broker.set_cursor(consumer, stream, partition, _arg(args, "offset", int))
             return {}
@@ -394,6 +493,20 @@ class FlightApi(flight.FlightServerBase):
             broker.delete_cursor(consumer, stream, partition)
             return {}
         return {"offset": broker.fetch_cursor(consumer, stream, partition)}
+
+    def _sees(self, principal: str, info: StreamInfo) -> bool:
+        name = info.config["name"]
+        return any(self.access.allows(principal, a, stream=name) for a in ("read", "write", "admin"))
+
+    def _check_stream_cap(self, name: str) -> None:
+        if self.max_streams is None:
+            return
+        names = {info.config["name"] for info in self.broker.list_streams()}
+        if name not in names and len(names) >= self.max_streams:
+            raise LimitExceededError(
+                f"cannot create stream {name!r}: the cluster holds {len(names)} streams, its limit "
+                f"([security] max_streams) is {self.max_streams}"
+            )
 
 
 def _projected_schema(request: ReadRequest) -> pa.Schema:

@@ -30,6 +30,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 from .errors import ConflictError
 
 __all__ = [
+    "AclWatcher",
     "BrokerInfo",
     "ConflictError",
     "Coordinator",
@@ -119,6 +120,7 @@ class SessionState(enum.Enum):
 
 Listener = Callable[[], None]
 SessionListener = Callable[[SessionState], None]
+AclWatcher = Callable[[str | None], None]
 
 
 class Coordinator(abc.ABC):
@@ -191,6 +193,24 @@ class Coordinator(abc.ABC):
     @abc.abstractmethod
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener`` (no arguments) whenever streams, partitions, brokers or the controller change."""
+
+    @abc.abstractmethod
+    def store_acl(self, text: str) -> None:
+        """Keep ``text``, the cluster's ACL (TOML, opaque here), for every broker.
+
+        Replaces any stored text; every :meth:`watch_acl` callback hears of it.
+        Raises ``CoordinationError`` if it could not be stored, and
+        ``CommitStateUnknownError`` if it may or may not have been.
+        """
+
+    @abc.abstractmethod
+    def watch_acl(self, callback: AclWatcher) -> None:
+        """Call ``callback`` with the stored ACL text now, and again on every change.
+
+        ``None`` when no text is stored.  Called at once on the caller's
+        thread, later on the coordinator's (see the module docstring); a
+        callback that raises is logged and keeps being called.
+        """
 
     def add_session_listener(self, listener: SessionListener) -> None:  # noqa: B027 - optional hook
         """Call ``listener`` with the new :class:`SessionState` when it changes (never, by default)."""

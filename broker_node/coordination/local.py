@@ -14,6 +14,11 @@ directory whose ``partition.json`` names one of them may be removed, and
 nothing else ever is.  A version 1 file (no ids, no tombstones) is read and
 upgraded: its streams get ids at the next write.
 
+The cluster's ACL text (:meth:`LocalCoordinator.store_acl`) is kept as it is
+given in ``<data_dir>/acl.toml``, written the same atomic way; watchers hear
+of what :meth:`LocalCoordinator.store_acl` stores, not of edits by hand (a
+broker re-reads the file when it starts).
+
 A missing file is a first start; an empty or unreadable one is an error that
 names the file, because starting empty would treat every stream on disk as
 unknown.  :func:`rebuild_metadata` writes the file again from the partitions'
@@ -38,6 +43,7 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .base import (
+    AclWatcher,
     BrokerInfo,
     ConflictError,
     Coordinator,
@@ -51,6 +57,7 @@ from .errors import MetadataError
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
+ACL_FILE = "acl.toml"
 METADATA_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 RECOVERY_HINT = (
@@ -64,6 +71,8 @@ class LocalCoordinator(Coordinator):
 
     def __init__(self, data_dir: str | Path) -> None:
         self._path = Path(data_dir) / METADATA_FILE
+        self._acl_path = Path(data_dir) / ACL_FILE
+        self._acl_watchers: list[AclWatcher] = []
         self._lock = threading.RLock()
         self._streams: dict[str, StreamMetadata] = {}
         self._deleted: set[str] = set()
@@ -188,6 +197,31 @@ class LocalCoordinator(Coordinator):
         """See :meth:`Coordinator.add_listener`: called on the thread that made the change."""
         self._listeners.append(listener)
 
+    def store_acl(self, text: str) -> None:
+        """See :meth:`Coordinator.store_acl`: into ``<data_dir>/acl.toml``; watchers are called here."""
+        with self._lock:  # held while calling back: watchers hear the changes in order
+            self._acl_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self._acl_path, text.encode("utf-8"))
+            for watcher in self._acl_watchers:
+                _call_acl_watcher(watcher, text)
+
+    def watch_acl(self, callback: AclWatcher) -> None:
+        """See :meth:`Coordinator.watch_acl`: the file's text now, then what :meth:`store_acl` stores.
+
+        Raises ``MetadataError`` naming the file if it cannot be read.
+        """
+        with self._lock:
+            try:
+                text: str | None = self._acl_path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                text = None
+            except OSError as exc:
+                raise MetadataError(f"cannot read the ACL file {self._acl_path}: {exc.strerror}") from None
+            except UnicodeDecodeError:
+                raise MetadataError(f"the ACL file {self._acl_path} is not UTF-8 text") from None
+            self._acl_watchers.append(callback)
+            _call_acl_watcher(callback, text)
+
     def _save(self) -> None:
         _write(self._path, self._streams, self._deleted)
 
@@ -197,6 +231,13 @@ class LocalCoordinator(Coordinator):
                 listener()
             except Exception:
                 logger.exception("metadata listener failed")
+
+
+def _call_acl_watcher(watcher: AclWatcher, text: str | None) -> None:
+    try:
+        watcher(text)
+    except Exception:
+        logger.exception("ACL watcher failed")
 
 
 def _write(path: Path, streams: dict[str, StreamMetadata], deleted: set[str]) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -73,6 +73,7 @@ class Ingestor:
         self.settings = settings
         self.name = name
         self.nc = NatsClient()
+        self.connect_arguments: dict[str, Any] = {}
         self._discovery = discovery
         self._streams = streams
         self._answering = False
@@ -100,9 +101,12 @@ class Ingestor:
         name: str,
         *,
         streams: StreamLookup | None = None,
+        connect_arguments: dict[str, Any] | None = None,
     ) -> Ingestor:
-        """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails."""
+        """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails.
+        ``connect_arguments``: more for ``nats.connect`` (TLS, user and password)."""
         ingestor = cls(urls, nats_config, settings, discovery, name, streams=streams)
+        ingestor.connect_arguments = dict(connect_arguments or {})
         try:
             await ingestor._connect(ingestor.nc)
         except Exception as exc:
@@ -120,6 +124,7 @@ class Ingestor:
             error_cb=self._on_error,
             disconnected_cb=self._on_disconnect,
             closed_cb=self._on_closed,
+            **self.connect_arguments,
         )
 
     async def _on_disconnect(self) -> None:

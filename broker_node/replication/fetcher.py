@@ -58,8 +58,11 @@ class Fetcher:
         *,
         max_bytes: int = 8 * 1024 * 1024,
         max_wait: float = 0.5,
+        connect: Callable[[str], flight.FlightClient] = flight.connect,
     ) -> None:
-        """``address_of(broker_id)`` gives a live broker's Flight address (``None`` if unknown)."""
+        """``address_of(broker_id)`` gives a live broker's Flight address (``None`` if unknown);
+        ``connect`` opens a Flight client to it (with the broker's TLS and credentials)."""
+        self._connect_to = connect
         self.partition = partition
         self.leader = leader
         self.leader_epoch = leader_epoch
@@ -231,7 +234,7 @@ class Fetcher:
             raise UnavailableError(f"leader {self.leader} is not registered (not running?)")
         if self._client is None or address != self._address:
             self._disconnect()
-            self._client = flight.connect(address)
+            self._client = self._connect_to(address)
             self._address = address
         return self._client
 

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from pyarrow import flight
+
 from broker_node.coordination.base import Coordinator, PartitionState, StreamMetadata
 from broker_node.coordination.errors import CoordinationError, MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
@@ -65,6 +67,8 @@ class ReplicaManager:
         self._stream_ids: dict[Key, str] = {}
         """Which incarnation of its stream each open partition belongs to."""
         self._fetchers: dict[Key, Fetcher] = {}
+        self.connect_peer: Callable[[str], flight.FlightClient] = flight.connect
+        """Opens a Flight client to another broker (the broker sets its TLS and credentials)."""
         self.offline: dict[Key, str] = {}
         """Partitions this broker should hold but cannot, and why."""
         self.strays: dict[str, str] = {}
@@ -145,7 +149,7 @@ class ReplicaManager:
 
     def repair_leader(self, partition: Partition) -> None:
         """Repair a damaged leader's log from an in-sync follower (see ``repair``)."""
-        repair_leader(partition, self.peer_address_of)
+        repair_leader(partition, self.peer_address_of, connect=self.connect_peer)
 
     def peer_address_of(self, broker_id: str) -> str | None:
         """Where this broker reaches a live peer: ``peer_addresses`` if set, else its advertised address."""
@@ -228,6 +232,7 @@ class ReplicaManager:
                     self.peer_address_of,
                     max_bytes=self.config.fetch_max_bytes,
                     max_wait=self.config.fetch_max_wait,
+                    connect=self.connect_peer,
                 )
                 with self._lock:
                     self._fetchers[key] = fetcher

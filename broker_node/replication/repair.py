@@ -33,7 +33,12 @@ logger = logging.getLogger(__name__)
 READ_TIMEOUT = 10.0
 
 
-def repair_leader(partition: Partition, address_of: Callable[[str], str | None]) -> list[DamagedRange]:
+def repair_leader(
+    partition: Partition,
+    address_of: Callable[[str], str | None],
+    *,
+    connect: Callable[[str], flight.FlightClient] = flight.connect,
+) -> list[DamagedRange]:
     """Repair what is damaged in a leader's log from one of its in-sync followers; return what
     was repaired (nothing if it does not lead, holds no damage, or no follower could help)."""
     if partition.role is not Role.LEADER:
@@ -49,7 +54,7 @@ def repair_leader(partition: Partition, address_of: Callable[[str], str | None])
         if address is None:
             continue
         try:
-            copies = _read_ranges(address, partition, damaged)
+            copies = _read_ranges(connect(address), partition, damaged)
             fixed = partition.log.repair(copies)
         except (flight.FlightError, JetStreamError, LogError, pa.ArrowException, ValueError) as exc:
             log.warning("cannot repair offsets from %s yet: %s", replica, exc)
@@ -65,9 +70,10 @@ def repair_leader(partition: Partition, address_of: Callable[[str], str | None])
     return []
 
 
-def _read_ranges(address: str, partition: Partition, damaged: Sequence[DamagedRange]) -> list[pa.RecordBatch]:
-    """Each damaged range as the follower at ``address`` stores it, one batch per range."""
-    client = flight.connect(address)
+def _read_ranges(
+    client: flight.FlightClient, partition: Partition, damaged: Sequence[DamagedRange]
+) -> list[pa.RecordBatch]:
+    """Each damaged range as the follower ``client`` reaches stores it, one batch per range."""
     try:
         copies = []
         for hole in damaged:

@@ -11,6 +11,7 @@ from pyspark_jetstream.protocol.errors import JetStreamError
 from .client import Client, Message
 from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
+from .credentials import Credentials
 from .partitioners import RoundRobin, key_hash
 from .sync import SyncClient
 
@@ -20,6 +21,7 @@ __all__ = [
     "BrokerConnection",
     "Client",
     "ClusterConnection",
+    "Credentials",
     "FetchResult",
     "JetStreamError",
     "Message",

@@ -58,6 +58,7 @@ from pyspark_jetstream.protocol.subjects import subject_matches
 
 from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
+from .credentials import Credentials
 from .live import LiveTail
 from .partitioners import Partitioner, key_hash
 
@@ -101,9 +102,11 @@ def start_position(start: Start) -> StartPosition:
     )
 
 
-async def discover_broker(nats_urls: Sequence[str], *, timeout: float = 10.0) -> str:
+async def discover_broker(
+    nats_urls: Sequence[str], *, timeout: float = 10.0, credentials: Credentials | None = None
+) -> str:
     """The Flight address of a broker that answers on NATS at ``nats_urls``."""
-    nc = await _connect_nats(list(nats_urls), timeout)
+    nc = await _connect_nats(list(nats_urls), timeout, credentials or Credentials())
     try:
         return await _ask_for_broker(nc, list(nats_urls), timeout)
     finally:
@@ -149,10 +152,14 @@ async def _log_nats_error(error: Exception) -> None:
     logger.warning("NATS: %s", str(error) or type(error).__name__)
 
 
-async def _connect_nats(urls: list[str], timeout: float) -> NatsClient:
+async def _connect_nats(urls: list[str], timeout: float, credentials: Credentials) -> NatsClient:
     try:
         nc: NatsClient = await nats.connect(
-            servers=urls, connect_timeout=timeout, max_reconnect_attempts=3, error_cb=_log_nats_error
+            servers=urls,
+            connect_timeout=timeout,
+            max_reconnect_attempts=3,
+            error_cb=_log_nats_error,
+            **credentials.nats_arguments(),
         )
     except (NatsError, OSError, TimeoutError) as exc:
         raise UnavailableError(
@@ -177,7 +184,14 @@ async def _ask_for_broker(nc: NatsClient, urls: list[str], timeout: float) -> st
 class Client:
     """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest)."""
 
-    def __init__(self, nc: NatsClient, broker: str, timeout: float, max_pending: int = 4000) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        broker: str,
+        timeout: float,
+        max_pending: int = 4000,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.nc = nc
         self.broker = broker
         self.timeout = timeout
@@ -186,7 +200,8 @@ class Client:
         self._deadlines: list[tuple[float, str, str, float]] = []
         self._sweeper: asyncio.Future[None] | None = None
         self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
-        self._broker = ClusterConnection(broker, timeout=timeout)
+        self.credentials = credentials if credentials is not None else Credentials()
+        self._broker = ClusterConnection(broker, timeout=timeout, credentials=self.credentials)
         self._streams: dict[str, StreamConfig] = {}
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._ids = itertools.count()
@@ -201,22 +216,25 @@ class Client:
         broker: str | None = None,
         timeout: float = 10.0,
         max_pending: int = 4000,
+        credentials: Credentials | None = None,
     ) -> Client:
         """Connect to NATS, and to ``broker`` (``grpc://host:port``) or one found through NATS.
 
         ``max_pending`` bounds the acks ``publish_async`` leaves outstanding:
         past it, publishing waits for the oldest (a sliding window).  Raises
         ``UnavailableError`` naming the address that cannot be reached, and
-        ``InvalidArgumentError`` for a malformed ``broker`` address.
+        ``InvalidArgumentError`` for a malformed ``broker`` address.  ``credentials``
+        (TLS, user and token) are presented to NATS and to every broker.
         """
         if not isinstance(max_pending, int) or max_pending < 1:
             raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
-        nc = await _connect_nats(urls, timeout)
+        credentials = credentials if credentials is not None else Credentials()
+        nc = await _connect_nats(urls, timeout, credentials)
         try:
             if broker is None:
                 broker = await _ask_for_broker(nc, urls, timeout)
-            client = cls(nc, broker, timeout, max_pending)
+            client = cls(nc, broker, timeout, max_pending, credentials)
             client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
         except BaseException:
             # Left open, its tasks would die with the event loop, each with a traceback.

@@ -37,6 +37,7 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.flight import LATEST, ActionType, ReadRequest, StreamInfo
 
 from .connection import BrokerConnection, FetchResult
+from .credentials import Credentials
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,9 +50,13 @@ BACKOFF = (0.05, 1.0)
 class ClusterConnection:
     """Flight calls to whichever broker should answer them (see the module docstring)."""
 
-    def __init__(self, servers: str | Sequence[str], *, timeout: float = 10.0) -> None:
-        """``servers``: one or more broker Flight addresses (``grpc://host:port``, a list or one
-        comma-separated string), any will do."""
+    def __init__(
+        self, servers: str | Sequence[str], *, timeout: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
+        """``servers``: one or more broker Flight addresses (``grpc://host:port``, or
+        ``grpc+tls://host:port`` with TLS; a list or one comma-separated string), any will do;
+        ``credentials``: what to present to each of them."""
+        self.credentials = credentials if credentials is not None else Credentials()
         listed = servers.split(",") if isinstance(servers, str) else list(servers)
         self.bootstrap = [s.strip() for s in listed if s.strip()]
         if not self.bootstrap:
@@ -82,7 +87,9 @@ class ClusterConnection:
         with self._lock:
             found = self._connections.get(address)
             if found is None:
-                found = self._connections[address] = BrokerConnection(address, timeout=self.timeout)
+                found = self._connections[address] = BrokerConnection(
+                    address, timeout=self.timeout, credentials=self.credentials
+                )
             return found
 
     # ---- metadata --------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from pyspark_jetstream.protocol.flight import (
 )
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
+from .credentials import Credentials
+
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
@@ -55,11 +57,14 @@ class FetchResult:
 class BrokerConnection:
     """Flight calls to one broker, with errors turned into :class:`JetStreamError` subclasses."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, address: str, *, timeout: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
         self.address = address
         self.timeout = timeout
+        arguments = credentials.flight_arguments() if credentials is not None else {}
         try:
-            self._flight = flight.connect(address)
+            self._flight = flight.connect(address, **arguments)
         except (pa.ArrowException, flight.FlightError) as exc:
             raise InvalidArgumentError(
                 f"invalid broker address {address!r}: use grpc://host:port ({exc})"

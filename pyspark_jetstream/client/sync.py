@@ -16,6 +16,7 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.flight import StreamInfo
 
 from .client import Client, FetchResult, Message, Start
+from .credentials import Credentials
 
 T = TypeVar("T")
 
@@ -30,13 +31,20 @@ class SyncClient:
         broker: str | None = None,
         timeout: float = 10.0,
         max_pending: int = 4000,
+        credentials: Credentials | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-client", daemon=True)
         self._thread.start()
         try:
             self._client = self._run(
-                Client.connect(nats_urls=nats_urls, broker=broker, timeout=timeout, max_pending=max_pending)
+                Client.connect(
+                    nats_urls=nats_urls,
+                    broker=broker,
+                    timeout=timeout,
+                    max_pending=max_pending,
+                    credentials=credentials,
+                )
             )
         except BaseException:
             self._stop_loop()

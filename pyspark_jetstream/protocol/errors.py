@@ -31,6 +31,9 @@ class ErrorCode(enum.Enum):
     TIMEOUT = "timeout"
     OUT_OF_ORDER_SEQUENCE = "out_of_order_sequence"
     PRODUCER_FENCED = "producer_fenced"
+    UNAUTHENTICATED = "unauthenticated"
+    PERMISSION_DENIED = "permission_denied"
+    LIMIT_EXCEEDED = "limit_exceeded"
 
 
 class JetStreamError(Exception):
@@ -150,6 +153,28 @@ class RequestTimeoutError(JetStreamError, TimeoutError):
     retriable = True
 
 
+class UnauthenticatedError(JetStreamError):
+    """The broker needs credentials (a token or a client certificate) and got none it accepts."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(JetStreamError):
+    """The principal may not do this; the message names the principal, the action and the stream."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class LimitExceededError(JetStreamError):
+    """A per-principal or broker-wide limit is reached (open follow reads, streams).
+
+    Not retried by the client: the limit holds until the principal closes reads
+    or an operator raises it, which a retry loop would only wait out.
+    """
+
+    code = ErrorCode.LIMIT_EXCEEDED
+
+
 ERRORS_BY_CODE: dict[ErrorCode, type[JetStreamError]] = {
     cls.code: cls
     for cls in (
@@ -165,6 +190,9 @@ ERRORS_BY_CODE: dict[ErrorCode, type[JetStreamError]] = {
         RequestTimeoutError,
         OutOfOrderSequenceError,
         ProducerFencedError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+        LimitExceededError,
     )
 }
 
