@@ -16,6 +16,7 @@ values are JSON with a ``version`` field, see :mod:`.wire`)::
                                           change is a compare-and-set on it
     /deleted_streams/<id>     persistent  {"name"}: tombstones of deleted streams
     /admin/shutdown/<id>      ephemeral   a broker asking to be relieved of leadership
+    /acl                      persistent  the cluster's ACL text (TOML, UTF-8, opaque here)
 
 A stream and its partition znodes are created, and deleted with its
 tombstone, in one ZooKeeper transaction.
@@ -23,6 +24,15 @@ tombstone, in one ZooKeeper transaction.
 Reads come from a snapshot of the whole tree, reloaded (on a thread of its
 own) whenever a watch fires, and at least every ``RELOAD_EVERY`` seconds.
 Listeners are called on that thread after each reload that changed anything.
+
+Security (see :class:`.settings.ZooKeeperConfig`): with ``tls_ca`` or
+``tls_cert`` the connection is TLS (the server's certificate checked against
+``tls_ca``, and its host name unless ``tls_check_hostname`` is off; this
+broker's certificate presented).  With ``digest_user`` the session
+authenticates as that digest identity and every znode the coordinator
+creates, the chroot included, carries one ACL entry: all permissions for that
+identity, none for anyone else.  Znodes that existed before keep their ACL (a
+warning says so for the chroot).  Without either: plain TCP, open znodes.
 
 Sessions: ``SUSPENDED`` (the connection is lost; the session may live on) and
 ``LOST`` (it expired) are passed to session listeners on a worker thread, so a
@@ -45,9 +55,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.recipe.watchers import DataWatch
+from kazoo.security import make_digest_acl
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
@@ -67,6 +80,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 
 from . import wire
 from .base import (
+    AclWatcher,
     BrokerInfo,
     Coordinator,
     Listener,
@@ -88,6 +102,7 @@ CONTROLLER_EPOCH = "/controller_epoch"
 STREAMS = "/streams"
 DELETED = "/deleted_streams"
 SHUTDOWN = "/admin/shutdown"
+ACL_TEXT = "/acl"
 RELOAD_EVERY = 10.0
 """Seconds between reloads when no watch fires (a safety net, not the mechanism)."""
 RETRY_AFTER = 1.0
@@ -130,6 +145,7 @@ class ZooKeeperCoordinator(Coordinator):
         self._lease_until = 0.0
         self._session_id: int | None = None
         self._lock = threading.RLock()
+        self._acl_watches: list[DataWatch] = []
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -142,18 +158,27 @@ class ZooKeeperCoordinator(Coordinator):
             timeout=settings.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
             logger=logging.getLogger("kazoo.client"),
+            **self._security_arguments(),
         )
         try:
             client.start(timeout=settings.connect_timeout)
         except KazooTimeoutError:
             client.stop()
             client.close()
+            tls_hint = (
+                "; over TLS: does hosts name ZooKeeper's secureClientPort, does tls_ca sign its "
+                "certificate (for that host name), and does it trust tls_cert? (kazoo's log has the TLS error)"
+                if settings.tls
+                else ""
+            )
             raise CoordinationError(
                 f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout:g}s "
-                "(retried with backoff): is it running, and is [zookeeper] hosts right?"
+                f"(retried with backoff): is it running, and is [zookeeper] hosts right?{tls_hint}"
             ) from None
         try:
             client.ensure_path(settings.chroot)
+            if settings.digest:
+                self._warn_if_open(client, settings.chroot)
             client.chroot = settings.chroot  # every path from here on is under the cluster's chroot
             self._client = client
             for path in (BROKERS, STREAMS, DELETED, SHUTDOWN):
@@ -281,6 +306,56 @@ class ZooKeeperCoordinator(Coordinator):
             ) from None
         return PartitionState(state.leader, state.replicas, state.isr, state.leader_epoch, stat.version)
 
+    def store_acl(self, text: str) -> None:
+        """See :meth:`Coordinator.store_acl`: into the ``/acl`` znode of the chroot."""
+        client = self._connected_client()
+        data = text.encode("utf-8")
+        try:
+            try:
+                client.set(ACL_TEXT, data)
+            except NoNodeError:
+                try:
+                    client.create(ACL_TEXT, data)
+                except NodeExistsError:  # another broker created it meanwhile: ours is the later write
+                    client.set(ACL_TEXT, data)
+        except (ConnectionLoss, OperationTimeoutError, SessionExpiredError) as exc:
+            raise CommitStateUnknownError(
+                f"storing the ACL text in {self.describe()} may or may not have happened: {type(exc).__name__}"
+            ) from None
+        except KazooException as exc:
+            raise CoordinationError(
+                f"cannot store the ACL text in {self.describe()}{ACL_TEXT}: {type(exc).__name__}"
+            ) from None
+
+    def watch_acl(self, callback: AclWatcher) -> None:
+        """See :meth:`Coordinator.watch_acl`: later calls on kazoo's event thread.
+
+        The same text twice in a row (a rewrite, a new session) is passed on once.
+        """
+        client = self._connected_client()
+        delivered: list[str | None] = []  # the last text passed on, once there is one
+
+        def on_change(data: bytes | None, stat: Any, event: Any = None) -> None:
+            try:
+                text = None if data is None else data.decode("utf-8")
+            except UnicodeDecodeError:
+                logger.error("the ACL text in %s%s is not UTF-8: ignored", self.describe(), ACL_TEXT)
+                return
+            if delivered and delivered[0] == text:
+                return
+            delivered[:] = [text]
+            try:
+                callback(text)
+            except Exception:
+                logger.exception("ACL watcher failed")
+
+        try:
+            self._acl_watches.append(DataWatch(client, ACL_TEXT, on_change))
+        except KazooException as exc:
+            raise CoordinationError(
+                f"cannot watch the ACL text in {self.describe()}{ACL_TEXT}: {type(exc).__name__}"
+            ) from None
+
     def request_controlled_shutdown(self, broker_id: str) -> None:
         """See :meth:`Coordinator.request_controlled_shutdown`."""
         with contextlib.suppress(NodeExistsError):
@@ -345,6 +420,49 @@ class ZooKeeperCoordinator(Coordinator):
         self._fenced_commit(ops)
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _security_arguments(self) -> dict[str, Any]:
+        """KazooClient's TLS and digest arguments from the settings (none by default)."""
+        settings = self.settings
+        arguments: dict[str, Any] = {}
+        if settings.tls:
+            arguments.update(
+                use_ssl=True,
+                verify_certs=True,
+                check_hostname=settings.tls_check_hostname,
+                ca=settings.tls_ca or None,
+                certfile=settings.tls_cert or None,
+                keyfile=settings.tls_key or None,
+            )
+        if settings.digest:
+            try:
+                password = settings.read_digest_password()
+            except ValueError as exc:
+                raise CoordinationError(str(exc)) from None
+            with contextlib.suppress(OSError):
+                if Path(settings.digest_password_file).stat().st_mode & 0o077:
+                    logger.warning(
+                        "the ZooKeeper digest password file %s is readable by others than its owner "
+                        "(chmod 600 it)",
+                        settings.digest_password_file,
+                    )
+            user = settings.digest_user
+            arguments["auth_data"] = [("digest", f"{user}:{password}")]
+            arguments["default_acl"] = [make_digest_acl(user, password, all=True)]
+        return arguments
+
+    def _warn_if_open(self, client: KazooClient, path: str) -> None:
+        """Warn when ``path`` (made before digest authentication was on) is open to anyone."""
+        try:
+            acls, _ = client.get_acls(path)
+        except KazooException:
+            return
+        if any(acl.id.scheme != "digest" for acl in acls):
+            logger.warning(
+                "%s in ZooKeeper was created before digest_user was set and is not protected by it "
+                "(nor are the znodes made then): move the cluster to a new chroot, or set their ACLs",
+                path,
+            )
 
     def _connected_client(self) -> KazooClient:
         if self._client is None:
