@@ -51,6 +51,8 @@ import concurrent.futures
 import contextlib
 import logging
 import queue
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -59,21 +61,23 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.recipe.watchers import DataWatch
-from kazoo.security import make_digest_acl
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
     SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
+from kazoo.protocol.serialization import Auth
 from kazoo.protocol.states import KazooState
+from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -108,6 +112,57 @@ RELOAD_EVERY = 10.0
 RETRY_AFTER = 1.0
 """Seconds before campaigning or registering again after ZooKeeper failed us."""
 CONTROLLER_CALL_TIMEOUT = 30.0
+
+
+class _RedactCredentials(logging.Filter):
+    """Hides the credentials of the ``Auth`` requests kazoo logs whole (at DEBUG) when it sends them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, Auth) for a in record.args):
+            record.args = tuple(
+                a._replace(auth="<redacted>") if isinstance(a, Auth) else a for a in record.args
+            )
+        return True
+
+
+_REDACT_CREDENTIALS = _RedactCredentials()
+
+
+def _kazoo_logger() -> logging.Logger:
+    """The logger the coordinator's kazoo clients log to, with credentials redacted."""
+    kazoo_logger = logging.getLogger("kazoo.client")
+    if _REDACT_CREDENTIALS not in kazoo_logger.filters:
+        kazoo_logger.addFilter(_REDACT_CREDENTIALS)
+    return kazoo_logger
+
+
+class _TlsHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, with connections made over TLS by our own context.
+
+    kazoo's own TLS trusts the system's CAs besides the given one, and leaves
+    the socket of a failed handshake open; this trusts exactly ``tls_ca``
+    (the system's CAs only without one) and closes what fails.
+    """
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    def create_connection(
+        self,
+        address: tuple[str, int],
+        hostname: str | None = None,
+        timeout: float | None = None,
+        **ignored: Any,
+    ) -> ssl.SSLSocket:
+        """A connected TLS socket; kazoo's TLS arguments are ignored (the context has them)."""
+        sock = socket.create_connection(address, timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self._context.wrap_socket(sock, server_hostname=hostname)
+        except BaseException:
+            sock.close()  # a failed handshake closes the TLS socket itself; this is the plain one
+            raise
 
 
 @dataclass(frozen=True)
@@ -157,7 +212,7 @@ class ZooKeeperCoordinator(Coordinator):
             hosts=settings.hosts,
             timeout=settings.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0),
-            logger=logging.getLogger("kazoo.client"),
+            logger=_kazoo_logger(),
             **self._security_arguments(),
         )
         try:
@@ -167,7 +222,7 @@ class ZooKeeperCoordinator(Coordinator):
             client.close()
             tls_hint = (
                 "; over TLS: does hosts name ZooKeeper's secureClientPort, does tls_ca sign its "
-                "certificate (for that host name), and does it trust tls_cert? (kazoo's log has the TLS error)"
+                "certificate (for that host name), does it trust tls_cert? (kazoo's log has the TLS error)"
                 if settings.tls
                 else ""
             )
@@ -186,10 +241,16 @@ class ZooKeeperCoordinator(Coordinator):
             with contextlib.suppress(NodeExistsError):
                 client.create(CONTROLLER_EPOCH, wire.epoch_to_bytes(0))
             self._register()
-        except BaseException:
+        except BaseException as exc:
             self._client = None
             client.stop()
             client.close()
+            if isinstance(exc, NoAuthError):
+                raise CoordinationError(
+                    f"ZooKeeper refused access to {self.describe()}: its znodes have an ACL that "
+                    + (f"digest_user {settings.digest_user!r}" if settings.digest else "an anonymous client")
+                    + " does not match (is [zookeeper] digest_user or its password file wrong?)"
+                ) from None
             raise
         client.add_listener(self._on_state)
         for target, name in (
@@ -320,7 +381,8 @@ class ZooKeeperCoordinator(Coordinator):
                     client.set(ACL_TEXT, data)
         except (ConnectionLoss, OperationTimeoutError, SessionExpiredError) as exc:
             raise CommitStateUnknownError(
-                f"storing the ACL text in {self.describe()} may or may not have happened: {type(exc).__name__}"
+                f"storing the ACL text in {self.describe()} may or may not have happened: "
+                f"{type(exc).__name__}"
             ) from None
         except KazooException as exc:
             raise CoordinationError(
@@ -426,14 +488,17 @@ class ZooKeeperCoordinator(Coordinator):
         settings = self.settings
         arguments: dict[str, Any] = {}
         if settings.tls:
-            arguments.update(
-                use_ssl=True,
-                verify_certs=True,
-                check_hostname=settings.tls_check_hostname,
-                ca=settings.tls_ca or None,
-                certfile=settings.tls_cert or None,
-                keyfile=settings.tls_key or None,
-            )
+            try:
+                context = ssl.create_default_context(cafile=settings.tls_ca or None)
+                context.check_hostname = settings.tls_check_hostname
+                if settings.tls_cert:
+                    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise CoordinationError(
+                    f"cannot use the [zookeeper] TLS files (tls_ca {settings.tls_ca!r}, tls_cert "
+                    f"{settings.tls_cert!r}, tls_key {settings.tls_key!r}): {exc}"
+                ) from None
+            arguments.update(handler=_TlsHandler(context), use_ssl=True)
         if settings.digest:
             try:
                 password = settings.read_digest_password()
