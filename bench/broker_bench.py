@@ -22,9 +22,18 @@ by the same nats-py client in this process, with 100-byte values:
    (1,000 x 1,000 over the time until the last consumer has the last one),
    against 1,000 JetStream push consumers (no acks) on one stream; on both
    sides the consumers share 10 NATS connections. The broker's thread count
-   and RSS with the 1,000 tailers attached.
+   and RSS with the 1,000 tailers attached;
+6. security's cost: single-message publish (as in 1) and consume from the
+   start (as in 3) against a broker with ``[security]`` on -- TLS on Flight
+   and on its embedded nats-server (an ECDSA P-256 certificate from a
+   throwaway CA, made by ``scripts/make_certs.py``), an ACL, bcrypt tokens of
+   the default cost, the client authenticating every call -- against a plain
+   broker with its own embedded nats-server, same sizes, rounds alternating;
+   beside it, the same ratio for Flight's transport alone (an in-process
+   server of a table shaped like the consume's reads), the ceiling TLS in
+   gRPC sets.
 
-Prints a table; the last line is one JSON object.
+Prints two tables; the last line is one JSON object.
 
     python bench/broker_bench.py [--quick]
 """
@@ -34,25 +43,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import shutil
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import nats
 import pyarrow as pa
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import ConsumerConfig, StorageType, StreamConfig
+from pyarrow import flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker_node.nats_server import NatsServer
-from pyspark_jetstream.client import Client
+from broker_node.security import hash_token
+from pyspark_jetstream.client import Client, Credentials
 from pyspark_jetstream.local import LocalBroker
 
+ROOT = Path(__file__).resolve().parent.parent
 VALUE = 100
 WINDOW = 4000
 ROUNDS = 3
@@ -300,6 +315,134 @@ async def jetstream_fanout(nats_url: str, js: nats.js.JetStreamContext, nc: nats
     return total / elapsed
 
 
+TLS_USER = "bench"
+TLS_CONSUME_ROUNDS = 9
+"""A consume of the quick size takes about 0.1 s: more rounds for a steadier median."""
+
+
+def _make_certs(certs: Path) -> None:
+    """A throwaway CA and a certificate for localhost and 127.0.0.1 in ``certs``."""
+    make_certs = [sys.executable, str(ROOT / "scripts" / "make_certs.py"), "--out", str(certs)]
+    subprocess.run([*make_certs, "--san", "localhost", "--san", "127.0.0.1"], check=True, capture_output=True)
+
+
+def _secured(directory: Path) -> tuple[str, Credentials]:
+    """The ``[security]`` table of a broker with TLS and an ACL (certificates of a throwaway CA,
+    bcrypt tokens of the default cost) and the credentials of its one client principal."""
+    certs = directory / "certs"
+    _make_certs(certs)
+    tokens = {name: secrets.token_urlsafe(24) for name in ("broker", TLS_USER)}
+    acl = directory / "acl.toml"
+    acl.write_text(
+        f'[users.broker]\ntoken_bcrypt = "{hash_token(tokens["broker"])}"\ncluster = true\n'
+        f'[users.{TLS_USER}]\ntoken_bcrypt = "{hash_token(tokens[TLS_USER])}"\n'
+        f'[[grants]]\nprincipal = "{TLS_USER}"\nstreams = ["*"]\nactions = ["read", "write", "admin"]\n'
+    )
+    own = directory / "broker-credentials.toml"
+    own.write_text(f'user = "broker"\ntoken = "{tokens["broker"]}"\n')
+    table = (
+        f'[security]\ntls_cert = "{certs / "broker.pem"}"\ntls_key = "{certs / "broker.key"}"\n'
+        f'tls_ca = "{certs / "ca.pem"}"\nacl_file = "{acl}"\ncredentials_file = "{own}"\n'
+    )
+    return table, Credentials(user=TLS_USER, token=tokens[TLS_USER], tls_ca=str(certs / "ca.pem"))
+
+
+class _TableServer(flight.FlightServerBase):
+    """Serves one table to every ``do_get``: Flight's transport alone, no broker."""
+
+    def __init__(self, location: str, table: pa.Table, **tls: Any) -> None:
+        super().__init__(location, **tls)
+        self.table = table
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        return flight.RecordBatchStream(self.table)
+
+
+def transport_tls_ratio(certs: Path, rows: int) -> float:
+    """Rows/s of a Flight ``do_get`` over TLS / without, from an in-process server of a table
+    shaped like the log's reads (offset, timestamp, a 100-byte value; 10,000-row batches): the
+    ceiling the transport sets for the broker's consume ratio."""
+    table = pa.table(
+        {
+            "offset": pa.array(range(rows), pa.int64()),
+            "timestamp": pa.array(range(rows), pa.int64()),
+            "value": pa.array([b"x" * VALUE] * rows, pa.binary()),
+        }
+    )
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=10_000))
+    pair = flight.CertKeyPair((certs / "broker.pem").read_text(), (certs / "broker.key").read_text())
+    plain = _TableServer("grpc://127.0.0.1:0", table)
+    tls = _TableServer("grpc+tls://127.0.0.1:0", table, tls_certificates=[pair])
+    clients = {
+        "plain": flight.connect(f"grpc://127.0.0.1:{plain.port}"),
+        "tls": flight.connect(
+            f"grpc+tls://localhost:{tls.port}", tls_root_certs=(certs / "ca.pem").read_bytes()
+        ),
+    }
+    samples: dict[str, list[float]] = {"plain": [], "tls": []}
+    try:
+        for r in range(TLS_CONSUME_ROUNDS):
+            for side in ("plain", "tls") if r % 2 == 0 else ("tls", "plain"):
+                start = time.perf_counter()
+                read = clients[side].do_get(flight.Ticket(b"")).read_all()
+                samples[side].append(read.num_rows / (time.perf_counter() - start))
+    finally:
+        for client in clients.values():
+            client.close()
+        plain.shutdown()
+        tls.shutdown()
+    return statistics.median(samples["tls"]) / statistics.median(samples["plain"])
+
+
+async def tls_comparison(workdir: Path, single_n: int, consume_n: int) -> dict[str, float]:
+    """Publish and consume msg/s of a broker with TLS and an ACL against a plain one."""
+    table, credentials = _secured(workdir / "security")
+    brokers = {
+        "plain": LocalBroker(workdir / "plain", log_level="WARNING"),
+        "tls": LocalBroker(workdir / "tls", extra_config=table, log_level="WARNING"),
+    }
+    clients: dict[str, Client] = {}
+    samples: dict[str, list[float]] = {}
+    try:
+        for side, broker in brokers.items():
+            broker.start()
+            assert broker.nats_url is not None
+            clients[side] = await Client.connect(
+                nats_urls=broker.nats_url,
+                broker=broker.flight,
+                timeout=60,
+                max_pending=WINDOW,
+                credentials=credentials if side == "tls" else None,
+            )
+        assert brokers["tls"].flight.startswith("grpc+tls://")
+        sides = list(clients)
+        for r in range(ROUNDS):  # alternating which side goes first
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                rate = await ours_single(clients[side], f"tls_single{r}", single_n)
+                samples.setdefault(f"{side}_publish", []).append(rate)
+        for side in sides:
+            await ours_batches(clients[side], "tls_consume", consume_n)
+        for r in range(TLS_CONSUME_ROUNDS):
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                rate = await ours_consume(clients[side], "tls_consume", consume_n)
+                samples.setdefault(f"{side}_consume", []).append(rate)
+    finally:
+        for client in clients.values():
+            await client.close()
+        for broker in brokers.values():
+            broker.stop()
+    results = {
+        "tls_publish_msgs_per_s": statistics.median(samples["tls_publish"]),
+        "plain_publish_msgs_per_s": statistics.median(samples["plain_publish"]),
+        "tls_consume_msgs_per_s": statistics.median(samples["tls_consume"]),
+        "plain_consume_msgs_per_s": statistics.median(samples["plain_consume"]),
+    }
+    results["tls_publish_ratio"] = results["tls_publish_msgs_per_s"] / results["plain_publish_msgs_per_s"]
+    results["tls_consume_ratio"] = results["tls_consume_msgs_per_s"] / results["plain_consume_msgs_per_s"]
+    results["transport_tls_consume_ratio"] = transport_tls_ratio(workdir / "security" / "certs", consume_n)
+    return results
+
+
 def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
@@ -358,6 +501,9 @@ async def run(quick: bool) -> dict[str, float]:
     finally:
         broker.stop()
         server.stop()
+    try:  # on its own: the brokers above are stopped
+        results.update(await tls_comparison(workdir, single_n, consume_n))
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
     js_publish = results["jetstream_single_publish_msgs_per_s"]
     results["single_publish_ratio"] = results["single_publish_msgs_per_s"] / js_publish
@@ -441,6 +587,18 @@ def main() -> None:
     print(
         f"broker with 1,000 tailers: {r['broker_threads_1000_tailers']:.0f} threads, "
         f"{r['broker_rss_mib_1000_tailers']:.0f} MiB resident"
+    )
+    print()
+    print(f"{'security on (TLS, ACL, tokens) vs off':<42} {'on':>14} {'off':>14} {'ratio':>8} {'target':>8}")
+    for name, key, target in (
+        ("single publish, acked, pipelined (msg/s)", "publish", ""),
+        ("consume from start (msg/s)", "consume", ">= 0.7"),
+    ):
+        on, off = r[f"tls_{key}_msgs_per_s"], r[f"plain_{key}_msgs_per_s"]
+        print(f"{name:<42} {on:>14,.2f} {off:>14,.2f} {r[f'tls_{key}_ratio']:>8.2f} {target:>8}")
+    print(
+        f"{'  Flight transport alone, TLS / plain':<42} {'':>14} {'':>14} "
+        f"{r['transport_tls_consume_ratio']:>8.2f} {'':>8}"
     )
     print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
 
