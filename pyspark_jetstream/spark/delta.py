@@ -186,7 +186,7 @@ def archive(
 
     ``below`` is an offset for every partition, a ``{partition: offset}``
     mapping, or ``None`` for everything committed now.  ``options`` are the
-    source's options (``servers`` or ``nats``, ``timeout``...).  The table is
+    source's options (``servers`` or ``nats``, ``timeout``, credentials...).  The table is
     partitioned by ``partition`` and ``date`` (UTC day of the message's
     timestamp) and holds the source's columns.  Raises ``InvalidArgumentError``
     if the stream has already dropped offsets the archive has not copied (the
@@ -194,7 +194,7 @@ def archive(
     """
     read_options = {**(options or {}), "stream": stream}
     parsed = parse_source_options(read_options, streaming=False)
-    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout)
+    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout, credentials=parsed.credentials)
     try:
         layout = describe(connection, parsed)[stream]
     finally:
@@ -287,7 +287,7 @@ def read_with_archive(spark: SparkSession, path: str, options: Mapping[str, str]
 
 
 def _log_start_after(ends: Mapping[str, int], parsed: Any, stream: str) -> dict[str, int]:
-    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout)
+    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout, credentials=parsed.credentials)
     try:
         layout = describe(connection, parsed)[stream]
     finally:

@@ -6,6 +6,18 @@ bounded (inclusive): ``maxRecordsPerTrigger`` and ``maxRecordsPerPartition``
 1 to 2**63 - 1 (Spark longs), ``timeout`` 0.1 to 3600 seconds,
 ``maxBatchBytes`` 64 bytes to 64 MiB, offsets -2 to 2**63 - 1, partitions 0
 to 1023, and timestamps in milliseconds up to the end of year 9999.
+
+Credentials for a secured deployment (TLS, a user and token) are the options
+``user``, ``token``, ``tls.ca``, ``tls.cert``, ``tls.key`` and
+``credentialsFile`` (a TOML file with the keys ``user``, ``token``,
+``tls_ca``, ``tls_cert``, ``tls_key``; options given override its values).
+Readers and writers present them to every broker, and the sink to NATS.
+Once parsed, the token lives only in a
+:class:`~pyspark_jetstream.client.credentials.Credentials` (whose ``repr``
+hides it), not in the parsed options.  Spark itself shows a source's options
+in its plans, masking those whose name matches ``spark.redaction.regex``
+(``token`` does by default); ``credentialsFile`` keeps the token out of the
+query's options altogether, whatever that setting says.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from pyspark_jetstream.client.credentials import CREDENTIALS_FILE_OPTION, OPTION_KEYS, Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
 from pyspark_jetstream.protocol.streams import (
     INT64_MAX,
@@ -49,7 +62,9 @@ MAX_TIMESTAMP_MS = MAX_TIMESTAMP * 1000 + 999
 Offsets = dict[str, dict[str, int]]
 """``{stream: {partition (as a string): offset}}``: Spark's offset format for this source."""
 
-COMMON_OPTIONS = ("servers", "nats", "timeout")
+CREDENTIAL_OPTIONS = (*OPTION_KEYS, CREDENTIALS_FILE_OPTION)
+"""``user``, ``token``, ``tls.ca``, ``tls.cert``, ``tls.key`` and ``credentialsFile``."""
+COMMON_OPTIONS = ("servers", "nats", "timeout", *CREDENTIAL_OPTIONS)
 SOURCE_OPTIONS = (
     *COMMON_OPTIONS,
     "stream",
@@ -159,7 +174,9 @@ class SourceOptions:
     read_from_replicas: bool = False
     consumer_id: str = ""
     timeout: float = 30.0
+    credentials: Credentials = field(default_factory=Credentials)
     options: dict[str, str] = field(default_factory=dict)
+    """The options as given, but the credentials' (see :func:`without_credentials`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +188,7 @@ class SinkOptions:
     stream: str | None
     timeout: float = 30.0
     max_batch_bytes: int = 900 * 1024
+    credentials: Credentials = field(default_factory=Credentials)
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -245,8 +263,9 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     consumer = opts.get("consumerid") or _default_consumer(opts)
     if "/" in consumer:
         raise InvalidArgumentError(f"option 'consumerId' must not contain '/', got {consumer!r}")
+    credentials = credentials_option(opts)
     return SourceOptions(
-        broker=resolve_broker(opts),
+        broker=resolve_broker(opts, credentials),
         streams=streams,
         stream_pattern=pattern,
         assigned=assigned,
@@ -268,7 +287,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         read_from_replicas=_boolean(opts, "readFromReplicas", False),
         consumer_id=consumer,
         timeout=_seconds(opts, "timeout", 30.0),
-        options=dict(options),
+        credentials=credentials,
+        options=without_credentials(options),
     )
 
 
@@ -283,17 +303,40 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         _bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES) or 900 * 1024
     )
     nats = _nats_urls(opts) if opts.get("nats") else None
-    broker = resolve_broker(opts)  # every option is checked before a broker is asked anything
+    credentials = credentials_option(opts)
+    broker = resolve_broker(opts, credentials)  # every option is checked before a broker is asked anything
     return SinkOptions(
         broker=broker,
-        nats=nats or _nats_of_brokers(broker, timeout),
+        nats=nats or _nats_of_brokers(broker, timeout, credentials),
         stream=stream,
         timeout=timeout,
         max_batch_bytes=max_batch_bytes,
+        credentials=credentials,
     )
 
 
-def resolve_broker(opts: Mapping[str, str]) -> str:
+def credentials_option(opts: Mapping[str, str]) -> Credentials:
+    """The credentials of checked options (lower-cased names): given options override the file's.
+
+    Errors name the option or the file, never the token.
+    """
+    by_lower = {name.lower(): name for name in CREDENTIAL_OPTIONS}
+    given = {by_lower[k]: v for k, v in opts.items() if k in by_lower}
+    for name in ("tls.ca", "tls.cert", "tls.key", CREDENTIALS_FILE_OPTION):
+        if name in given and not given[name].strip():
+            raise InvalidArgumentError(f"option '{name}' is empty: give a file's path, or leave it out")
+    if "token" in given and not given["token"]:
+        raise InvalidArgumentError("option 'token' is empty")
+    return Credentials.from_options(given)
+
+
+def without_credentials(options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` with the credentials' options left out (they live in :class:`Credentials`)."""
+    secret = {name.lower() for name in CREDENTIAL_OPTIONS}
+    return {k: v for k, v in options.items() if k.lower() not in secret}
+
+
+def resolve_broker(opts: Mapping[str, str], credentials: Credentials | None = None) -> str:
     """The brokers' Flight addresses to start from (``servers``, comma-separated), or one found
     through ``nats``; the rest of a cluster is learnt from any of them.  There is no default:
     without either option the query fails at planning."""
@@ -306,7 +349,8 @@ def resolve_broker(opts: Mapping[str, str]) -> str:
     for server in servers:
         if not re.fullmatch(r"grpc(\+tcp|\+tls)?://[^\s/]+:\d+", server):
             raise InvalidArgumentError(
-                f"option 'servers' has {server!r}; use grpc://host:port[,grpc://host:port]"
+                f"option 'servers' has {server!r}; use grpc://host:port[,grpc://host:port] "
+                "(grpc+tls:// with TLS)"
             )
     if servers:
         return ",".join(servers)
@@ -314,17 +358,19 @@ def resolve_broker(opts: Mapping[str, str]) -> str:
     from pyspark_jetstream.client.client import discover_broker
 
     try:
-        return asyncio.run(discover_broker(list(urls), timeout=_seconds(opts, "timeout", 10.0)))
+        return asyncio.run(
+            discover_broker(list(urls), timeout=_seconds(opts, "timeout", 10.0), credentials=credentials)
+        )
     except UnavailableError as exc:
         raise UnavailableError(f"{exc} (set the option 'servers' or 'nats')") from None
 
 
-def _nats_of_brokers(broker: str, timeout: float) -> tuple[str, ...]:
+def _nats_of_brokers(broker: str, timeout: float, credentials: Credentials) -> tuple[str, ...]:
     """The NATS servers the brokers themselves use (the sink publishes there)."""
     from pyspark_jetstream.client.cluster import ClusterConnection
     from pyspark_jetstream.protocol.flight import ActionType
 
-    connection = ClusterConnection(broker, timeout=timeout)
+    connection = ClusterConnection(broker, timeout=timeout, credentials=credentials)
     try:
         metadata = connection.action(ActionType.METADATA, {})
     finally:

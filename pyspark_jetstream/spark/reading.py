@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pyspark_jetstream.client.cluster import ClusterConnection
+from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
@@ -218,14 +219,16 @@ def read_range(
     fail_on_data_loss: bool,
     timeout: float,
     from_replicas: bool = False,
+    credentials: Credentials | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
 
     With ``from_replicas`` an in-sync follower may serve the range; the range
     was planned from the leader's high watermark, so what a follower has not
-    committed yet is read from the leader instead of waited for.
+    committed yet is read from the leader instead of waited for.  ``credentials`` are presented
+    to every broker asked.
     """
-    connection = ClusterConnection(spec.broker, timeout=timeout)
+    connection = ClusterConnection(spec.broker, timeout=timeout, credentials=credentials)
     replicas = from_replicas
     try:
         offset = spec.start

@@ -16,6 +16,14 @@ change) is sent again, in order with the chunks after it: the broker refuses
 a sequence that skips one (out of order), so a chunk never lands after one
 that failed, and a chunk whose ack was lost is acked again as a duplicate.
 
+On a secured deployment the options' credentials go to NATS and to every
+broker.  A principal without ``write`` on the stream is refused by
+nats-server itself: the publish is dropped and no broker ever acks it, so
+while a task waits for an ack it also watches its NATS connection for that
+refusal and fails at once with ``PermissionDeniedError`` (naming the
+principal and the subject) instead of waiting out the timeout of every
+attempt.
+
 Input columns: ``value`` (binary or string, required), and optionally
 ``key`` (binary or string), ``headers`` (``array<struct<key:string,
 value:binary>>``), ``partition`` (int) and ``subject`` (string: publish there
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import time
 import uuid
 import zlib
@@ -43,7 +52,7 @@ from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
@@ -59,6 +68,9 @@ RETRY_BACKOFF = 0.2
 """Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
+REFUSAL_CHECK = 0.05
+"""Seconds between looks at the NATS connection for a refused publish while an ack is awaited."""
+_PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
 def check_input_schema(schema: StructType, options: SinkOptions) -> None:
@@ -94,7 +106,9 @@ class _Publishing:
         self.options = options
         self.stream_config: StreamConfig | None = None
         if options.stream is not None:  # on the driver: fail early for an unknown stream
-            broker = ClusterConnection(options.broker, timeout=options.timeout)
+            broker = ClusterConnection(
+                options.broker, timeout=options.timeout, credentials=options.credentials
+            )
             try:
                 self.stream_config = StreamConfig.from_json(broker.describe(options.stream).config)
             finally:
@@ -107,9 +121,12 @@ class _Publishing:
         numbers: dict[str, int] = {}
         rows = 0
         with SyncClient(
-            nats_urls=list(self.options.nats), broker=self.options.broker, timeout=self.options.timeout
+            nats_urls=list(self.options.nats),
+            broker=self.options.broker,
+            timeout=self.options.timeout,
+            credentials=self.options.credentials,
         ) as client:
-            window = _Window(client, self.options.stream, producer_id, epoch)
+            window = _Window(client, self.options.stream, producer_id, epoch, self.options.credentials.user)
             for batch in batches:
                 rows += batch.num_rows
                 for subject, part in self._route(batch, task_partition):
@@ -180,11 +197,15 @@ class _Sent(NamedTuple):
 class _Window:
     """Chunks published ahead of their acks, resent in order after a retriable failure."""
 
-    def __init__(self, client: SyncClient, stream: str | None, producer_id: str, epoch: int) -> None:
+    def __init__(
+        self, client: SyncClient, stream: str | None, producer_id: str, epoch: int, user: str | None = None
+    ) -> None:
         self.client = client
         self.stream = stream
         self.producer_id = producer_id
         self.epoch = epoch
+        self.user = user
+        """The principal publishing, to name in a refusal."""
         self._sent: deque[_Sent] = deque()
 
     def send(self, subject: str, sequence: int, chunk: pa.RecordBatch) -> None:
@@ -193,7 +214,7 @@ class _Window:
             # Flow control: a broker (and nats-server, which drops slow consumers)
             # is never sent more than a few chunks ahead of its acks.
             oldest = self._sent.popleft()
-            if _failure(oldest) is not None:
+            if self._failure(oldest) is not None:
                 self._recover([oldest, *self._sent])
                 self._sent.clear()
         self._sent.append(_Sent(subject, sequence, chunk, self._submit(subject, sequence, chunk)))
@@ -201,7 +222,7 @@ class _Window:
     def drain(self) -> None:
         """Wait for every ack, resending what failed; raise what cannot be stored."""
         sent, self._sent = list(self._sent), deque()
-        if any(_failure(s) is not None for s in sent):
+        if any(self._failure(s) is not None for s in sent):
             self._recover(sent)
 
     def _submit(
@@ -221,7 +242,7 @@ class _Window:
     def _recover(self, sent: list[_Sent]) -> None:
         """Every chunk of ``sent`` whose ack failed is sent again, one at a time, in order."""
         for item in sent:
-            error = _failure(item)
+            error = self._failure(item)
             attempt = 1
             while error is not None:
                 if not error.retriable or attempt >= SEND_ATTEMPTS:
@@ -236,16 +257,52 @@ class _Window:
                 )
                 time.sleep(RETRY_BACKOFF * 2 ** (attempt - 1))
                 attempt += 1
-                error = _failure(item._replace(ack=self._submit(item.subject, item.sequence, item.chunk)))
+                error = self._failure(
+                    item._replace(ack=self._submit(item.subject, item.sequence, item.chunk))
+                )
+
+    def _failure(self, sent: _Sent) -> JetStreamError | None:
+        """The error the chunk's ack carried (waiting for it), or ``None`` if it is stored.
+
+        A publish NATS refused (see the module docstring) is never acked: it
+        fails here with ``PermissionDeniedError`` as soon as NATS reports it.
+        """
+        while not sent.ack.done():
+            concurrent.futures.wait([sent.ack], timeout=REFUSAL_CHECK)
+            refusal = None if sent.ack.done() else self._refusal(sent.subject)
+            if refusal is not None:
+                return refusal  # the ack stays pending: closing the client fails it
+        try:
+            sent.ack.result()
+        except JetStreamError as exc:
+            return self._refusal(sent.subject) or exc
+        return None
+
+    def _refusal(self, subject: str) -> PermissionDeniedError | None:
+        """``PermissionDeniedError`` if NATS refused this connection's publishes to ``subject``."""
+        match = _PUBLISH_REFUSED.search(str(_nats_error(self.client) or ""))
+        if match is None or match[1] != subject:
+            return None
+        who = f"principal {self.user!r}" if self.user else "this client (no user given)"
+        stream = f"stream {self.stream!r}" if self.stream else f"subject {subject!r}"
+        return PermissionDeniedError(
+            f"{who} may not write {stream}: NATS refused the publish to {subject!r} "
+            "(a 'write' grant on the stream is needed)",
+            principal=self.user,
+            action="write",
+            stream=self.stream,
+        )
 
 
-def _failure(sent: _Sent) -> JetStreamError | None:
-    """The error the chunk's ack carried (waiting for it), or ``None`` if it is stored."""
-    try:
-        sent.ack.result()
-    except JetStreamError as exc:
-        return exc
-    return None
+def _nats_error(client: SyncClient) -> object:
+    """The last error the client's NATS connection reported (nats-server's ``-ERR``), if any.
+
+    The client only logs errors NATS reports outside a call; a refused publish
+    is one of them, so the sink looks at the connection itself.
+    """
+    inner = getattr(client, "_client", None)
+    connection = getattr(inner, "nc", None)
+    return getattr(connection, "last_error", None)
 
 
 class Chunker:

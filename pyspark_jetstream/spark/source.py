@@ -33,7 +33,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.cluster import ClusterConnection
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.client.credentials import Credentials
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.flight import ActionType
 
 from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
@@ -50,16 +51,20 @@ from .reading import (
 
 logger = logging.getLogger(__name__)
 
-_connections: dict[str, ClusterConnection] = {}
+_connections: dict[tuple[str, Credentials], ClusterConnection] = {}
 _connections_lock = threading.Lock()
 
 
 def connection(options: SourceOptions) -> ClusterConnection:
-    """One Flight connection per broker per process (readers themselves must stay picklable)."""
+    """One Flight connection per broker and credentials per process (readers themselves must
+    stay picklable): queries of different principals never share one."""
+    key = (options.broker, options.credentials)
     with _connections_lock:
-        found = _connections.get(options.broker)
+        found = _connections.get(key)
         if found is None:
-            found = _connections[options.broker] = ClusterConnection(options.broker, timeout=options.timeout)
+            found = _connections[key] = ClusterConnection(
+                options.broker, timeout=options.timeout, credentials=options.credentials
+            )
         return found
 
 
@@ -149,6 +154,7 @@ class _Reading:
             fail_on_data_loss=self.options.fail_on_data_loss,
             timeout=self.options.timeout,
             from_replicas=self.options.read_from_replicas,
+            credentials=self.options.credentials,
         )
 
 
@@ -181,6 +187,8 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         """``time.monotonic()`` when the last micro-batch was planned (the first is never delayed)."""
         self._stored: Offsets | None = None
         """The position last stored as cursors."""
+        self._cursors_refused = False
+        """The principal may not store this query's cursors: not asked again."""
 
     def initialOffset(self) -> Offsets:
         """Where a new query starts (``startingOffsets`` / ``startingTimestamp``)."""
@@ -262,7 +270,7 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         """Cursors at ``position`` (once per position).  They are a report for people and for
         ``startingOffsets=cursor``; Spark's checkpoint is what the query resumes from, so a
         broker that cannot take them is logged, not fatal."""
-        if position == self._stored:
+        if position == self._stored or self._cursors_refused:
             return
         conn = connection(self.options)
         try:
@@ -277,6 +285,15 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
                             "offset": offset,
                         },
                     )
+        except PermissionDeniedError as exc:
+            self._cursors_refused = True
+            logger.warning(
+                "cursors of %s are not stored (%s); set the option 'consumerId' to a consumer name "
+                "the principal may store cursors of",
+                self.options.consumer_id,
+                exc,
+            )
+            return
         except JetStreamError as exc:
             logger.warning("cursors of %s not stored at %s: %s", self.options.consumer_id, position, exc)
             return
