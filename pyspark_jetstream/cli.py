@@ -6,6 +6,14 @@ its Flight address, unless ``--broker`` (or ``$JETSTREAM_BROKER``) gives it.
 Every failure prints one line on stderr: errors exit 1, usage errors 2.  What
 the library logs on the way (a failed connect attempt, ...) shows only with
 ``--verbose``: the line names the error that ended the command.
+
+A secured deployment takes ``--credentials FILE`` (or
+``$JETSTREAM_CREDENTIALS``: TOML with ``user``, ``token``, ``tls_ca``,
+``tls_cert``, ``tls_key``), or ``--user`` with ``--token`` (better
+``$JETSTREAM_TOKEN``: a command line is visible to every user of the machine)
+and ``--tls-ca``, ``--tls-cert``, ``--tls-key``; options given override the
+file's.  The token is never printed, not even in an error.  ``jetstream acl
+hash-token`` makes the bcrypt hash an ACL file stores for a token.
 """
 
 from __future__ import annotations
@@ -18,13 +26,25 @@ import logging
 import math
 import os
 import re
+import secrets
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NoReturn
 
-from pyspark_jetstream.client import AckPolicy, SyncClient
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
+from pyspark_jetstream.client import AckPolicy, Credentials, SyncClient
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    PermissionDeniedError,
+    RequestTimeoutError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnknownStreamError,
+)
 from pyspark_jetstream.protocol.flight import PartitionInfo, StreamInfo
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, number_range
@@ -34,6 +54,15 @@ BROKER_MODULES = ("zlib_ng", "kazoo", "prometheus_client")
 """What ``jetstream broker start`` needs beyond the client: the ``[broker]`` extra."""
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 3600.0
+CONNECT_ATTEMPTS = 4
+RECONNECT_WAIT = 2.0
+"""The client tries NATS up to ``CONNECT_ATTEMPTS`` times, each up to ``--timeout``, this far
+apart: a connection that takes longer than all of them hangs, and the command gives up on it."""
+MAX_TOKEN_BYTES = 72
+"""bcrypt uses the first 72 bytes of a password only: a longer token would be as weak as its head."""
+FATAL_NATS_ERRORS = ("authorization violation", "certificate verify failed")
+"""What NATS (or the TLS handshake) says when trying again cannot help: the command stops at once."""
+CREDENTIALS_HINT = "give --user and --token (or $JETSTREAM_TOKEN), or --credentials FILE"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,10 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "acl":
+        return _hash_token(args)
     if args.command == "outbox":
         from pyspark_jetstream.outbox import cli as outbox_cli
 
         try:
+            args.credentials_given = _credential_options(args)
             return outbox_cli.run(args)
         except JetStreamError as exc:
             _fail(str(exc))
@@ -64,9 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.CRITICAL, format="jetstream: %(name)s: %(message)s"
     )
+    credentials = Credentials()
     try:
-        with SyncClient(nats_urls=args.nats, broker=args.broker, timeout=args.timeout) as client:
-            args.run(client, args)
+        with _nats_errors(args.verbose) as nats_errors:
+            try:
+                credentials = Credentials.from_options(_credential_options(args))
+                with _connect(args, credentials, nats_errors) as client:
+                    args.run(client, args)
+            except (UnavailableError, UnauthenticatedError, RequestTimeoutError) as exc:
+                raise _explained(exc, args, credentials, nats_errors) from None
     except UnknownStreamError as exc:
         _fail(f"{exc}; 'jetstream stream list' shows the streams")
         return 1
@@ -87,6 +125,163 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(message: str) -> None:
     """Print ``message`` as the one line a failure writes to stderr."""
     print(f"jetstream: {' '.join(message.split())}", file=sys.stderr)
+
+
+# ---- credentials ----------------------------------------------------------------------------
+
+
+def _credential_options(args: argparse.Namespace) -> dict[str, str]:
+    """The credentials given on the command line or in the environment, as options."""
+    given = {
+        "user": args.user,
+        "token": args.token,
+        "tls.ca": args.tls_ca,
+        "tls.cert": args.tls_cert,
+        "tls.key": args.tls_key,
+        "credentialsFile": args.credentials,
+    }
+    return {name: value for name, value in given.items() if value}
+
+
+@contextmanager
+def _connect(
+    args: argparse.Namespace, credentials: Credentials, nats_errors: list[str]
+) -> Iterator[SyncClient]:
+    """A client of the deployment, or the error that prevented one.
+
+    The connection is made in a thread of its own so that a NATS server that
+    never completes the handshake (a TLS certificate this machine does not
+    trust makes nats-py retry without end) cannot hang the command, and so
+    that a refusal no retry can change (``FATAL_NATS_ERRORS``) ends it at once.
+    """
+    made: list[SyncClient | Exception] = []
+
+    def connect() -> None:
+        try:
+            made.append(
+                SyncClient(
+                    nats_urls=args.nats, broker=args.broker, timeout=args.timeout, credentials=credentials
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+            made.append(exc)
+
+    thread = threading.Thread(target=connect, name="jetstream-connect", daemon=True)
+    thread.start()
+    started = time.monotonic()
+    deadline = started + CONNECT_ATTEMPTS * (args.timeout + RECONNECT_WAIT)
+    while not made and time.monotonic() < deadline:
+        if any(fatal in e.lower() for e in nats_errors for fatal in FATAL_NATS_ERRORS):
+            break  # nats-py would try again, and be refused again
+        thread.join(0.05)
+    if not made:
+        waited = time.monotonic() - started
+        raise UnavailableError(f"no connection to NATS at {args.nats} after {waited:.0f}s")
+    if isinstance(made[0], Exception):
+        raise made[0]
+    with made[0] as client:
+        yield client
+
+
+class _Collect(logging.Handler):
+    """Keeps the messages of what the client logs about NATS (its refusals, TLS failures)."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+@contextmanager
+def _nats_errors(verbose: bool) -> Iterator[list[str]]:
+    """The client's logged warnings while the command runs (shown only with ``--verbose``)."""
+    logger = logging.getLogger("pyspark_jetstream.client")
+    collected: list[str] = []
+    handler = _Collect(collected)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    logger.propagate = verbose
+    try:
+        yield collected
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def _explained(
+    exc: JetStreamError, args: argparse.Namespace, credentials: Credentials, nats_errors: list[str]
+) -> JetStreamError:
+    """``exc`` with what NATS said and what to give, when credentials are the cause."""
+    said = " ".join(nats_errors).lower()
+    where = f"NATS at {args.nats}"
+    if isinstance(exc, UnauthenticatedError):
+        return UnauthenticatedError(f"{exc}; {CREDENTIALS_HINT}" if credentials.user is None else str(exc))
+    if isinstance(exc, RequestTimeoutError):
+        refused = re.search(r'permissions violation for publish to "([^"]+)"', said)
+        if refused:
+            who = f"user {credentials.user!r}" if credentials.user else "this client"
+            return PermissionDeniedError(
+                f"{where} refused to let {who} publish to {refused[1]!r}: "
+                "it needs a 'write' grant on the stream"
+            )
+        return exc
+    if "authorization violation" in said:
+        if credentials.user is None:
+            return UnauthenticatedError(f"{where} needs a user and token: {CREDENTIALS_HINT}")
+        return UnauthenticatedError(f"{where} refused user {credentials.user!r}: wrong user or token")
+    if "certificate verify failed" in said:
+        if credentials.tls_ca is None:
+            return UnavailableError(
+                f"{where} uses TLS with a certificate this machine does not trust: give --tls-ca FILE "
+                "(the CA that signed the brokers' certificates), or tls_ca in --credentials FILE"
+            )
+        return UnavailableError(
+            f"{where} presents a certificate not signed by the CA in {credentials.tls_ca!r} (--tls-ca)"
+        )
+    if "tls" in said and credentials.tls_ca is None:
+        return UnavailableError(f"{exc}; if the deployment uses TLS, give --tls-ca FILE")
+    return exc
+
+
+def _hash_token(args: argparse.Namespace) -> int:
+    """``jetstream acl hash-token``: a bcrypt hash of a token read from stdin, or of a new one."""
+    if args.generate:
+        token = secrets.token_urlsafe(32)
+    elif sys.stdin.isatty():
+        import getpass
+
+        token = getpass.getpass("token: ")
+    else:
+        token = sys.stdin.readline().rstrip("\r\n")
+    if not token:
+        _fail(
+            'no token read from stdin: pipe one in (printf %s "$TOKEN" | jetstream acl hash-token) '
+            "or use --generate"
+        )
+        return 2
+    if len(token.encode()) > MAX_TOKEN_BYTES:
+        _fail(
+            f"the token is longer than {MAX_TOKEN_BYTES} bytes and bcrypt checks only the first "
+            f"{MAX_TOKEN_BYTES}: use a shorter one"
+        )
+        return 2
+    try:
+        import bcrypt
+    except ImportError:
+        _fail("hashing a token needs bcrypt, in the [broker] extra: pip install 'pyspark-jetstream[broker]'")
+        return 2
+    hashed = bcrypt.hashpw(token.encode(), bcrypt.gensalt(10)).decode("ascii")
+    if args.generate:
+        print(f'token = "{token}"  # for the principal\'s credentials file only')
+        print(f'token_bcrypt = "{hashed}"  # for its [users.<name>] in the ACL')
+    else:
+        print(hashed)
+    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -155,6 +350,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show what the library logs, and tracebacks"
     )
+    secured = parser.add_argument_group("credentials of a secured deployment")
+    secured.add_argument(
+        "--credentials",
+        metavar="FILE",
+        default=os.environ.get("JETSTREAM_CREDENTIALS"),
+        help="TOML with user, token, tls_ca, tls_cert, tls_key (default $JETSTREAM_CREDENTIALS)",
+    )
+    secured.add_argument("--user", help="the principal to act as (with a token)")
+    secured.add_argument(
+        "--token",
+        default=os.environ.get("JETSTREAM_TOKEN"),
+        help="the user's token; prefer $JETSTREAM_TOKEN or --credentials (others can see command lines)",
+    )
+    secured.add_argument("--tls-ca", metavar="FILE", help="PEM CA that signed the brokers' certificates")
+    secured.add_argument("--tls-cert", metavar="FILE", help="PEM client certificate (mutual TLS)")
+    secured.add_argument("--tls-key", metavar="FILE", help="PEM key of --tls-cert")
     parser.add_argument("--version", action="version", version=f"jetstream {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -164,6 +375,15 @@ def _parser() -> argparse.ArgumentParser:
         "start",
         help="start a broker: --config FILE, --data-dir DIR, ... ('broker start --help' lists them)",
         add_help=False,  # --help goes to the broker program itself
+    )
+
+    acl = commands.add_parser("acl", help="tools for the access control list")
+    acl_commands = acl.add_subparsers(dest="acl_command", required=True)
+    hash_token = acl_commands.add_parser(
+        "hash-token", help="print the bcrypt hash of a token read from stdin, for an ACL's token_bcrypt"
+    )
+    hash_token.add_argument(
+        "--generate", action="store_true", help="make a new random token and print it with its hash"
     )
 
     from pyspark_jetstream.outbox.cli import add_commands as add_outbox_commands
