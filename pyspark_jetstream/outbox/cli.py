@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -92,15 +93,29 @@ async def _harvest(config: HarvesterConfig) -> int:
     return 0
 
 
+_CREDENTIAL_KEYS = {
+    "credentialsFile": "credentials_file",
+    "user": "user",
+    "token": "token",
+    "tls.ca": "tls_ca",
+    "tls.cert": "tls_cert",
+    "tls.key": "tls_key",
+}
+"""The CLI's credential options (as ``Credentials.from_options`` names them) and the config's keys."""
+
+
 def _config(args: argparse.Namespace) -> HarvesterConfig:
+    """The configuration of ``--config`` or ``--database``; the command line's credentials
+    (``--credentials``, ``--user``, ``--token``, ``--tls-*``) override the file's."""
+    given = {_CREDENTIAL_KEYS[k]: v for k, v in getattr(args, "credentials_given", {}).items()}
     if args.config:
         config = HarvesterConfig.from_file(args.config)
         if args.table or args.database:
             raise InvalidArgumentError("give --config, or --database and --table, not both")
-        return config
+        return dataclasses.replace(config, **given) if given else config
     if not args.database:
         raise InvalidArgumentError("give --config FILE (with an [outbox] table) or --database URL")
-    return HarvesterConfig(database=args.database, table=args.table or "outbox", nats=args.nats)
+    return HarvesterConfig(database=args.database, table=args.table or "outbox", nats=args.nats, **given)
 
 
 def _shown(database: str) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pyspark_jetstream.client import AckPolicy, Client
+from pyspark_jetstream.client import AckPolicy, Client, Credentials
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -100,9 +100,19 @@ class HarvesterConfig:
     shutdown_timeout: float = 10.0
     ack_policy: str = "all"
     report_every: float = 10.0
+    credentials_file: str = ""
+    """A credentials file (TOML: ``user``, ``token``, ``tls_ca``, ``tls_cert``, ``tls_key``) for a
+    secured deployment; the keys below override its values."""
+    user: str = ""
+    token: str = field(default="", repr=False)
+    """The user's token; better kept in ``credentials_file``, readable by the harvester alone."""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
     def __post_init__(self) -> None:
         checked_table(self.table)
+        self.credentials()  # a missing file or a user without its token fails here, naming it
         if not self.nats.strip():
             raise InvalidArgumentError(
                 "outbox: 'nats' is required (nats://host:port[,...]): rows are published through NATS"
@@ -131,6 +141,25 @@ class HarvesterConfig:
                 raise InvalidArgumentError(f"outbox: {name} must be seconds from 0 to 3600, got {value!r}")
         if self.ack_policy not in ("leader", "all"):
             raise InvalidArgumentError(f"outbox: ack_policy must be leader or all, got {self.ack_policy!r}")
+
+    def credentials(self) -> Credentials:
+        """What the harvester presents to NATS and the brokers (empty: an unsecured deployment)."""
+        for name in ("credentials_file", "user", "token", "tls_ca", "tls_cert", "tls_key"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidArgumentError(f"outbox: {name} must be a string")
+        try:
+            return Credentials.from_options(
+                {
+                    "credentialsFile": self.credentials_file,
+                    "user": self.user,
+                    "token": self.token,
+                    "tls.ca": self.tls_ca,
+                    "tls.cert": self.tls_cert,
+                    "tls.key": self.tls_key,
+                }
+            )
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"outbox: {exc}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> HarvesterConfig:
@@ -246,6 +275,7 @@ class Harvester:
             broker=config.servers or None,
             timeout=config.ack_timeout,
             max_pending=max(config.max_in_flight, 4000),
+            credentials=config.credentials(),
         )
         purging = asyncio.create_task(self._purging())
         reporting = asyncio.create_task(self._reporting())
