@@ -92,7 +92,11 @@ class Broker:
             lease=lease if callable(lease) else (lambda: True),
         )
         security = config.security
-        self.access = AccessControl(security.acl_file, on_change=self._security_changed)
+        self.access = AccessControl(
+            security.acl_file,
+            on_change=self._security_changed,
+            publish=coordinator.store_acl if self.clustered else None,
+        )
         self.credentials = _own_credentials(config)
         """What this broker presents to NATS and to its peers."""
         self.manager.connect_peer = self._connect_peer
@@ -179,6 +183,8 @@ class Broker:
             self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, self)
         info = BrokerInfo(self.broker_id, self.flight_address, tuple(self.nats_urls))
         await asyncio.to_thread(self.coordinator.start, info)
+        if self.clustered and self.access.enabled:
+            self.coordinator.watch_acl(self._acl_stored)
         self.manager.check_data()
         self.manager.clean_up()
         self.coordinator.add_listener(self._on_metadata_change)
@@ -429,10 +435,10 @@ class Broker:
                 tls["ca_file"] = security.tls_ca
             if security.verify_clients:
                 tls["verify"] = True
-        subjects: dict[str, str] = {}
+        subjects: dict[str, list[str]] = {}
         with contextlib.suppress(Exception):  # before the coordinator starts: no streams yet
             subjects = {
-                s.config.name: s.config.subject
+                s.config.name: s.config.partition_subjects()
                 for s in self.coordinator.list_streams()
                 if not s.config.name.startswith(INTERNAL_PREFIX)
             }
@@ -447,6 +453,15 @@ class Broker:
         if config != server.config:
             server.reload(config)
             logger.info("reloaded the embedded nats-server's permissions")
+
+    def _acl_stored(self, text: str | None) -> None:
+        """The cluster's ACL in ZooKeeper changed (or is first read): every broker enforces it.
+        None stored yet: this broker's file becomes the cluster's."""
+        if text is None:
+            if self.access.text is not None:
+                self.coordinator.store_acl(self.access.text)
+            return
+        self.access.offer_text(text, "the ACL in ZooKeeper")
 
     def _security_changed(self) -> None:
         """The ACL changed (any thread): the embedded NATS's permissions follow."""

@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,18 @@ class AccessControl:
     """The ACL in force, authentication of calls, and the checks (see the module docstring)."""
 
     def __init__(
-        self, acl_file: str = "", *, on_change: Callable[[], None] = lambda: None, reload: bool = True
+        self,
+        acl_file: str = "",
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        reload: bool = True,
+        publish: Callable[[str], None] | None = None,
     ) -> None:
+        """``publish``: in a cluster, where an edited file's text goes (ZooKeeper), to come back
+        to every broker through :meth:`offer_text`; without it the edit is enforced here."""
         self.acl_file = Path(acl_file) if acl_file else None
         self._on_change = on_change
+        self._publish = publish
         self._reload = reload
         self._lock = threading.Lock()
         self._acl: Acl | None = None
@@ -127,10 +135,18 @@ class AccessControl:
             return
         try:
             text = self._read_file()
+            parse_acl(text, str(self.acl_file))
         except InvalidArgumentError as exc:
             logger.error("access control: %s; keeping the ACL in force", exc)
             return
-        self.offer_text(text, str(self.acl_file))
+        if self._publish is None:
+            self.offer_text(text, str(self.acl_file))
+            return
+        try:
+            self._publish(text)
+        except Exception as exc:  # noqa: BLE001 - a coordinator's failure: kept, retried, logged
+            logger.error("access control: cannot store the edited %s for the cluster: %s", self.acl_file, exc)
+            self._stamp = None  # try again at the next check
 
     # ---- authentication ----------------------------------------------------------------
 
@@ -224,7 +240,7 @@ class AccessControl:
 
         return close
 
-    def nats_config(self, stream_subjects: Mapping[str, str], tls: Mapping[str, Any] | None) -> str:
+    def nats_config(self, stream_subjects: Mapping[str, Sequence[str]], tls: Mapping[str, Any] | None) -> str:
         """A nats-server configuration enforcing the ACL (users, permissions) and ``tls``."""
         blocks: dict[str, Any] = {}
         acl = self.acl

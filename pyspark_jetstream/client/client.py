@@ -15,9 +15,10 @@ import itertools
 import json
 import logging
 import math
+import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
     MessageTooLargeError,
+    PermissionDeniedError,
     RequestTimeoutError,
     UnavailableError,
     error_from_code,
@@ -152,21 +154,57 @@ async def _log_nats_error(error: Exception) -> None:
     logger.warning("NATS: %s", str(error) or type(error).__name__)
 
 
-async def _connect_nats(urls: list[str], timeout: float, credentials: Credentials) -> NatsClient:
+PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+"""nats-server's error for a publish the user's permissions refuse (nats-py reports it lower-cased)."""
+
+
+class _NatsErrors:
+    """nats-py's error callback: logs each error, keeps the last (the cause of a failed
+    connect), and hands it to the client's own handler once there is a client."""
+
+    def __init__(self) -> None:
+        self.last: Exception | None = None
+        self.handler: Callable[[Exception], None] | None = None
+
+    async def report(self, error: Exception) -> None:
+        """The callback (a coroutine function, as nats-py requires)."""
+        self.last = error
+        if self.handler is not None:
+            self.handler(error)
+        await _log_nats_error(error)
+
+
+async def _connect_nats(
+    urls: list[str], timeout: float, credentials: Credentials, errors: _NatsErrors | None = None
+) -> NatsClient:
+    errors = errors if errors is not None else _NatsErrors()
+    connecting = nats.connect(
+        servers=urls,
+        connect_timeout=timeout,
+        max_reconnect_attempts=3,
+        error_cb=errors.report,
+        **credentials.nats_arguments(),
+    )
     try:
-        nc: NatsClient = await nats.connect(
-            servers=urls,
-            connect_timeout=timeout,
-            max_reconnect_attempts=3,
-            error_cb=_log_nats_error,
-            **credentials.nats_arguments(),
-        )
+        # Bounded as a whole: a failed TLS handshake makes nats-py retry without end.
+        nc: NatsClient = await asyncio.wait_for(connecting, timeout * 2)
     except (NatsError, OSError, TimeoutError) as exc:
+        cause = errors.last if errors.last is not None else exc
         raise UnavailableError(
-            f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}; "
-            "is a broker or nats-server running there?"
+            f"cannot connect to NATS at {', '.join(urls)}: {cause or type(cause).__name__}"
+            f"{_nats_hint(str(cause))}"
         ) from None
     return nc
+
+
+def _nats_hint(cause: str) -> str:
+    """What to do about a failed NATS connect, judged from its cause."""
+    lowered = cause.lower()
+    if "certificate" in lowered or "ssl" in lowered:
+        return " (a TLS problem: give the CA that signed the server's certificate as tls.ca)"
+    if "authorization" in lowered:
+        return " (the server needs a user and token, and refused the ones given)"
+    return "; is a broker or nats-server running there?"
 
 
 async def _ask_for_broker(nc: NatsClient, urls: list[str], timeout: float) -> str:
@@ -230,11 +268,13 @@ class Client:
             raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
         credentials = credentials if credentials is not None else Credentials()
-        nc = await _connect_nats(urls, timeout, credentials)
+        errors = _NatsErrors()
+        nc = await _connect_nats(urls, timeout, credentials, errors)
         try:
             if broker is None:
                 broker = await _ask_for_broker(nc, urls, timeout)
             client = cls(nc, broker, timeout, max_pending, credentials)
+            errors.handler = client._on_nats_error
             client._ack_sub = await nc.subscribe(client._inbox, cb=client._on_ack)
         except BaseException:
             # Left open, its tasks would die with the event loop, each with a traceback.
@@ -550,6 +590,33 @@ class Client:
 
     def _release_window(self, _: asyncio.Future[Ack]) -> None:
         self._window.release()
+
+    def _on_nats_error(self, error: Exception) -> None:
+        """NATS refused a publish (no write permission): fail its pending acks at once, rather
+        than let each wait out its timeout."""
+        refused = PUBLISH_REFUSED.search(str(error))
+        if refused is None:
+            return
+        subject = refused.group(1)  # nats-py lower-cases the server's error, subject included
+        stream = next(
+            (
+                name
+                for name, config in self._streams.items()
+                if subject in (s.lower() for s in config.partition_subjects())
+            ),
+            None,
+        )
+        what = f"stream {stream!r}" if stream is not None else f"subject {subject!r}"
+        who = f"principal {self.credentials.user!r}" if self.credentials.user else "this client"
+        for _, correlation_id, pending_subject, _ in self._deadlines:
+            future = self._acks.get(correlation_id) if pending_subject.lower() == subject else None
+            if future is not None and not future.done():
+                future.set_exception(
+                    PermissionDeniedError(
+                        f"{who} may not write {what} (NATS refused the publish to {subject!r})",
+                        stream=stream,
+                    )
+                )
 
     async def _sweep(self) -> None:
         """Fail acks that are overdue, soonest deadline first."""

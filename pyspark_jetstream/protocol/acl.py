@@ -39,7 +39,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,11 +137,11 @@ class Acl:
         return user.max_follow_readers if user is not None else 0
 
     def nats_authorization(
-        self, stream_subjects: Mapping[str, str], passwords: Mapping[str, str]
+        self, stream_subjects: Mapping[str, Sequence[str]], passwords: Mapping[str, str]
     ) -> dict[str, Any]:
         """The ``authorization`` block of a nats-server configuration enforcing this document.
 
-        ``stream_subjects`` maps each stream to its subject; ``passwords`` each
+        ``stream_subjects`` maps each stream to its partitions' subjects; ``passwords`` each
         principal to the password NATS checks (its ``token_bcrypt``: nats-server
         takes bcrypt hashes).  Brokers may publish and subscribe everywhere;
         everyone else may publish only to the subjects of streams it may write
@@ -159,7 +159,12 @@ class Acl:
                 entry["permissions"] = {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
             else:
                 writable = sorted(
-                    {s for stream, s in stream_subjects.items() if self.allows(name, "write", stream=stream)}
+                    {
+                        subject
+                        for stream, subjects in stream_subjects.items()
+                        if self.allows(name, "write", stream=stream)
+                        for subject in subjects
+                    }
                 )
                 readable = sorted(
                     f"{TAIL_PREFIX}.*.{stream}"
