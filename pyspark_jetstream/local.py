@@ -165,13 +165,14 @@ class LocalCluster:
         chroot: str = "/pyspark-jetstream",
         log_level: str = "INFO",
         maintenance_interval: float = 30.0,
+        nats_config: str = "",
     ) -> None:
         from broker_node.nats_server import NatsServer
         from broker_node.zookeeper_server import ZooKeeperServer
 
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="jetstream-cluster-"))
         self.zookeeper = ZooKeeperServer(data_dir=self.base_dir / "zookeeper")
-        self.nats = NatsServer()
+        self.nats = NatsServer(config=nats_config)
         self._brokers_wanted = brokers
         self._factor = cursor_replication_factor or min(3, brokers)
         self.session_timeout = session_timeout
@@ -210,7 +211,7 @@ class LocalCluster:
                     self.base_dir / f"broker-{n}",
                     nats_url=self.nats.url,
                     broker_id=f"broker-{n}",
-                    extra_config=zookeeper_table + self.extra_config,
+                    extra_config=zookeeper_table + self.extra_config.replace("{broker_id}", f"broker-{n}"),
                     log_level=self.log_level,
                     maintenance_interval=self.maintenance_interval,
                 )
