@@ -18,11 +18,10 @@ that failed, and a chunk whose ack was lost is acked again as a duplicate.
 
 On a secured deployment the options' credentials go to NATS and to every
 broker.  A principal without ``write`` on the stream is refused by
-nats-server itself: the publish is dropped and no broker ever acks it, so
-while a task waits for an ack it also watches its NATS connection for that
-refusal and fails at once with ``PermissionDeniedError`` (naming the
-principal and the subject) instead of waiting out the timeout of every
-attempt.
+nats-server itself: the publish is dropped and no broker ever acks it; the
+client fails that ack at once with ``PermissionDeniedError`` (naming the
+principal and the stream), which is not retried, so the task fails instead of
+waiting out the timeout of every attempt.
 
 Input columns: ``value`` (binary or string, required), and optionally
 ``key`` (binary or string), ``headers`` (``array<struct<key:string,
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import re
 import time
 import uuid
 import zlib
@@ -52,7 +50,7 @@ from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
@@ -68,9 +66,6 @@ RETRY_BACKOFF = 0.2
 """Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
-REFUSAL_CHECK = 0.05
-"""Seconds between looks at the NATS connection for a refused publish while an ack is awaited."""
-_PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
 def check_input_schema(schema: StructType, options: SinkOptions) -> None:
@@ -126,7 +121,7 @@ class _Publishing:
             timeout=self.options.timeout,
             credentials=self.options.credentials,
         ) as client:
-            window = _Window(client, self.options.stream, producer_id, epoch, self.options.credentials.user)
+            window = _Window(client, self.options.stream, producer_id, epoch)
             for batch in batches:
                 rows += batch.num_rows
                 for subject, part in self._route(batch, task_partition):
@@ -197,15 +192,11 @@ class _Sent(NamedTuple):
 class _Window:
     """Chunks published ahead of their acks, resent in order after a retriable failure."""
 
-    def __init__(
-        self, client: SyncClient, stream: str | None, producer_id: str, epoch: int, user: str | None = None
-    ) -> None:
+    def __init__(self, client: SyncClient, stream: str | None, producer_id: str, epoch: int) -> None:
         self.client = client
         self.stream = stream
         self.producer_id = producer_id
         self.epoch = epoch
-        self.user = user
-        """The principal publishing, to name in a refusal."""
         self._sent: deque[_Sent] = deque()
 
     def send(self, subject: str, sequence: int, chunk: pa.RecordBatch) -> None:
@@ -264,45 +255,15 @@ class _Window:
     def _failure(self, sent: _Sent) -> JetStreamError | None:
         """The error the chunk's ack carried (waiting for it), or ``None`` if it is stored.
 
-        A publish NATS refused (see the module docstring) is never acked: it
-        fails here with ``PermissionDeniedError`` as soon as NATS reports it.
+        A publish NATS refused (no write grant) is never acked by a broker: the
+        client fails its ack with ``PermissionDeniedError`` as soon as NATS
+        reports the refusal.
         """
-        while not sent.ack.done():
-            concurrent.futures.wait([sent.ack], timeout=REFUSAL_CHECK)
-            refusal = None if sent.ack.done() else self._refusal(sent.subject)
-            if refusal is not None:
-                return refusal  # the ack stays pending: closing the client fails it
         try:
             sent.ack.result()
         except JetStreamError as exc:
-            return self._refusal(sent.subject) or exc
+            return exc
         return None
-
-    def _refusal(self, subject: str) -> PermissionDeniedError | None:
-        """``PermissionDeniedError`` if NATS refused this connection's publishes to ``subject``."""
-        match = _PUBLISH_REFUSED.search(str(_nats_error(self.client) or ""))
-        if match is None or match[1] != subject:
-            return None
-        who = f"principal {self.user!r}" if self.user else "this client (no user given)"
-        stream = f"stream {self.stream!r}" if self.stream else f"subject {subject!r}"
-        return PermissionDeniedError(
-            f"{who} may not write {stream}: NATS refused the publish to {subject!r} "
-            "(a 'write' grant on the stream is needed)",
-            principal=self.user,
-            action="write",
-            stream=self.stream,
-        )
-
-
-def _nats_error(client: SyncClient) -> object:
-    """The last error the client's NATS connection reported (nats-server's ``-ERR``), if any.
-
-    The client only logs errors NATS reports outside a call; a refused publish
-    is one of them, so the sink looks at the connection itself.
-    """
-    inner = getattr(client, "_client", None)
-    connection = getattr(inner, "nc", None)
-    return getattr(connection, "last_error", None)
 
 
 class Chunker:
