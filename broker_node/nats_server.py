@@ -78,10 +78,12 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        """``nats://host:port`` of the running server."""
+        """``nats://host:port`` of the running server (loopback when it listens on every address,
+        so a TLS certificate for 127.0.0.1 or localhost matches the broker's own connection)."""
         if self.port is None:
             raise NatsServerError("nats-server is not running")
-        return f"nats://{self.host}:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"nats://{host}:{self.port}"
 
     @property
     def running(self) -> bool:
