@@ -36,6 +36,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from pyspark_jetstream.client import AckPolicy, Credentials, SyncClient
+from pyspark_jetstream.protocol.acl import parse_acl
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "broker_node", *extra])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "acl":
+    if args.command == "acl" and args.acl_command == "hash-token":
         return _hash_token(args)
     if args.command == "outbox":
         from pyspark_jetstream.outbox import cli as outbox_cli
@@ -248,6 +249,25 @@ def _explained(
     return exc
 
 
+def _print_nats_config(client: SyncClient, args: argparse.Namespace) -> None:
+    """``jetstream acl nats-config``: the ``authorization`` block for nats-server."""
+    path = args.acl_file
+    try:
+        with open(path, encoding="utf-8") as handle:
+            acl = parse_acl(handle.read(), path)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the ACL file {path!r}: {exc}") from None
+    subjects = {
+        info.config["name"]: StreamConfig.from_json(info.config).partition_subjects()
+        for info in client.list_streams()
+        if not info.config["name"].startswith(INTERNAL_PREFIX)
+    }
+    passwords = {name: u.token_bcrypt for name, u in acl.users.items() if u.token_bcrypt is not None}
+    block = acl.nats_authorization(subjects, passwords)
+    print(f"# from {path} and the {len(subjects)} stream(s) of the cluster; nats-server reloads it on SIGHUP")
+    print(f"authorization: {json.dumps(block, indent=2)}")
+
+
 def _hash_token(args: argparse.Namespace) -> int:
     """``jetstream acl hash-token``: a bcrypt hash of a token read from stdin, or of a new one."""
     if args.generate:
@@ -385,6 +405,13 @@ def _parser() -> argparse.ArgumentParser:
     hash_token.add_argument(
         "--generate", action="store_true", help="make a new random token and print it with its hash"
     )
+    nats_config = acl_commands.add_parser(
+        "nats-config",
+        help="print a nats-server authorization block enforcing an ACL file for the streams that exist "
+        "(for a NATS the brokers do not start themselves; run it again after creating streams)",
+    )
+    nats_config.add_argument("acl_file", help="the ACL file the brokers enforce")
+    nats_config.set_defaults(run=_print_nats_config)
 
     from pyspark_jetstream.outbox.cli import add_commands as add_outbox_commands
 

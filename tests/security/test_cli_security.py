@@ -3,6 +3,7 @@ environment or options; every refusal one line naming what is missing; the token
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_what_a_principal_may_not_do_is_one_line_naming_it(secured, files):
     tail = jetstream(secured, "--credentials", files["mallory"], "tail", "orders", "--no-follow")
     assert one_line(tail) == "jetstream: principal 'mallory' may not read stream 'orders'"
     publish = jetstream(secured, "--timeout", "2", "--credentials", files["bob"], "publish", "orders", "x")
-    assert "refused to let user 'bob' publish to 'orders'" in one_line(publish)
+    assert "principal 'bob' may not write stream 'orders'" in one_line(publish)
     for result in (tail, publish):
         no_token_in(result)
 
@@ -140,3 +141,20 @@ def test_hash_token_without_bcrypt_names_the_extra():
         cwd=ROOT,
     )
     assert "needs bcrypt, in the [broker] extra" in one_line(result)
+
+
+def test_nats_config_is_generated_from_the_acl_for_the_streams_that_exist(secured: Secured, files) -> None:
+    broker_file = Path(files["alice"]).with_name("broker.toml")
+    broker_file.write_text(f'user = "broker"\ntoken = "{TOKENS["broker"]}"\ntls_ca = "{secured.pki.ca}"\n')
+    result = jetstream(
+        secured, "--credentials", str(broker_file), "acl", "nats-config", str(secured.acl_file)
+    )
+    assert result.returncode == 0, result.stderr
+    body = result.stdout.split("authorization: ", 1)[1]
+    users = {u["user"]: u for u in json.loads(body)["users"]}
+    assert users["broker"]["permissions"]["subscribe"]["allow"] == [">"]
+    assert "orders" in users["alice"]["permissions"]["publish"]["allow"]
+    assert "orders" not in users["bob"]["permissions"]["publish"]["allow"]
+    assert users["bob"]["permissions"]["subscribe"]["allow"] == ["_INBOX_bob.>", "_PJS.tail.*.orders"]
+    assert users["mallory"]["permissions"]["publish"]["allow"] == ["_PJS.discover"]
+    no_token_in(result)
