@@ -18,6 +18,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -261,17 +262,18 @@ class FlightApi(flight.FlightServerBase):
         log = partition.log
         start = self._resolve_start(request, partition)
         if request.follow > 0:
-            close = self.access.open_follow(principal)
+            close = _once(self.access.open_follow(principal))
             metadata = response_metadata(
                 next_offset=start,
                 high_watermark=partition.high_watermark,
                 log_start_offset=log.log_start_offset,
                 log_end_offset=log.log_end_offset,
             )
-            return flight.GeneratorStream(
-                _projected_schema(request).with_metadata(metadata),
-                self._counting_followers(self._follow(request, partition, start, context), close),
-            )
+            follows = self._counting_followers(self._follow(request, partition, start, context), close)
+            # A call cancelled before its first batch never runs the generator's finally: the
+            # count is released when the generator is dropped instead.
+            weakref.finalize(follows, close)
+            return flight.GeneratorStream(_projected_schema(request).with_metadata(metadata), follows)
         if request.max_wait > 0 and start >= partition.high_watermark:
             partition.wait_for_data(start, request.max_wait)
         high_watermark = partition.high_watermark
@@ -507,6 +509,17 @@ class FlightApi(flight.FlightServerBase):
                 f"cannot create stream {name!r}: the cluster holds {len(names)} streams, its limit "
                 f"([security] max_streams) is {self.max_streams}"
             )
+
+
+def _once(call: Callable[[], None]) -> Callable[[], None]:
+    """``call``, run at most once however often it is called."""
+    done = threading.Lock()
+
+    def run() -> None:
+        if done.acquire(blocking=False):
+            call()
+
+    return run
 
 
 def _projected_schema(request: ReadRequest) -> pa.Schema:

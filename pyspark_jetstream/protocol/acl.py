@@ -55,6 +55,9 @@ PRINCIPAL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 """Principal names: they become NATS user names and a token of the principal's inbox subject."""
 DEFAULT_MAX_FOLLOW_READERS = 64
 INBOX_ROOT = "_INBOX"
+LOCKED_USER = "_nobody"
+LOCKED_PASSWORD = "$2b$10$" + "." * 53
+"""A bcrypt-shaped hash no password matches: the NATS login of an ACL with no token users."""
 BCRYPT_PATTERN = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 
 
@@ -176,6 +179,8 @@ class Acl:
                     "subscribe": {"allow": [f"{inbox_prefix(name)}.>", *readable]},
                 }
             users.append(entry)
+        if not users:  # an empty list would leave nats-server open to anyone: lock it instead
+            users.append({"user": LOCKED_USER, "password": LOCKED_PASSWORD})
         return {"users": users}
 
 

@@ -141,3 +141,9 @@ def test_grants_deny_by_default_and_match_patterns() -> None:
     (a,) = nats["users"]
     assert a["permissions"]["publish"]["allow"] == ["_PJS.discover"]
     assert a["permissions"]["subscribe"]["allow"] == ["_INBOX_a.>", "_PJS.tail.*.orders.eu"]
+
+
+def test_an_acl_with_no_token_users_locks_nats_rather_than_opening_it() -> None:
+    acl = parse_acl("[users.carol]\n[[grants]]\nprincipal = 'carol'\nstreams = ['x']\nactions = ['read']\n")
+    (only,) = acl.nats_authorization({"x": ["x"]}, {})["users"]
+    assert only["user"] == "_nobody" and only["password"].startswith("$2b$10$")
