@@ -43,8 +43,11 @@ cluster-clean:
 	rm -rf .cluster
 
 # The fault matrix, long: 10 minutes of random faults on a real cluster, then the checker's table
-# (make chaos SEED=7 MINUTES=2 for another run).
+# (make chaos SEED=7 MINUTES=2 for another run); then a leader replicating SOAK_MB megabytes must
+# hold no more memory than its followers plus 150 MB.
 SEED ?= 1
 MINUTES ?= 10
+SOAK_MB ?= 1024
 chaos: bootstrap
 	$(PY) scripts/chaos.py --seed $(SEED) --minutes $(MINUTES)
+	$(PY) scripts/soak.py --mb $(SOAK_MB)

@@ -28,6 +28,7 @@ from pyarrow import flight
 from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
 from broker_node.log.labels import Labels
+from pyspark_jetstream.protocol.arrays import large_binary_of
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -247,7 +248,7 @@ class FlightApi(flight.FlightServerBase):
                 "base_offset": pa.array([f.base_offset for f in frames], pa.int64()),
                 "last_offset": pa.array([f.last_offset for f in frames], pa.int64()),
                 "leader_epoch": pa.array([f.leader_epoch for f in frames], pa.int32()),
-                "frame": pa.array([memoryview(f.data) for f in frames], pa.large_binary()),
+                "frame": large_binary_of([f.data for f in frames]),
             },
             schema=FETCH_SCHEMA.with_metadata(fetch_metadata(**offsets)),
         )
