@@ -51,6 +51,21 @@ class LeaderEpochCache:
         """The newest epoch, or ``None`` before the first assignment."""
         return self._entries[-1][0] if self._entries else None
 
+    def epoch_at(self, offset: int) -> int | None:
+        """The epoch in force at ``offset`` (the newest one starting at or before it), or ``None``."""
+        found = None
+        for epoch, start in self._entries:
+            if start > offset:
+                break
+            found = epoch
+        return found
+
+    def replace(self, entries: list[tuple[int, int]]) -> None:
+        """Take ``entries`` (epochs and starts ascending) instead of what the cache holds."""
+        if entries != self._entries:
+            self._entries = list(entries)
+            self._save()
+
     def assign(self, epoch: int, start_offset: int) -> None:
         """Record that ``epoch`` starts at ``start_offset``; a repeat of the latest is a no-op.
 

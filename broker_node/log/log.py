@@ -48,6 +48,7 @@ from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
     LogClosedError,
+    LogError,
     LogStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -302,11 +303,33 @@ class Log(ReplicaMethods):
         """Stamp appends from now on with ``epoch``, which starts at the log end offset.
 
         Epochs only grow; assigning the current one again does nothing.
+        An epoch older than the latest one is refused (``LogError``) -- unless
+        the newer ones began at the log end and hold no data: those are
+        forgotten, with a warning (a damaged checkpoint named them; nothing was
+        written in them).
         """
         with self._lock:
             self._check_open()
             _check_offset_arg("epoch", epoch)
-            self._epochs.assign(epoch, self.log_end_offset)
+            end = self.log_end_offset
+            newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
+            if newer and all(start >= end for _, start in newer):
+                self._log.warning(
+                    "%s names epoch(s) %s with no data, newer than epoch %d given now; forgetting them",
+                    self.directory / LEADER_EPOCH_CHECKPOINT,
+                    ", ".join(str(e) for e, _ in newer),
+                    epoch,
+                )
+                self._epochs.truncate_from_end(end)
+            elif newer:
+                e, start = next((e, start) for e, start in newer if start < end)
+                raise LogError(
+                    f"{self.directory} cannot take leader epoch {epoch}: it holds data of the newer "
+                    f"epoch {e} from offset {start} on, so the coordinator's metadata is older than "
+                    "this data; restore the coordinator's data, or move this directory aside to start "
+                    "the partition empty"
+                )
+            self._epochs.assign(epoch, end)
 
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
@@ -821,17 +844,54 @@ class Log(ReplicaMethods):
             raise LogStorageError(f"could not fsync {self._active.path}: {exc}") from exc
 
     def _reconcile_epochs(self) -> None:
-        """Align the epoch cache with the recovered data (its checkpoint may lag or lead)."""
+        """Align the epoch cache with the recovered data.
+
+        The stored batches are the truth: each carries the epoch it was
+        written in.  The checkpoint may lag them (a newer epoch's first batch
+        written, the file not yet) or hold epochs begun at the log end with no
+        data yet; both are kept and filled in.  A checkpoint that contradicts
+        them -- an epoch newer than a batch's own in force at its offset
+        (damage, an edit) -- would keep the partition from ever taking its
+        role: it is rebuilt from the batches, with one warning naming the file.
+        """
         self._epochs.truncate_from_end(self.log_end_offset, inclusive=False)
+        stored: list[tuple[int, int]] = []  # (epoch, first offset), from the batches alone
+        contradiction = None
         for segment in self._segments:
             index = segment.index
             for i in range(len(index)):
-                latest = self._epochs.latest_epoch
                 if i in segment.damage:
                     continue  # a lost stretch's epoch is a guess
-                if latest is None or index.epochs[i] > latest:
-                    self._epochs.assign(index.epochs[i], index.bases[i])
+                epoch, base = index.epochs[i], index.bases[i]
+                if not stored or epoch > stored[-1][0]:
+                    stored.append((epoch, base))
+                if contradiction is None:
+                    contradiction = self._contradiction(epoch, base, index.lasts[i])
+        if contradiction is not None:
+            self._log.warning(
+                "%s does not match the segments (%s); rebuilt it from them",
+                self.directory / LEADER_EPOCH_CHECKPOINT,
+                contradiction,
+            )
+            self._epochs.replace(stored)
+        else:
+            for epoch, base in stored:
+                latest = self._epochs.latest_epoch
+                if latest is None or epoch > latest:
+                    self._epochs.assign(epoch, base)
         self._epochs.truncate_from_start(self.log_start_offset)
+
+    def _contradiction(self, epoch: int, base: int, last: int) -> str | None:
+        """How the epoch cache contradicts a stored batch of ``epoch`` from ``base`` to ``last``, if it
+        does: it must put that very epoch in force over the whole batch, unless it lags (knows
+        no epoch that new yet: the batch was written before its epoch reached the file)."""
+        latest = self._epochs.latest_epoch
+        at_base, at_last = self._epochs.epoch_at(base), self._epochs.epoch_at(last)
+        if at_last is not None and at_last > epoch:
+            return f"epoch {at_last} in force within the batch at offset {base}, written in epoch {epoch}"
+        if at_base != epoch and latest is not None and latest >= epoch:
+            return f"epoch {at_base} in force at offset {base}, whose batch was written in epoch {epoch}"
+        return None
 
 
 def _check_offset_arg(name: str, value: object, *, allow_negative: bool = False) -> None:

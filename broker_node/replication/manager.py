@@ -30,7 +30,7 @@ from broker_node.coordination.errors import CoordinationError, MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
 from broker_node.log.labels import Labels
-from pyspark_jetstream.protocol.errors import NotLeaderError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import NotLeaderError, UnavailableError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .fetcher import Fetcher
@@ -129,6 +129,13 @@ class ReplicaManager:
                 partition=number,
             )
         state = metadata.partitions[number]
+        if state.leader == self.broker_id:
+            why = self.offline.get((stream, number), "it is taking up the role")
+            raise UnavailableError(
+                f"broker {self.broker_id} leads {stream}/{number} but cannot serve it: {why}",
+                stream=stream,
+                partition=number,
+            )
         address = next(
             (b.flight_address for b in self.coordinator.brokers() if b.broker_id == state.leader), None
         )
@@ -182,10 +189,13 @@ class ReplicaManager:
                         continue
                 try:
                     self._apply_role(partition, state)
-                except Exception:
+                except Exception as exc:
                     # One partition (a full disk under its epoch checkpoint, say) must not keep
                     # the others from their new roles; the next change or reload tries again.
                     logger.exception("%s/%d: cannot take its new role yet", *key, extra=Labels(*key).fields)
+                    self.offline[key] = f"cannot take its role ({_role_of(state, self.broker_id)}): {exc}"
+                else:
+                    self.offline.pop(key, None)
             for key in [k for k in self.offline if k not in wanted]:
                 del self.offline[key]
             gone = [k for k in self.held_keys() if k not in wanted]
@@ -433,3 +443,7 @@ class ReplicaManager:
 def _number(value: object) -> int | None:
     """A partition number from a partition record (``None`` if it holds something else)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _role_of(state: PartitionState, broker_id: str) -> str:
+    return f"leader in epoch {state.leader_epoch}" if state.leader == broker_id else "follower"

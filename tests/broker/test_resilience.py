@@ -9,12 +9,13 @@ import subprocess
 import pytest
 
 from broker_node.broker import NATS_PID_FILE
+from broker_node.log import Log, Record
 from broker_node.nats_server import NatsServer, nats_server_binary, pid_alive
 from broker_node.zookeeper_server import port_is_free
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.client.connection import BrokerConnection
-from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.flight import ActionType
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
+from pyspark_jetstream.protocol.flight import ActionType, ReadRequest
 
 from .harness import BrokerProcess, wait_until
 
@@ -182,3 +183,52 @@ def test_a_stored_stream_nats_refuses_is_reported_at_restart_and_the_others_serv
                 assert client.publish("fine", b"served").ok
         finally:
             assert again.stop() == 0
+
+
+def _stored_stream(tmp_path, count: int):
+    """A stopped broker whose stream ``dmg`` holds ``count`` messages; its partition directory."""
+    broker = BrokerProcess(tmp_path / "b")
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("dmg", "dmg")
+        for start in range(0, count, 1000):
+            client.publish_batch("dmg", [{"value": b"%d" % i} for i in range(start, start + 1000)])
+    assert broker.stop() == 0
+    return broker, broker.data_dir / "streams" / "dmg" / "0"
+
+
+def test_an_epoch_checkpoint_from_the_future_is_rebuilt_and_the_partition_serves(tmp_path):
+    broker, directory = _stored_stream(tmp_path, 3000)
+    (directory / "leader-epoch.checkpoint").write_text("1\n1\n99 0\n")
+    broker.start()
+    try:
+        assert health(broker)["ok"], health(broker)
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            result = client.fetch("dmg", start="earliest", max_records=5000)
+            assert result.to_table().column("value").to_pylist() == [b"%d" % i for i in range(3000)]
+            assert client.publish("dmg", b"after").first_offset == 3000
+        assert "leader-epoch.checkpoint does not match the segments" in broker.log_tail()
+    finally:
+        assert broker.stop() == 0
+
+
+def test_a_partition_that_cannot_take_its_role_says_why_instead_of_naming_itself_its_leader(tmp_path):
+    broker, directory = _stored_stream(tmp_path, 1000)
+    with Log.open(directory) as log:  # data of an epoch the coordinator never gave
+        log.assign_leader_epoch(50)
+        log.append([Record(b"from nowhere")])
+        log.high_watermark = log.log_end_offset
+    broker.start()
+    try:
+        problems = health(broker)["problems"]
+        assert len(problems) == 1, problems
+        assert problems[0].startswith("dmg/0: cannot take its role (leader in epoch ")
+        assert "holds data of the newer epoch 50" in problems[0]
+        connection = BrokerConnection(broker.flight)
+        try:
+            with pytest.raises(UnavailableError, match="leads dmg/0 but cannot serve it: cannot take its"):
+                connection.read(ReadRequest("dmg", 0))
+        finally:
+            connection.close()
+    finally:
+        assert broker.stop() == 0

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from broker_node.log import UNDEFINED, FsyncPolicy, Log, LogConfig, Record
+from broker_node.log import UNDEFINED, FsyncPolicy, Log, LogConfig, LogError, Record
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .helpers import FakeClock, rows, values
@@ -140,7 +140,7 @@ def test_high_watermark_and_epochs_survive_reopen(tmp_path):
         assert log.end_offset_for_epoch(5) == (3, 10)
         assert log.end_offset_for_epoch(7) == (7, 12)
         assert log.end_offset_for_epoch(99) == (7, 12)
-        with pytest.raises(ValueError, match="older than the current epoch 7"):
+        with pytest.raises(LogError, match="cannot take leader epoch 6: it holds data of the newer epoch 7"):
             log.assign_leader_epoch(6)
 
 
@@ -160,6 +160,55 @@ def test_epoch_cache_rebuilt_from_data_when_checkpoint_lost(tmp_path):
     (tmp_path / "leader-epoch.checkpoint").unlink()
     with Log.open(tmp_path) as log:
         assert log.leader_epochs == ((0, 0), (2, 2))
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "1\n1\n99 0\n",  # an epoch from the future in force over all the data
+        "1\n2\n0 0\n2 1\n",  # epoch 2 starting before its first batch
+        "1\n3\n0 0\n1 2\n2 3\n",  # an epoch the data never had, in the middle
+    ],
+)
+def test_an_epoch_checkpoint_that_contradicts_the_data_is_rebuilt_from_it(tmp_path, caplog, damaged):
+    with Log.open(tmp_path) as log:
+        log.append(values(2))
+        log.assign_leader_epoch(2)
+        log.append(values(2))
+    (tmp_path / "leader-epoch.checkpoint").write_text(damaged)
+    with Log.open(tmp_path) as log:
+        assert log.leader_epochs == ((0, 0), (2, 2))
+        log.assign_leader_epoch(3)  # the coordinator's next epoch is taken
+        log.append(values(1))
+        assert log.leader_epochs == ((0, 0), (2, 2), (3, 4))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "leader-epoch.checkpoint does not match the segments (epoch" in warnings[0]
+    assert warnings[0].endswith("rebuilt it from them")
+
+
+def test_an_epoch_checkpoint_lagging_the_data_is_filled_in_without_a_warning(tmp_path, caplog):
+    with Log.open(tmp_path) as log:
+        log.append(values(2))
+        log.assign_leader_epoch(2)
+        log.append(values(2))
+    (tmp_path / "leader-epoch.checkpoint").write_text("1\n1\n0 0\n")
+    with Log.open(tmp_path) as log:
+        assert log.leader_epochs == ((0, 0), (2, 2))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_future_epochs_without_data_give_way_to_the_coordinators_epoch(tmp_path, caplog):
+    with Log.open(tmp_path) as log:
+        log.assign_leader_epoch(1)
+        log.append(values(3))
+    (tmp_path / "leader-epoch.checkpoint").write_text("1\n2\n1 0\n99 3\n")
+    with Log.open(tmp_path) as log:
+        assert log.leader_epochs == ((1, 0), (99, 3))  # consistent with the data: kept
+        log.assign_leader_epoch(2)
+        log.append(values(1))
+        assert log.leader_epochs == ((1, 0), (2, 3))
+    assert any("names epoch(s) 99 with no data" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("cut", [0, 3, 5, 7, 12, 29])
