@@ -174,6 +174,7 @@ class Broker:
             self.service,
             access=self.access,
             max_streams=security.max_streams,
+            max_waiting_readers=flight_config.max_waiting_readers,
             **_flight_tls(security),
         )
         host = flight_config.advertised_host or flight_config.host
@@ -289,6 +290,10 @@ class Broker:
     def follow_readers(self) -> int:
         """Flight follow reads open now."""
         return self._flight.follow_readers if self._flight is not None else 0
+
+    def waiting_readers(self) -> int:
+        """Follow and long-polling reads holding a Flight thread now."""
+        return self._flight.waiting_readers if self._flight is not None else 0
 
     def live_tail_batches(self) -> dict[tuple[str, int], int]:
         """Batches each partition led here has published on its live tail."""

@@ -26,6 +26,7 @@ from pyspark_jetstream.protocol.streams import GiB, KiB, bounded_int, bounded_nu
 T = TypeVar("T")
 
 MAX_PORT = 65535
+MAX_WAITING_READERS = 100_000
 MIN_INTERVAL = 0.01
 """Shortest maintenance interval or reconnect wait: below 10 ms the broker
 would spend its time on the timer, or hammer an unreachable server."""
@@ -89,6 +90,10 @@ class FlightConfig:
     """0 to 65535; 0 picks a free port."""
     advertised_host: str | None = None
     """Host name clients should use, if not ``host`` (e.g. behind NAT)."""
+    max_waiting_readers: int = 256
+    """Follow reads and long-polling reads that may wait for data at once, every principal
+    together: each holds a Flight thread while it waits.  Past it a read is refused with
+    ``limit_exceeded``; many live readers belong on the live tail, which holds no thread."""
 
     def __post_init__(self) -> None:
         port = self.port
@@ -96,6 +101,7 @@ class FlightConfig:
             raise ValueError(
                 f"port must be an integer from 0 to {MAX_PORT}, got {port!r} (0 picks a free port)"
             )
+        bounded_int("max_waiting_readers", self.max_waiting_readers, 1, MAX_WAITING_READERS)
 
 
 @dataclass(frozen=True, kw_only=True)

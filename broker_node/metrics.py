@@ -22,6 +22,7 @@ metric                                      labels, meaning
 ``healthy``                                 1 when ``/healthz`` would answer 200
 ``flight_requests_total``                   kind, code: Flight calls served, by outcome
 ``flight_follow_readers``                   Flight follow reads open now
+``flight_waiting_readers``                  follow and long-polling reads holding a thread now
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
 ``partition_messages_in_total``             stream, partition: messages appended here as leader
 ``ack_latency_seconds``                     stream: histogram of the time from a publish reaching
@@ -69,6 +70,7 @@ class Counts(Protocol):
 
     def flight_requests(self) -> Mapping[tuple[str, str], int]: ...
     def follow_readers(self) -> int: ...
+    def waiting_readers(self) -> int: ...
     def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
     def nats_connected(self) -> bool: ...
     def partition_files(self) -> Mapping[tuple[str, int], tuple[int, int]]: ...
@@ -156,6 +158,11 @@ class BrokerCollector(Collector):
             PREFIX + "flight_follow_readers",
             "Flight follow reads open now.",
             value=self.counts.follow_readers(),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "flight_waiting_readers",
+            "Follow and long-polling reads holding a Flight thread now ([flight] max_waiting_readers).",
+            value=self.counts.waiting_readers(),
         )
         published = CounterMetricFamily(
             PREFIX + "live_tail_batches",

@@ -188,10 +188,13 @@ class FlightApi(flight.FlightServerBase):
         *,
         access: Access | None = None,
         max_streams: int | None = None,
+        max_waiting_readers: int = 256,
         **tls: Any,
     ) -> None:
         """``tls``: ``tls_certificates``, ``verify_client``, ``root_certificates`` of
-        ``FlightServerBase`` (with a ``grpc+tls://`` location)."""
+        ``FlightServerBase`` (with a ``grpc+tls://`` location).  ``max_waiting_readers``:
+        follow and long-polling reads that may wait at once (each holds a thread), all
+        principals together; replica fetches are not counted."""
         super().__init__(location, middleware={MIDDLEWARE_KEY: _CredentialsFactory()}, **tls)
         self.broker = broker
         self.access: Access = access if access is not None else _OpenAccess()
@@ -200,6 +203,9 @@ class FlightApi(flight.FlightServerBase):
         """Calls served, by kind (read, follow, replica_fetch, an action's name) and outcome code."""
         self.follow_readers = 0
         """Follow reads open now."""
+        self.max_waiting_readers = max_waiting_readers
+        self.waiting_readers = 0
+        """Follow reads open and long-polling reads waiting now (see ``max_waiting_readers``)."""
         self._counts_lock = threading.Lock()
 
     def _principal(self, context: flight.ServerCallContext) -> str:
@@ -263,7 +269,18 @@ class FlightApi(flight.FlightServerBase):
         log = partition.log
         start = self._resolve_start(request, partition)
         if request.follow > 0:
-            close = _once(self.access.open_follow(principal))
+            leave = self._enter_waiting()
+            try:
+                close_follow = self.access.open_follow(principal)
+            except BaseException:
+                leave()
+                raise
+
+            def close_both() -> None:
+                close_follow()
+                leave()
+
+            close = _once(close_both)
             metadata = response_metadata(
                 next_offset=start,
                 high_watermark=partition.high_watermark,
@@ -276,7 +293,11 @@ class FlightApi(flight.FlightServerBase):
             weakref.finalize(follows, close)
             return flight.GeneratorStream(_projected_schema(request).with_metadata(metadata), follows)
         if request.max_wait > 0 and start >= partition.high_watermark:
-            partition.wait_for_data(start, request.max_wait)
+            leave = self._enter_waiting()
+            try:
+                partition.wait_for_data(start, request.max_wait)
+            finally:
+                leave()
         high_watermark = partition.high_watermark
         try:
             batches = log.read(
@@ -302,6 +323,25 @@ class FlightApi(flight.FlightServerBase):
         if request.columns is not None:
             batches = [b.select(list(request.columns)) for b in batches]  # zero-copy
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    def _enter_waiting(self) -> Callable[[], None]:
+        """Count a reader about to wait for data; ``LimitExceededError`` past the limit.
+        Returns what ends its count (call it once)."""
+        with self._counts_lock:
+            if self.waiting_readers >= self.max_waiting_readers:
+                raise LimitExceededError(
+                    f"the broker has {self.waiting_readers} readers waiting for data (follow and "
+                    f"long-polling reads), its limit ([flight] max_waiting_readers) is "
+                    f"{self.max_waiting_readers}: each holds a thread; read without waiting, follow "
+                    "through the live tail (Client.tail), which holds none, or raise the limit"
+                )
+            self.waiting_readers += 1
+
+        def leave() -> None:
+            with self._counts_lock:
+                self.waiting_readers -= 1
+
+        return leave
 
     def _counting_followers(
         self, batches: Iterator[pa.RecordBatch], close: Callable[[], None]
