@@ -119,7 +119,11 @@ def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(clus
         assert after.leader in before.isr and after.leader_epoch == before.leader_epoch + 1
     # Every in-sync replica of a partition gone: no leader, and the last ISR is kept.
     survivor = next(c for c in coordinators if c is not leader and c is not victim)
-    only_on_survivor = survivor.get_stream("fo")
+    # The survivor learns of the stream through its watches, a moment after the controller.
+    only_on_survivor = wait_until(
+        lambda: any(m.config.name == "fo" for m in survivor.list_streams()) and survivor.get_stream("fo"),
+        message="the survivor's view of the stream",
+    )
     survivor_id = survivor._broker.broker_id
     survivor.close()
 
