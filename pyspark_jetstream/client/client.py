@@ -672,7 +672,15 @@ class Client:
             return _Target(subject, None, None)
         config = self._streams.get(stream)
         if config is None:
-            info = await self.describe_stream(stream)
+            try:
+                info = await self.describe_stream(stream)
+            except PermissionDeniedError as exc:  # no grant on the stream at all
+                who = exc.fields.get("principal", self.credentials.user)
+                raise PermissionDeniedError(
+                    f"principal {who!r} may not write stream {stream!r} (nor read or administer it)",
+                    principal=who,
+                    stream=stream,
+                ) from None
             config = StreamConfig.from_json(info.config)
             self._streams[stream] = config
         if subject is not None:

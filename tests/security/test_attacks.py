@@ -237,6 +237,18 @@ def test_publishing_needs_write_permission(secured: Secured, orders: str) -> Non
     assert b"not bob's to write" not in values
 
 
+def test_a_publish_without_any_grant_is_refused_as_a_write(secured: Secured, orders: str) -> None:
+    with secured.client("mallory") as mallory, pytest.raises(PermissionDeniedError) as caught:
+        mallory.publish(orders, b"not mallory's to write")  # no grant on orders at all
+    assert (
+        str(caught.value)
+        == f"principal 'mallory' may not write stream '{orders}' (nor read or administer it)"
+    )
+    refused = f"principal 'bob' may not write stream '{orders}'"
+    with secured.client("bob") as bob, pytest.raises(PermissionDeniedError, match=refused):
+        bob.publish(orders, b"not bob's to write")  # bob may read orders: NATS refuses it
+
+
 def test_nats_needs_credentials(secured: Secured) -> None:
     async def main() -> None:
         with pytest.raises((NatsError, OSError, TimeoutError)):
