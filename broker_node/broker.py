@@ -51,7 +51,7 @@ from broker_node.replication.records import partition_directories, read_record
 from broker_node.security import AccessControl
 from broker_node.service import BrokerService
 from pyspark_jetstream.client.credentials import Credentials
-from pyspark_jetstream.protocol.errors import UnknownStreamError
+from pyspark_jetstream.protocol.errors import JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
 logger = logging.getLogger(__name__)
@@ -363,6 +363,9 @@ class Broker:
         timeout = self.config.zookeeper.controlled_shutdown_timeout
         try:
             await asyncio.to_thread(self.coordinator.request_controlled_shutdown, self.broker_id)
+        except JetStreamError as exc:  # the coordinator out of reach: its message says so
+            logger.warning("cannot ask for a controlled shutdown (%s); stopping without it", exc)
+            return
         except Exception:
             logger.exception("cannot ask for a controlled shutdown; stopping without it")
             return

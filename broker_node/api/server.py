@@ -410,6 +410,28 @@ class FlightApi(flight.FlightServerBase):
             )
         return offset
 
+    # ---- writes: not over Flight --------------------------------------------------
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """Refused: streams are written through NATS, which the broker subscribes to."""
+        _guard(_not_over_flight("do_put"), self._counted("do_put"), _Call("do_put"))
+
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        """Refused, as :meth:`do_put`."""
+        _guard(_not_over_flight("do_exchange"), self._counted("do_exchange"), _Call("do_exchange"))
+
     # ---- metadata ----------------------------------------------------------------
 
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
@@ -550,6 +572,17 @@ class FlightApi(flight.FlightServerBase):
                 f"cannot create stream {name!r}: the cluster holds {len(names)} streams, its limit "
                 f"([security] max_streams) is {self.max_streams}"
             )
+
+
+def _not_over_flight(method: str) -> Callable[[], None]:
+    def refuse() -> None:
+        raise InvalidArgumentError(
+            f"Flight {method} is not supported: streams are written through NATS. Publish with "
+            "pyspark_jetstream's Client.publish or publish_batch (an Arrow batch), `jetstream "
+            "publish`, a plain NATS publish to the stream's subject, or Spark's jetstream sink"
+        )
+
+    return refuse
 
 
 def _once(call: Callable[[], None]) -> Callable[[], None]:

@@ -34,7 +34,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .assignment import assign_replicas, elect_leader, preferred_leader
 from .base import PartitionState, StreamMetadata, new_stream_id
-from .errors import ConflictError, NotControllerError
+from .errors import ConflictError, CoordinationError, NotControllerError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,7 +126,9 @@ class Controller:
                 future.set_exception(exc)
                 self._stopped = True
             except Exception as exc:
-                if not isinstance(exc, StreamExistsError | UnknownStreamError | NotEnoughReplicasError):
+                if isinstance(exc, CoordinationError) and not isinstance(exc, ConflictError):
+                    logger.warning("controller event failed: %s", exc)  # ZooKeeper out of reach
+                elif not isinstance(exc, StreamExistsError | UnknownStreamError | NotEnoughReplicasError):
                     logger.exception("controller event failed")
                 if work == self.reconcile:
                     self.dirty = True

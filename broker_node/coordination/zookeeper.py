@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -97,6 +97,8 @@ from .base import (
 from .controller import Controller, PartitionChange
 from .errors import CommitStateUnknownError, ConflictError, CoordinationError, NotControllerError
 from .settings import ZooKeeperConfig
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -322,8 +324,16 @@ class ZooKeeperCoordinator(Coordinator):
         return self._snapshot.deleted
 
     def refresh(self) -> None:
-        """Reload the snapshot now (after losing a compare-and-set, say) and notify listeners."""
-        self._apply(self._read_snapshot(watch=False))
+        """Reload the snapshot now (after losing a compare-and-set, say) and notify listeners.
+
+        ``CoordinationError`` when ZooKeeper cannot be read now (the watches
+        reload it once it can).
+        """
+        try:
+            snapshot = self._read_snapshot(watch=False)
+        except KazooException as exc:
+            raise CoordinationError(f"cannot read the metadata from {self.describe()}: {_why(exc)}") from None
+        self._apply(snapshot)
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -420,8 +430,12 @@ class ZooKeeperCoordinator(Coordinator):
 
     def request_controlled_shutdown(self, broker_id: str) -> None:
         """See :meth:`Coordinator.request_controlled_shutdown`."""
-        with contextlib.suppress(NodeExistsError):
+        try:
             self._connected_client().create(f"{SHUTDOWN}/{broker_id}", b"", ephemeral=True)
+        except NodeExistsError:
+            pass
+        except KazooException as exc:
+            raise CoordinationError(f"cannot reach {self.describe()}: {_why(exc)}") from None
 
     def add_listener(self, listener: Listener) -> None:
         """See :meth:`Coordinator.add_listener`: called on the ``zk-metadata`` thread."""
@@ -433,17 +447,27 @@ class ZooKeeperCoordinator(Coordinator):
 
     # ---- the controller's store (used on the controller thread) -------------------------
 
+    # Reads raise ``CoordinationError`` when ZooKeeper cannot answer now; the controller's
+    # next event reads again.
+
     def live_brokers(self) -> list[str]:
         """Fresh read of the registered brokers."""
-        return sorted(self._connected_client().get_children(BROKERS))
+        return sorted(self._reading(lambda: self._connected_client().get_children(BROKERS)))
 
     def shutting_down(self) -> set[str]:
         """Fresh read of the brokers that asked to be relieved of leadership."""
-        return set(self._connected_client().get_children(SHUTDOWN))
+        return set(self._reading(lambda: self._connected_client().get_children(SHUTDOWN)))
 
     def read_streams(self) -> list[StreamMetadata]:
         """Fresh read of every stream."""
-        return sorted(self._read_streams(watch=None).values(), key=lambda m: m.config.name)
+        streams = self._reading(lambda: self._read_streams(watch=None))
+        return sorted(streams.values(), key=lambda m: m.config.name)
+
+    def _reading(self, read: Callable[[], T]) -> T:
+        try:
+            return read()
+        except KazooException as exc:
+            raise CoordinationError(f"cannot read {self.describe()}: {_why(exc)}") from None
 
     def write_partitions(self, changes: list[PartitionChange]) -> None:
         """Compare-and-set partition states in one transaction fenced by the controller epoch."""
@@ -614,12 +638,12 @@ class ZooKeeperCoordinator(Coordinator):
                 elif stat.ephemeralOwner == client.client_id[0] and self._controller is None:
                     # Ours, from a create whose answer was lost: nobody acts on it. Start over.
                     client.delete(CONTROLLER)
-            except KazooException:
-                logger.warning("campaigning for controller failed; trying again shortly")
+            except KazooException as exc:
+                logger.warning("campaigning for controller failed (%s); trying again shortly", _why(exc))
                 self._retry_later(self._campaign)
             return
-        except KazooException:
-            logger.warning("campaigning for controller failed; trying again shortly")
+        except KazooException as exc:
+            logger.warning("campaigning for controller failed (%s); trying again shortly", _why(exc))
             self._retry_later(self._campaign)
             return
         try:
@@ -627,8 +651,8 @@ class ZooKeeperCoordinator(Coordinator):
             epoch = wire.epoch_from_bytes(raw) + 1
             stat = client.set(CONTROLLER_EPOCH, wire.epoch_to_bytes(epoch), version=stat.version)
             client.set(CONTROLLER, wire.controller_to_bytes(me, epoch))
-        except KazooException:
-            logger.exception("taking up the controller role failed; resigning")
+        except KazooException as exc:
+            logger.warning("taking up the controller role failed (%s); resigning", _why(exc))
             with contextlib.suppress(KazooException):
                 client.delete(CONTROLLER)
             self._retry_later(self._campaign)
@@ -673,8 +697,10 @@ class ZooKeeperCoordinator(Coordinator):
                 self._work.put(self._campaign)
             else:
                 self._lease_until = time.monotonic() + self.settings.session_timeout * 2 / 3
-        except KazooException:
-            logger.exception("registering again after a new ZooKeeper session failed; trying again shortly")
+        except KazooException as exc:
+            logger.warning(
+                "registering again after a new ZooKeeper session failed (%s); trying again shortly", _why(exc)
+            )
             self._retry_later(self._on_connected)
             return
         self._reload.set()
@@ -728,7 +754,7 @@ class ZooKeeperCoordinator(Coordinator):
             try:
                 self._apply(self._read_snapshot(watch=True))
             except KazooException as exc:
-                logger.warning("reading the metadata from ZooKeeper failed (%s); retrying", exc)
+                logger.warning("reading the metadata from ZooKeeper failed (%s); retrying", _why(exc))
                 self._closed.wait(0.5)
                 self._reload.set()
 
@@ -794,3 +820,8 @@ class ZooKeeperCoordinator(Coordinator):
                 continue
             streams[name] = StreamMetadata(config, tuple(states), stream_id)
         return streams
+
+
+def _why(exc: KazooException) -> str:
+    """What went wrong; kazoo gives some errors no message (``ConnectionLoss``, say): their name."""
+    return str(exc) or type(exc).__name__

@@ -30,7 +30,12 @@ from broker_node.coordination.errors import CoordinationError, MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
 from broker_node.log.labels import Labels
-from pyspark_jetstream.protocol.errors import NotLeaderError, UnavailableError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import (
+    JetStreamError,
+    NotLeaderError,
+    UnavailableError,
+    UnknownStreamError,
+)
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .fetcher import Fetcher
@@ -187,12 +192,18 @@ class ReplicaManager:
                     partition = self._open(metadata, key[1], state)
                     if partition is None:
                         continue
+                if partition.closed:
+                    continue  # shutting down: it takes no role any more
                 try:
                     self._apply_role(partition, state)
                 except Exception as exc:
                     # One partition (a full disk under its epoch checkpoint, say) must not keep
                     # the others from their new roles; the next change or reload tries again.
-                    logger.exception("%s/%d: cannot take its new role yet", *key, extra=Labels(*key).fields)
+                    fields = Labels(*key).fields
+                    if isinstance(exc, JetStreamError | LogError | OSError):  # its message says it all
+                        logger.error("%s/%d: cannot take its new role yet: %s", *key, exc, extra=fields)
+                    else:
+                        logger.exception("%s/%d: cannot take its new role yet", *key, extra=fields)
                     self.offline[key] = f"cannot take its role ({_role_of(state, self.broker_id)}): {exc}"
                 else:
                     self.offline.pop(key, None)
@@ -410,7 +421,10 @@ class ReplicaManager:
             partition.isr_written(None)
             refresh = getattr(self.coordinator, "refresh", None)
             if refresh is not None:
-                refresh()
+                try:
+                    refresh()
+                except CoordinationError as again:  # the watches reload it once they can
+                    logger.info("reading the metadata again failed: %s", again)
             return
         partition.isr_written(stored)
 

@@ -7,8 +7,10 @@ still serve ordinary requests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import pyarrow as pa
 import pytest
 from pyarrow import flight
 
@@ -102,3 +104,29 @@ def test_create_stream_body_with_nan_is_not_stored(client, raw):
     assert b"NaN" in body  # Python's json writes it; the broker's json reads it
     text = _error_of(lambda: _action(raw, "create_stream", body))
     assert "[invalid_argument] retention_age must be" in text
+
+
+def _put(raw) -> None:
+    table = pa.table({"value": [b"x"]})
+    writer, _ = raw.do_put(flight.FlightDescriptor.for_path("orders"), table.schema)
+    writer.write_table(table)
+    writer.close()
+
+
+def _exchange(raw) -> None:
+    writer, reader = raw.do_exchange(flight.FlightDescriptor.for_command(b"orders"))
+    try:
+        writer.done_writing()
+        reader.read_all()
+    finally:
+        with contextlib.suppress(flight.FlightError):
+            writer.close()  # the refusal again, which the call raised already
+
+
+@pytest.mark.parametrize(("call", "method"), [(_put, "do_put"), (_exchange, "do_exchange")])
+def test_writing_over_flight_is_refused_naming_what_to_use(raw, broker, call, method):
+    message = _error_of(lambda: call(raw))
+    assert message.startswith(f"[invalid_argument] Flight {method} is not supported: streams are written")
+    assert "Client.publish" in message
+    assert "Traceback" not in message and "NotImplementedError" not in message
+    assert raw.list_actions()  # still serving

@@ -43,6 +43,15 @@ def status(address: str) -> dict:
         connection.close()
 
 
+def registered_brokers(address: str) -> set[str]:
+    """The brokers registered in ZooKeeper, as the broker at ``address`` sees them."""
+    connection = BrokerConnection(address)
+    try:
+        return {b["broker_id"] for b in connection.action(ActionType.METADATA, {})["brokers"]}
+    finally:
+        connection.close()
+
+
 def partition_status(address: str, stream: str, partition: int = 0) -> dict | None:
     """What one broker reports of a partition it holds (``None`` if it holds none)."""
     return next(

@@ -10,13 +10,21 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from pyspark_jetstream.client import AckPolicy
+from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.local import LocalBroker, LocalCluster
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotEnoughReplicasError
 
 from ..broker.harness import wait_until
 from .conftest import FAST
-from .helpers import caught_up, leader_of, publish_all, replica_table, status, stored_frames
+from .helpers import (
+    caught_up,
+    leader_of,
+    publish_all,
+    registered_brokers,
+    replica_table,
+    status,
+    stored_frames,
+)
 
 
 def expire_session(cluster: LocalCluster, broker: LocalBroker) -> None:
@@ -182,3 +190,32 @@ def test_a_broker_with_zookeeper_down_says_so_and_gives_up_after_its_timeout(tmp
     assert run.returncode == 1
     assert f"cannot reach ZooKeeper at 127.0.0.1:{port} within 2s" in run.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_paused_follower_whose_session_expires_and_a_shutdown_log_no_traceback(tmp_path):
+    with (
+        LocalCluster(3, base_dir=tmp_path / "cluster", extra_config=FAST) as cluster,
+        SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as client,
+    ):
+        client.create_stream("paused", "paused", replication_factor=3)
+        publish_all(client, "paused", [b"v%d" % i for i in range(10)], "p")
+        leader = leader_of(client, "paused")
+        follower = next(b for b in cluster.brokers if b.broker_id != leader)
+        follower.pause()  # a stalled VM: its sockets stay open, its session expires
+        at_leader = cluster.broker(leader).flight  # the client might ask the paused broker
+        wait_until(
+            lambda: follower.broker_id not in registered_brokers(at_leader),
+            timeout=30,
+            message="the paused follower's session to expire",
+        )
+        follower.resume()
+        wait_until(lambda: caught_up(cluster, "paused"), timeout=30, message="the follower back")
+        wait_until(
+            lambda: follower.broker_id in client.describe_stream("paused").partitions[0].isr,
+            timeout=30,
+            message="the follower back in the ISR",
+        )
+    logs = {b.broker_id: b.log_path.read_text() for b in cluster.brokers}
+    assert "ZooKeeper session expired" in logs[follower.broker_id]
+    for broker_id, log in logs.items():
+        assert "Traceback" not in log, f"{broker_id}: {log[log.index('Traceback') - 300 :][:2000]}"
