@@ -63,6 +63,7 @@ from .connection import BrokerConnection, FetchResult
 from .credentials import Credentials
 from .live import LiveTail
 from .partitioners import Partitioner, key_hash
+from .resend import Resender
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +246,7 @@ class Client:
         self._ids = itertools.count()
         self._inbox = nc.new_inbox()
         self._ack_sub: Any = None
+        self._resender = Resender(self._leadership, nc.publish)
 
     @classmethod
     async def connect(
@@ -286,6 +288,7 @@ class Client:
         """Fail pending acks, close the connections."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        self._resender.close()
         for future in self._acks.values():
             if not future.done():
                 future.set_exception(UnavailableError("client closed before the ack arrived"))
@@ -317,6 +320,7 @@ class Client:
             raise InvalidArgumentError(f"create_stream: {exc}") from None
         info = StreamInfo.from_json(await self._action(ActionType.CREATE_STREAM, config.to_json()))
         self._streams[name] = config
+        self._resender.learn(info)
         return info
 
     async def delete_stream(self, name: str) -> None:
@@ -327,6 +331,10 @@ class Client:
     async def describe_stream(self, name: str) -> StreamInfo:
         """A stream's configuration and its partitions: leaders, ISRs and offsets (from each leader)."""
         return await asyncio.to_thread(self._broker.describe, name)
+
+    async def _leadership(self, name: str) -> StreamInfo:
+        """A stream's partitions' leaders and epochs (no offsets: see ``ClusterConnection.leadership``)."""
+        return await asyncio.to_thread(self._broker.leadership, name)
 
     async def list_streams(self) -> list[StreamInfo]:
         """Every stream."""
@@ -581,6 +589,18 @@ class Client:
             self._sweeper = asyncio.ensure_future(self._sweep())
         elif self._deadlines[0][1] == correlation_id:
             self._sooner.set()
+        if target.stream is not None and target.partition is not None and _deduplicated(fields):
+            producer_id = fields.get("producer_id")
+            self._resender.track(
+                correlation_id,
+                subject,
+                payload,
+                stream=target.stream,
+                partition=target.partition,
+                producer=None if producer_id is None else (producer_id, fields.get("producer_epoch", 0)),
+                sequence=fields.get("sequence") or 0,
+            )
+            future.add_done_callback(lambda _: self._resender.done(correlation_id))
         try:
             await self.nc.publish(subject, payload)
         except NatsError as exc:
@@ -634,7 +654,8 @@ class Client:
                 future.set_exception(
                     RequestTimeoutError(
                         f"no ack for message {correlation_id} on {subject!r} within {seconds:g}s: "
-                        "is a broker leading that partition?"
+                        "is a broker leading that partition? (A message with a producer id and "
+                        "sequence, or a message id, is resent after a leader change; others are not.)"
                     )
                 )
         self._sweeper = None
@@ -654,6 +675,8 @@ class Client:
             logger.warning("ignoring a malformed ack: %r", msg.data[:200])
             return
         for ack in acks:
+            if self._resender.holds(ack):
+                continue  # refused behind a lost message: answered after its resend
             future = self._acks.pop(ack.correlation_id, None)
             if future is not None and not future.done():
                 future.set_result(ack)
@@ -683,6 +706,7 @@ class Client:
                 ) from None
             config = StreamConfig.from_json(info.config)
             self._streams[stream] = config
+            self._resender.learn(info)
         if subject is not None:
             matching = [
                 p
@@ -940,6 +964,15 @@ class _Target(NamedTuple):
     subject: str
     stream: str | None
     partition: int | None
+
+
+def _deduplicated(fields: Mapping[str, Any]) -> bool:
+    """Whether the broker de-duplicates a message of these envelope fields (resending is safe)."""
+    return (
+        fields.get("producer_id") is not None
+        or fields.get("message_id") is not None
+        or any(name == MSG_ID_HEADER for name, _ in fields.get("headers", ()))
+    )
 
 
 def _producer(producer_id: str | None, epoch: int, sequence: int | None) -> dict[str, Any]:

@@ -147,6 +147,13 @@ class ClusterConnection:
         )
         return self._with_leader_offsets(StreamInfo.from_json(found), address)
 
+    def leadership(self, stream: str) -> StreamInfo:
+        """A stream's configuration and its partitions' leaders, ISRs and epochs, as any broker
+        knows them (no offsets: no call to each leader, which may be the one that is gone)."""
+        return StreamInfo.from_json(
+            self._any(lambda c: c.action(ActionType.DESCRIBE_STREAM, {"name": stream}))
+        )
+
     def list_streams(self) -> list[StreamInfo]:
         """Every stream, each partition's offsets from its leader."""
         found, address = self._any(lambda c: (c.action(ActionType.LIST_STREAMS, {}), c.address))

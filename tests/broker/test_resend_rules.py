@@ -1,0 +1,37 @@
+"""Which refusals the client holds for a resend instead of answering (no servers needed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pyspark_jetstream.client.resend import Resender
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.errors import ErrorCode
+
+
+def _refusal(correlation_id: str, error: ErrorCode) -> Ack:
+    return Ack("s", 0, -1, -1, correlation_id, error, "refused")
+
+
+async def _never(*_: object) -> None:
+    raise AssertionError("nothing is resent in these checks")
+
+
+def test_an_out_of_order_refusal_behind_a_pending_sequence_waits_for_the_resend():
+    async def main() -> None:
+        resender = Resender(_never, _never, check=60)
+        for n in range(3):
+            resender.track(str(n), "s", b"x", stream="s", partition=0, producer=("p", 0), sequence=n)
+        resender.track("9", "s", b"x", stream="s", partition=0, producer=("q", 0), sequence=5)
+        assert resender.holds(_refusal("2", ErrorCode.OUT_OF_ORDER_SEQUENCE))  # 0 and 1 pending
+        assert not resender.holds(_refusal("0", ErrorCode.OUT_OF_ORDER_SEQUENCE))  # nothing before it
+        assert not resender.holds(_refusal("9", ErrorCode.OUT_OF_ORDER_SEQUENCE))  # another producer
+        resender.done("0")
+        resender.done("1")
+        assert not resender.holds(_refusal("2", ErrorCode.OUT_OF_ORDER_SEQUENCE))  # a real gap now
+        assert resender.holds(_refusal("2", ErrorCode.NOT_LEADER))  # the leadership moves: resent
+        assert not resender.holds(_refusal("2", ErrorCode.TOO_LARGE))  # a final answer
+        assert not resender.holds(_refusal("77", ErrorCode.NOT_LEADER))  # not tracked
+        resender.close()
+
+    asyncio.run(main())
