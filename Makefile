@@ -24,12 +24,10 @@ lint: bootstrap
 test: lint
 	$(PY) -m pytest
 
-# The benchmarks, quick sizes (drop --quick for the sizes bench/RESULTS.md names).
+# Every benchmark's --quick run, one after another; the figures go to bench/results/<UTC time>.json
+# (bench/RESULTS.md says how to read them).
 bench: bootstrap
-	$(PY) bench/log_bench.py --quick
-	$(PY) bench/broker_bench.py --quick
-	$(PY) bench/spark_bench.py --quick
-	$(PY) bench/cluster_bench.py --quick
+	$(PY) scripts/run_benchmarks.py
 
 # Execute the notebooks in place, so the outputs committed with them come from a real run.
 notebooks: bootstrap

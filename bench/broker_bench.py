@@ -35,14 +35,12 @@ by the same nats-py client in this process, with 100-byte values:
 
 Prints two tables; the last line is one JSON object.
 
-    python bench/broker_bench.py [--quick]
+    python bench/broker_bench.py [--quick | --smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import secrets
 import shutil
 import statistics
@@ -62,6 +60,7 @@ from pyarrow import flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.sizes import last_line, parser, pick, size_of
 from broker_node.nats_server import NatsServer
 from broker_node.security import hash_token
 from pyspark_jetstream.client import Client, Credentials
@@ -225,18 +224,19 @@ async def _publish_burst(nc: nats.NATS, subject: str, n: int) -> None:
 
 
 async def ours_fanout(
-    nats_url: str, flight: str, nc: nats.NATS, stream: str, broker_pid: int
+    nats_url: str, flight: str, nc: nats.NATS, stream: str, broker_pid: int, consumers: int, messages: int
 ) -> dict[str, float]:
-    """Deliveries per second to 1,000 tailers of one partition, and the broker's threads and RSS."""
+    """Deliveries per second to ``consumers`` tailers of one partition (1,000 but at the smoke
+    size), and the broker's threads and RSS."""
     clients = [
         await Client.connect(nats_urls=nats_url, broker=flight, timeout=60) for _ in range(FANOUT_CONNECTIONS)
     ]
     await clients[0].create_stream(stream, f"bench.{stream}")
     await clients[0].publish(stream, b"first")
-    remaining = [FANOUT_MESSAGES] * FANOUT_CONSUMERS
-    ready = [asyncio.Event() for _ in range(FANOUT_CONSUMERS)]
+    remaining = [messages] * consumers
+    ready = [asyncio.Event() for _ in range(consumers)]
     finished = asyncio.Event()
-    left = FANOUT_CONSUMERS
+    left = consumers
 
     async def consume(i: int) -> None:
         nonlocal left
@@ -256,35 +256,37 @@ async def ours_fanout(
         finally:
             await tail.aclose()
 
-    consumers = [asyncio.ensure_future(consume(i)) for i in range(FANOUT_CONSUMERS)]
+    tasks = [asyncio.ensure_future(consume(i)) for i in range(consumers)]
     await asyncio.gather(*(event.wait() for event in ready))
     threads, rss = _threads_and_rss(broker_pid)
     start = time.perf_counter()
-    await _publish_burst(nc, f"bench.{stream}", FANOUT_MESSAGES)
+    await _publish_burst(nc, f"bench.{stream}", messages)
     await finished.wait()
     elapsed = time.perf_counter() - start
-    await asyncio.gather(*consumers)
+    await asyncio.gather(*tasks)
     for client in clients:
         await client.close()
     return {
-        "fanout_1000_msgs_per_s": FANOUT_CONSUMERS * FANOUT_MESSAGES / elapsed,
+        "fanout_1000_msgs_per_s": consumers * messages / elapsed,
         "broker_threads_1000_tailers": threads,
         "broker_rss_mib_1000_tailers": rss / 1024,
     }
 
 
-async def jetstream_fanout(nats_url: str, js: nats.js.JetStreamContext, nc: nats.NATS, stream: str) -> float:
-    """Deliveries per second to 1,000 push consumers (no acks) of one JetStream stream."""
+async def jetstream_fanout(
+    nats_url: str, js: nats.js.JetStreamContext, nc: nats.NATS, stream: str, consumers: int, messages: int
+) -> float:
+    """Deliveries per second to ``consumers`` push consumers (no acks) of one JetStream stream."""
     # nats-server 2.15 allows 1,000 consumers per stream unless the stream says more.
     await js.add_stream(
         StreamConfig(
             name=stream,
             subjects=[f"js.{stream}"],
             storage=StorageType.FILE,
-            max_consumers=2 * FANOUT_CONSUMERS,
+            max_consumers=2 * consumers,
         )
     )
-    total = FANOUT_CONSUMERS * FANOUT_MESSAGES
+    total = consumers * messages
     delivered = 0
     finished = asyncio.Event()
 
@@ -296,7 +298,7 @@ async def jetstream_fanout(nats_url: str, js: nats.js.JetStreamContext, nc: nats
 
     connections = [await nats.connect(nats_url) for _ in range(FANOUT_CONNECTIONS)]
     contexts = [c.jetstream() for c in connections]
-    for i in range(FANOUT_CONSUMERS):
+    for i in range(consumers):
         await contexts[i % FANOUT_CONNECTIONS].subscribe(
             f"js.{stream}",
             stream=stream,
@@ -307,7 +309,7 @@ async def jetstream_fanout(nats_url: str, js: nats.js.JetStreamContext, nc: nats
     for connection in connections:
         await connection.flush()
     start = time.perf_counter()
-    await _publish_burst(nc, f"js.{stream}", FANOUT_MESSAGES)
+    await _publish_burst(nc, f"js.{stream}", messages)
     await finished.wait()
     elapsed = time.perf_counter() - start
     for connection in connections:
@@ -447,11 +449,17 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
 
-async def run(quick: bool) -> dict[str, float]:
-    single_n = 20_000 if quick else 100_000
-    batch_rows = 500_000 if quick else 5_000_000
-    consume_n = 200_000 if quick else 1_000_000
-    latency_s = 6.0 if quick else 30.0
+async def run(size: str) -> dict[str, float]:
+    single_n = pick(size, smoke=500, quick=20_000, full=100_000)
+    batch_rows = pick(size, smoke=20_000, quick=500_000, full=5_000_000)
+    consume_n = pick(size, smoke=20_000, quick=200_000, full=1_000_000)
+    latency_s = pick(size, smoke=0.6, quick=6.0, full=30.0)
+    fanout = pick(
+        size,
+        smoke=(20, 20),
+        quick=(FANOUT_CONSUMERS, FANOUT_MESSAGES),
+        full=(FANOUT_CONSUMERS, FANOUT_MESSAGES),
+    )
     workdir = Path(tempfile.mkdtemp(prefix="broker-bench-"))
     server = NatsServer(jetstream=True, store_dir=workdir / "jetstream").start()
     broker = LocalBroker(workdir / "data", nats_url=server.url, log_level="WARNING").start()
@@ -494,8 +502,12 @@ async def run(quick: bool) -> dict[str, float]:
         results["follow_p99_latency_ms"] = _percentile(follow_latency, 0.99)
 
         assert broker.process is not None
-        results.update(await ours_fanout(server.url, flight_address, nc, "fanout", broker.process.pid))
-        results["jetstream_fanout_1000_msgs_per_s"] = await jetstream_fanout(server.url, js, nc, "JS_FANOUT")
+        results.update(
+            await ours_fanout(server.url, flight_address, nc, "fanout", broker.process.pid, *fanout)
+        )
+        results["jetstream_fanout_1000_msgs_per_s"] = await jetstream_fanout(
+            server.url, js, nc, "JS_FANOUT", *fanout
+        )
         await client.close()
         await nc.close()
     finally:
@@ -517,12 +529,8 @@ async def run(quick: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smaller runs, finishes within 120 s")
-    args = parser.parse_args()
-    r = asyncio.run(run(args.quick))
+    args = parser(__doc__, quick_help="smaller runs, finishes within 120 s").parse_args()
+    r = asyncio.run(run(size_of(args)))
     rows = [
         (
             "single publish, acked, pipelined (msg/s)",
@@ -600,7 +608,7 @@ def main() -> None:
         f"{'  Flight transport alone, TLS / plain':<42} {'':>14} {'':>14} "
         f"{r['transport_tls_consume_ratio']:>8.2f} {'':>8}"
     )
-    print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
+    print(last_line(r))
 
 
 if __name__ == "__main__":

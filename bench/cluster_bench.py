@@ -19,14 +19,12 @@ drives both.
 
 Prints a table; the last line is one JSON object.
 
-    python bench/cluster_bench.py [--quick]
+    python bench/cluster_bench.py [--quick | --smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -40,7 +38,8 @@ from nats.js.api import StorageType, StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.broker_bench import _percentile, pull_latencies, tail_latencies
+from bench.broker_bench import _percentile, push_latencies, tail_latencies
+from bench.sizes import last_line, parser, pick, size_of
 from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client
@@ -135,7 +134,7 @@ async def js_failover(js_cluster: JetStreamCluster, name: str) -> float:
 
 async def js_latency(js: nats.js.JetStreamContext, nc: nats.NATS, name: str, seconds: float) -> list[float]:
     await js_ready(js, name, f"js.{name}")
-    return await pull_latencies(js, nc, name, seconds)
+    return await push_latencies(js, nc, name, seconds)
 
 
 # ---- ours ---------------------------------------------------------------------------------
@@ -189,10 +188,10 @@ async def ours_latency(client: Client, nc: nats.NATS, name: str, seconds: float)
     return await tail_latencies(client, nc, name, seconds)
 
 
-async def run(quick: bool) -> dict[str, float]:
-    single_n = 10_000 if quick else 50_000
-    batch_rows = 200_000 if quick else 2_000_000
-    latency_s = 5.0 if quick else 30.0
+async def run(size: str) -> dict[str, float]:
+    single_n = pick(size, smoke=500, quick=10_000, full=50_000)
+    batch_rows = pick(size, smoke=20_000, quick=200_000, full=2_000_000)
+    latency_s = pick(size, smoke=0.5, quick=5.0, full=30.0)
     workdir = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     results: dict[str, float] = {}
     cluster = LocalCluster(3, base_dir=workdir / "ours", log_level="WARNING")
@@ -239,12 +238,8 @@ async def run(quick: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smaller runs, finishes within 180 s")
-    args = parser.parse_args()
-    r = asyncio.run(run(args.quick))
+    args = parser(__doc__, quick_help="smaller runs, finishes within 180 s").parse_args()
+    r = asyncio.run(run(size_of(args)))
     rows = [
         (
             "single publish, pipelined, RF3 ALL vs JS R3 (msg/s)",
@@ -286,7 +281,7 @@ def main() -> None:
     print(f"{'measure':<52} {'ours':>14} {'peer':>14} {'ratio':>8} {'target':>8}")
     for name, ours, theirs, ratio, target in rows:
         print(f"{name:<52} {ours:>14,.2f} {theirs:>14,.2f} {ratio:>8.2f} {target:>8}")
-    print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
+    print(last_line(r))
 
 
 if __name__ == "__main__":

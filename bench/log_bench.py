@@ -14,13 +14,11 @@ Volumes stay under about 1 GB per phase: past that this machine throttles
 writers to disk speed, and which side gets throttled first is luck.
 Prints a table; the last line is one JSON object.
 
-    python bench/log_bench.py [--quick] [--dir DIR]
+    python bench/log_bench.py [--quick | --smoke] [--dir DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -33,6 +31,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.sizes import last_line, parser, pick, size_of
 from broker_node.log import Log, LogConfig, Record
 
 VALUE_SIZE = 100
@@ -109,17 +108,17 @@ def _stored_bytes_estimate(root: Path, total: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    arguments = parser(__doc__, quick_help="smaller data, finishes within 90 s")
+    arguments.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = arguments.parse_args()
+    size = size_of(args)
+    sizes = pick(
+        size,
+        smoke={1: 2_000, 100: 20_000, 10_000: 100_000},
+        quick={1: 50_000, 100: 300_000, 10_000: 2_000_000},
+        full={1: 200_000, 100: 2_000_000, 10_000: 5_000_000},
     )
-    parser.add_argument("--quick", action="store_true", help="smaller data, finishes within 90 s")
-    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    args = parser.parse_args()
-    sizes = (
-        {1: 50_000, 100: 300_000, 10_000: 2_000_000}
-        if args.quick
-        else {1: 200_000, 100: 2_000_000, 10_000: 5_000_000}
-    )
+    rounds = pick(size, smoke=1, quick=ROUNDS, full=ROUNDS)
     root = Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.dir))
     samples: dict[str, list[float]] = {}
 
@@ -131,7 +130,7 @@ def main() -> None:
         # log and the raw loop alternate over several rounds and medians are reported.
         # Each phase starts with no dirty pages left by the previous one (os.sync).
         stored_estimate = _stored_bytes_estimate(root, sizes[10_000])
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             # Every round starts from an empty directory, raw loop first, so both sides
             # write with the same files in the page cache.
             for leftover in root.iterdir():
@@ -178,7 +177,7 @@ def main() -> None:
         ("raw file write (Python loop)", None, results["raw_write_bytes_per_s"]),
         ("raw file read (Python loop)", None, results["raw_read_bytes_per_s"]),
     ]
-    print(f"medians of {ROUNDS} rounds; MB/s counts bytes as stored (Arrow IPC framing included)")
+    print(f"medians of {rounds} rounds; MB/s counts bytes as stored (Arrow IPC framing included)")
     print(f"{'measure':<32} {'messages/s':>14} {'MB/s':>10}")
     for name, msgs, rate in rows_table:
         shown = "" if msgs is None else f"{msgs:,.0f}"
@@ -188,7 +187,7 @@ def main() -> None:
         f"read / raw read = {results['read_ratio_to_raw_read']:.2f}x (target >= 0.5); "
         f"single appends = {results['append_msgs_per_s_batch1']:,.0f}/s (target >= 20,000)"
     )
-    print(json.dumps({k: round(v, 3) for k, v in sorted(results.items())}))
+    print(last_line(results, 3))
 
 
 if __name__ == "__main__":

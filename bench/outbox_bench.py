@@ -33,14 +33,12 @@ and keys from 1,000 distinct ones; each stream has one partition.
 Each measure is also run on SQLite (a file in WAL mode, ``synchronous=FULL``,
 the store's own settings).  Prints a table; the last line is one JSON object.
 
-    python bench/outbox_bench.py [--quick]
+    python bench/outbox_bench.py [--quick | --smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import shutil
@@ -60,6 +58,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.sizes import last_line, parser, pick, size_of
 from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
@@ -347,9 +346,9 @@ def measure(
     return results
 
 
-def run(quick: bool) -> dict[str, float]:
-    n = 20_000 if quick else 100_000
-    latency_s = 5.0 if quick else 30.0
+def run(size: str) -> dict[str, float]:
+    n = pick(size, smoke=500, quick=20_000, full=100_000)
+    latency_s = pick(size, smoke=0.5, quick=5.0, full=30.0)
     workdir = Path(tempfile.mkdtemp(prefix="outbox-bench-"))
     results: dict[str, float] = {"rows": n, "load_1min_before": os.getloadavg()[0]}
     postgres = LocalPostgres().start()
@@ -373,13 +372,9 @@ def run(quick: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="20,000 rows and 5 s of latency, within 120 s")
-    args = parser.parse_args()
+    args = parser(__doc__, quick_help="20,000 rows and 5 s of latency, within 120 s").parse_args()
     started = time.monotonic()
-    r = run(args.quick)
+    r = run(size_of(args))
     n = int(r["rows"])
     print(f"{n:,} rows of {len(VALUE)} bytes; latency at {RATE:,} rows/s, one row per transaction")
     print(f"{'measure':<44} {'PostgreSQL':>12} {'SQLite':>12} {'target':>8}")
@@ -404,7 +399,7 @@ def main() -> None:
         f"load average (1 min) {r['load_1min_before']:.2f} before, {r['load_1min_after']:.2f} after; "
         f"{time.monotonic() - started:.0f} s in all"
     )
-    print(json.dumps({k: round(v, 4) for k, v in sorted(r.items())}))
+    print(last_line(r))
 
 
 if __name__ == "__main__":

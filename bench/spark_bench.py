@@ -22,12 +22,11 @@ same 100 bytes in every message and one timestamp for every Parquet row.
 Each figure is the median of 3 runs.  Prints a table; the last line is one
 JSON object.
 
-    python bench/spark_bench.py [--quick] [--compression none|lz4|zstd] [--constant-values]
+    python bench/spark_bench.py [--quick | --smoke] [--compression none|lz4|zstd] [--constant-values]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -49,6 +48,7 @@ from pyspark.sql import functions as sf
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from bench.sizes import last_line, parser, pick, size_of
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
@@ -218,8 +218,9 @@ def measure(
     n: int,
     compression: str,
     constant: bool,
+    runs: int = RUNS,
 ) -> dict[str, float]:
-    """Every figure but the ratios, in rows per second: the medians of ``RUNS`` alternating runs."""
+    """Every figure but the ratios, in rows per second: the medians of ``runs`` alternating runs."""
     parquet_schema = spark.read.parquet(str(work / "parquet")).schema
 
     def stream_into(df: DataFrame, sink_format: str, name: str, **options: str) -> Callable[[], None]:
@@ -251,7 +252,7 @@ def measure(
         "parquet": stream_into(parquet_source, "noop", "read-parquet"),
     }
     samples: dict[str, list[float]] = {}
-    for _ in range(RUNS):
+    for _ in range(runs):
         for key, run in read.items():
             samples.setdefault(key, []).append(timed(run))
     for key, values in samples.items():
@@ -259,7 +260,7 @@ def measure(
 
     out = parquet_source.select("key", "value")
     write_samples: dict[str, list[float]] = {}
-    for i in range(RUNS):
+    for i in range(runs):
         sink_stream = f"bench-out-{i}"
         client.create_stream(sink_stream, sink_stream, partitions=2, compression=compression)
         write_samples.setdefault("jetstream", []).append(
@@ -295,7 +296,7 @@ def measure(
     warm_source = spark.readStream.schema(parquet_schema).parquet(warm)
     stream_into(parse_orders(warm_source), "delta", "warm-up", path=str(work / "warm-up-delta"))()
     delta_samples: dict[str, list[float]] = {}
-    for i in range(RUNS):
+    for i in range(runs):
         for key, frame in sorted(delta.items(), reverse=i % 2 == 1):
             path = str(work / f"{key}-{i}")
             run = stream_into(frame, "delta", f"{key}-{i}", path=path)
@@ -337,23 +338,22 @@ def check_delta_table(path: str, n: int, constant: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="1,000,000 messages; about 3 minutes")
-    parser.add_argument(
+    arguments = parser(__doc__, quick_help="1,000,000 messages; about 3 minutes")
+    arguments.add_argument(
         "--compression",
         choices=COMPRESSIONS,
         default="none",
         help="codec of the benchmark's streams (default: none, the streams' default)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--constant-values",
         action="store_true",
         help="the earlier data: the same 100 bytes in every message, one timestamp in every Parquet row",
     )
-    args = parser.parse_args()
-    n = 1_000_000 if args.quick else 5_000_000
+    args = arguments.parse_args()
+    size = size_of(args)
+    n = pick(size, smoke=20_000, quick=1_000_000, full=5_000_000)
+    runs = pick(size, smoke=1, quick=RUNS, full=RUNS)
     per_partition = n // 2
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     spark = delta_session("spark-bench", **{"spark.sql.shuffle.partitions": "2"})
@@ -381,7 +381,7 @@ def main() -> None:
                 with pa.OSFile(arrow_path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                     writer.write_table(table, max_chunksize=chunk)
                 pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
-            results = measure(spark, client, broker, work, n, args.compression, args.constant_values)
+            results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -398,7 +398,7 @@ def main() -> None:
     data = f"JSON orders of {mean_bytes:.0f} bytes (mean)"
     if args.constant_values:
         data = "constant 100-byte values"
-    print(f"{n:,} messages, {data}, local[2], compression {args.compression}, medians of {RUNS} runs")
+    print(f"{n:,} messages, {data}, local[2], compression {args.compression}, medians of {runs} runs")
     print(f"{'measure':<48} {'rows/s':>12} {'ratio':>7} {'target':>7}")
     table = [
         ("read: readStream jetstream -> noop", results["read_rows_per_s"], None, ""),
@@ -432,7 +432,7 @@ def main() -> None:
     for label, rate, ratio, target in table:
         shown = "" if ratio is None else f"{ratio:.2f}"
         print(f"{label:<48} {rate:>12,.0f} {shown:>7} {target:>7}")
-    print(json.dumps({k: round(v, 3) for k, v in sorted(results.items())}))
+    print(last_line(results, 3))
 
 
 if __name__ == "__main__":
