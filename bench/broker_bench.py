@@ -7,7 +7,9 @@ JetStream's file store also leaves flushing to the OS).  Both are driven
 by the same nats-py client in this process, with 100-byte values:
 
 1. single-message publish with acks, pipelined: ``publish_async`` on both
-   sides, each with at most 4,000 acks pending (a sliding window);
+   sides, each with at most 4,000 acks pending (a sliding window); and one
+   publish at a time, each ack awaited before the next (JetStream's awaited
+   ``js.publish``);
 2. batch publish: our 10,000-message Arrow batches (rows/s) against
    JetStream's async publish (messages/s, from 1);
 3. consume every message from the start: our Arrow fetch against a
@@ -88,6 +90,26 @@ async def jetstream_single(js: nats.js.JetStreamContext, stream: str, n: int) ->
     for _ in range(n):
         await js.publish_async(f"js.{stream}", payload)
     await js.publish_async_completed()
+    return n / (time.perf_counter() - start)
+
+
+async def ours_sync(client: Client, stream: str, n: int) -> float:
+    """One publish at a time, each ack awaited before the next (msg/s)."""
+    await client.create_stream(stream, f"bench.{stream}")
+    payload = b"x" * VALUE
+    start = time.perf_counter()
+    for _ in range(n):
+        await client.publish(stream, payload)
+    return n / (time.perf_counter() - start)
+
+
+async def jetstream_sync(js: nats.js.JetStreamContext, stream: str, n: int) -> float:
+    """JetStream's awaited ``js.publish``, one at a time (msg/s)."""
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"js.{stream}"], storage=StorageType.FILE))
+    payload = b"x" * VALUE
+    start = time.perf_counter()
+    for _ in range(n):
+        await js.publish(f"js.{stream}", payload)
     return n / (time.perf_counter() - start)
 
 
@@ -451,6 +473,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def run(size: str) -> dict[str, float]:
     single_n = pick(size, smoke=500, quick=20_000, full=100_000)
+    sync_n = pick(size, smoke=200, quick=3_000, full=10_000)
     batch_rows = pick(size, smoke=20_000, quick=500_000, full=5_000_000)
     consume_n = pick(size, smoke=20_000, quick=200_000, full=1_000_000)
     latency_s = pick(size, smoke=0.6, quick=6.0, full=30.0)
@@ -481,12 +504,16 @@ async def run(size: str) -> dict[str, float]:
         for r in range(ROUNDS):
             samples.setdefault("js", []).append(await jetstream_single(js, f"JS_SINGLE{r}", single_n))
             samples.setdefault("ours", []).append(await ours_single(client, f"single{r}", single_n))
+            samples.setdefault("ours_sync", []).append(await ours_sync(client, f"sync{r}", sync_n))
+            samples.setdefault("js_sync", []).append(await jetstream_sync(js, f"JS_SYNC{r}", sync_n))
             js_latency += await jetstream_latency(js, nc, f"JS_LATENCY{r}", latency_s / ROUNDS)
             our_latency += await ours_latency(client, nc, f"latency{r}", latency_s / ROUNDS)
             await client.create_stream(f"follow{r}", f"bench.follow{r}")
             follow_latency += await tail_latencies(client, nc, f"follow{r}", latency_s / ROUNDS, live=False)
         results["jetstream_single_publish_msgs_per_s"] = statistics.median(samples["js"])
         results["single_publish_msgs_per_s"] = statistics.median(samples["ours"])
+        results["sync_publish_msgs_per_s"] = statistics.median(samples["ours_sync"])
+        results["jetstream_sync_publish_msgs_per_s"] = statistics.median(samples["js_sync"])
         results["batch_publish_rows_per_s"] = await ours_batches(client, "batches", batch_rows)
 
         await ours_batches(client, "consume", consume_n)
@@ -519,6 +546,9 @@ async def run(size: str) -> dict[str, float]:
         shutil.rmtree(workdir, ignore_errors=True)
     js_publish = results["jetstream_single_publish_msgs_per_s"]
     results["single_publish_ratio"] = results["single_publish_msgs_per_s"] / js_publish
+    results["sync_publish_ratio"] = (
+        results["sync_publish_msgs_per_s"] / results["jetstream_sync_publish_msgs_per_s"]
+    )
     results["batch_publish_ratio"] = results["batch_publish_rows_per_s"] / js_publish
     results["consume_ratio"] = results["consume_rows_per_s"] / results["jetstream_consume_msgs_per_s"]
     results["p99_latency_ratio"] = results["p99_latency_ms"] / results["jetstream_p99_latency_ms"]
@@ -537,6 +567,13 @@ def main() -> None:
             r["single_publish_msgs_per_s"],
             r["jetstream_single_publish_msgs_per_s"],
             r["single_publish_ratio"],
+            ">= 1.0",
+        ),
+        (
+            "one publish at a time, ack awaited (msg/s)",
+            r["sync_publish_msgs_per_s"],
+            r["jetstream_sync_publish_msgs_per_s"],
+            r["sync_publish_ratio"],
             ">= 1.0",
         ),
         (
