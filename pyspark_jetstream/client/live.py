@@ -201,5 +201,7 @@ class LiveTail:
             for batch in result.batches:
                 self.stats.fetched_batches += 1
                 yield batch
-            if not result.batches:
+            # Caught up: what commits next comes live (the subscription came first). Fetching
+            # again would chase a steady publisher one message per read and never come back.
+            if not result.batches or (until is None and self.next_offset >= result.high_watermark):
                 return
