@@ -105,6 +105,7 @@ class ZooKeeperServer:
         if any(tls) and not all(tls):
             raise ZooKeeperError("tls_cert, tls_key and tls_ca go together: give all three or none")
         self.host = host
+        self._port_chosen = not port  # another process may take a port we chose before ZooKeeper binds it
         self.port = port or free_port(host)
         self._owned_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="zookeeper-"))
@@ -160,6 +161,8 @@ class ZooKeeperServer:
         jars = ZOOKEEPER_JARS + (NETTY_JARS if self.tls else ())
         classpath = ":".join(jar for jar in jars if Path(jar).exists())
         with open(self.log_path, "ab") as log:
+            log.seek(0, 2)
+            logged = log.tell()  # where this start's output begins
             self._process = subprocess.Popen(
                 [
                     *die_with_parent_prefix(),
@@ -180,11 +183,18 @@ class ZooKeeperServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
+                if self._port_chosen and "Address already in use" in self._log_since(logged):
+                    # Another process took the port we chose before ZooKeeper bound it (tests run
+                    # side by side): choose again.  Only at the first start: clients know the port after.
+                    logger.info("ZooKeeper port %d was taken before it bound; choosing another", self.port)
+                    self.port = free_port(self.host)
+                    return self.start(max(deadline - time.monotonic(), 1.0))
                 raise ZooKeeperError(
                     f"ZooKeeper exited with code {self._process.returncode}: {self._log_tail()}"
                 )
             if self.four_letter("ruok") == "imok":
                 logger.info("ZooKeeper running at %s", self.hosts)
+                self._port_chosen = False
                 return self
             time.sleep(0.05)
         self.kill()
@@ -285,6 +295,14 @@ class ZooKeeperServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _log_tail(self) -> str:
         try:

@@ -114,7 +114,11 @@ def test_without_unclean_election_a_partition_waits_for_an_in_sync_replica(clust
     cluster.broker(leader).kill()
     cluster.broker(other).resume()
     wait_until(lambda: client.describe_stream("clean").partitions[0].leader == "", timeout=30)
-    time.sleep(1)  # an unclean election would have happened by now
+    # Once the controller's broker sees the stale replica registered, the controller has queued a
+    # pass over it; a stream created after that is created after the pass (one event at a time).
+    controller = cluster.broker(status(cluster.broker(other).flight)["controller"])
+    wait_until(lambda: other in registered_brokers(controller.flight), timeout=30, message="its return")
+    client.create_stream("after-the-pass", "after-the-pass")
     assert client.describe_stream("clean").partitions[0].leader == ""
     cluster.broker(leader).start()  # the last in-sync replica returns and leads again
     assert leader_of(client, "clean") == leader

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from broker_node.coordination.base import BrokerInfo, SessionState
 from broker_node.coordination.errors import CoordinationError, NotControllerError
 from broker_node.coordination.settings import ZooKeeperConfig
 from broker_node.coordination.zookeeper import CONTROLLER_EPOCH, ZooKeeperCoordinator
-from broker_node.zookeeper_server import free_port
+from broker_node.zookeeper_server import ZooKeeperServer, free_port
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..broker.harness import wait_until
@@ -202,3 +203,15 @@ def test_an_expired_session_is_reported_and_the_broker_registers_again(cluster, 
     wait_until(lambda: coordinator.controller() == "b1", message="controller again")
     wait_until(coordinator.lease_valid, message="the lease to be renewed")
     assert coordinator.session()[0] != session_id
+
+
+def test_a_server_whose_chosen_port_is_taken_before_it_binds_chooses_another(tmp_path):
+    """Tests run side by side: the port chosen for ZooKeeper may be taken before the JVM binds it."""
+    server = ZooKeeperServer(data_dir=tmp_path / "zk")
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with server:
+            assert server.port != taken
+            assert server.four_letter("ruok") == "imok"

@@ -1,0 +1,49 @@
+"""Every benchmark still runs and still prints every figure its recorded ``--quick`` run printed.
+
+Each ``bench/*_bench.py`` runs at its ``--smoke`` size (seconds; the figures
+mean nothing); its last line must be a JSON object of finite numbers holding
+every key of its latest ``--quick`` run in ``bench/results/`` (``make bench``
+writes those). A benchmark that stops importing, fails, or drops a figure
+fails here; one never recorded fails too, until ``make bench`` records it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.run_benchmarks import RESULTS, benchmarks, last_json_line
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def recorded_keys() -> dict[str, set[str]]:
+    """Each benchmark's figure names in its latest recorded ``--quick`` run."""
+    keys: dict[str, set[str]] = {}
+    for path in sorted(RESULTS.glob("*.json")):  # named by UTC time: oldest first
+        record = json.loads(path.read_text())
+        if record.get("size") == "quick":
+            for name, figures in record["benchmarks"].items():
+                keys[name] = set(figures)
+    return keys
+
+
+RECORDED = recorded_keys()
+
+
+@pytest.mark.parametrize("script", benchmarks(), ids=lambda p: p.stem)
+def test_a_benchmark_runs_at_its_smoke_size_and_prints_every_figure(script: Path) -> None:
+    assert script.stem in RECORDED, f"{script.stem} has no recorded --quick run in {RESULTS}: run make bench"
+    command = [sys.executable, str(script), "--smoke"]
+    run = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    figures = last_json_line(run.stdout)
+    missing = RECORDED[script.stem] - set(figures)
+    assert not missing, f"{script.stem} no longer prints {sorted(missing)}"
+    odd = {k: v for k, v in figures.items() if not isinstance(v, int | float) or not math.isfinite(v)}
+    assert not odd, f"{script.stem} printed figures that are not finite numbers: {odd}"
