@@ -309,7 +309,9 @@ class FlightApi(flight.FlightServerBase):
         except LogOffsetOutOfRangeError as exc:
             raise OffsetOutOfRangeError(
                 f"{request.stream}/{request.partition}: {exc}; valid offsets are "
-                f"{exc.log_start_offset} to {high_watermark}"
+                f"{exc.log_start_offset} to {high_watermark}",
+                offset=start,
+                log_start_offset=exc.log_start_offset,
             ) from None
         # Past the last row sent; with nothing sent, past any compaction gap up to the HW.
         next_offset = batches[-1].column(0)[-1].as_py() + 1 if batches else max(start, high_watermark)
@@ -406,7 +408,9 @@ class FlightApi(flight.FlightServerBase):
         if not log.log_start_offset <= offset <= log.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {request.stream}/{request.partition}: valid "
-                f"offsets are {log.log_start_offset} to {log.log_end_offset}"
+                f"offsets are {log.log_start_offset} to {log.log_end_offset}",
+                offset=offset,
+                log_start_offset=log.log_start_offset,
             )
         return offset
 

@@ -69,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 FOLLOW_BUFFER = 16
 """Batches a follow stream reads ahead of its consumer."""
+LEADERSHIP_TIMEOUT = 2.0
+"""Seconds the resender's read of a stream's leaders is retried before it waits for its next check."""
 
 Start = str | int | datetime | StartPosition
 
@@ -334,7 +336,8 @@ class Client:
 
     async def _leadership(self, name: str) -> StreamInfo:
         """A stream's partitions' leaders and epochs (no offsets: see ``ClusterConnection.leadership``)."""
-        return await asyncio.to_thread(self._broker.leadership, name)
+        # Short: the resender asks again at its next check, and a thread still asking holds up close.
+        return await asyncio.to_thread(self._broker.leadership, name, LEADERSHIP_TIMEOUT)
 
     async def list_streams(self) -> list[StreamInfo]:
         """Every stream."""

@@ -31,6 +31,7 @@ from pyarrow import flight
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
+    OffsetOutOfRangeError,
     RequestTimeoutError,
     UnavailableError,
 )
@@ -68,7 +69,16 @@ class ClusterConnection:
         self._isr: dict[tuple[str, int], tuple[str, ...]] = {}
         self._lock = threading.RLock()
         self._known = False
+        self._answered: str | None = None
+        """The broker that answered the last call any broker may answer: asked first next time, so a
+        hung broker (paused, or behind a broken network) costs one timeout, not one per call."""
         self.connection(self.bootstrap[0])  # a malformed address fails here, naming it
+
+    @property
+    def _lookup_timeout(self) -> float:
+        """How long one broker may take to answer a metadata lookup any broker can answer: half
+        the connection's timeout, so that a hung broker leaves time to ask another."""
+        return self.timeout / 2
 
     @property
     def address(self) -> str:
@@ -96,7 +106,7 @@ class ClusterConnection:
 
     def refresh(self) -> dict[str, Any]:
         """Ask any reachable broker for the cluster's metadata and remember it."""
-        metadata = self._any(lambda c: c.action(ActionType.METADATA, {}))
+        metadata = self._any(lambda c: c.action(ActionType.METADATA, {}, self._lookup_timeout))
         with self._lock:
             self._brokers = {b["broker_id"]: b["flight"] for b in metadata["brokers"]}
             self._leaders = {}
@@ -142,21 +152,28 @@ class ClusterConnection:
 
     def describe(self, stream: str) -> StreamInfo:
         """A stream's configuration and its partitions, with each partition's offsets from its leader."""
+        body = {"name": stream}
         found, address = self._any(
-            lambda c: (c.action(ActionType.DESCRIBE_STREAM, {"name": stream}), c.address)
+            lambda c: (c.action(ActionType.DESCRIBE_STREAM, body, self._lookup_timeout), c.address)
         )
         return self._with_leader_offsets(StreamInfo.from_json(found), address)
 
-    def leadership(self, stream: str) -> StreamInfo:
+    def leadership(self, stream: str, timeout: float | None = None) -> StreamInfo:
         """A stream's configuration and its partitions' leaders, ISRs and epochs, as any broker
-        knows them (no offsets: no call to each leader, which may be the one that is gone)."""
+        knows them (no offsets: no call to each leader, which may be the one that is gone);
+        retried for ``timeout`` seconds (default: the connection's)."""
         return StreamInfo.from_json(
-            self._any(lambda c: c.action(ActionType.DESCRIBE_STREAM, {"name": stream}))
+            self._any(
+                lambda c: c.action(ActionType.DESCRIBE_STREAM, {"name": stream}, self._lookup_timeout),
+                timeout,
+            )
         )
 
     def list_streams(self) -> list[StreamInfo]:
         """Every stream, each partition's offsets from its leader."""
-        found, address = self._any(lambda c: (c.action(ActionType.LIST_STREAMS, {}), c.address))
+        found, address = self._any(
+            lambda c: (c.action(ActionType.LIST_STREAMS, {}, self._lookup_timeout), c.address)
+        )
         return [self._with_leader_offsets(StreamInfo.from_json(s), address) for s in found]
 
     def _with_leader_offsets(self, info: StreamInfo, answered_at: str) -> StreamInfo:
@@ -213,7 +230,7 @@ class ClusterConnection:
             try:
                 return call(self.connection(address))
             except JetStreamError as exc:
-                if not exc.retriable or time.monotonic() + backoff > deadline:
+                if not exc.retriable or _gone(exc) or time.monotonic() + backoff > deadline:
                     raise
                 hinted = exc.fields.get("leader_address")
                 if exc.invalid_metadata or isinstance(exc, UnavailableError):
@@ -235,18 +252,23 @@ class ClusterConnection:
             with self._lock:
                 self._known = False
 
-    def _any(self, call: Callable[[BrokerConnection], T]) -> T:
+    def _any(self, call: Callable[[BrokerConnection], T], timeout: float | None = None) -> T:
         """``call`` on the first broker that answers (the bootstrap ones, then those it knows)."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         backoff = BACKOFF[0]
         last: JetStreamError | None = None
         while True:
             with self._lock:
-                addresses = list(dict.fromkeys([*self.bootstrap, *self._brokers.values()]))
+                first = [self._answered] if self._answered else []
+                addresses = list(dict.fromkeys([*first, *self.bootstrap, *self._brokers.values()]))
             for address in addresses:
                 try:
-                    return call(self.connection(address))
+                    answer = call(self.connection(address))
+                    self._answered = address
+                    return answer
                 except (UnavailableError, RequestTimeoutError) as exc:
+                    if self._answered == address:
+                        self._answered = None
                     last = exc
                     continue
                 except JetStreamError as exc:
@@ -259,3 +281,17 @@ class ClusterConnection:
                 raise last
             time.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF[1])
+
+
+def _gone(exc: JetStreamError) -> bool:
+    """An offset below the log start: retention or compaction removed it, and no broker has it back.
+
+    (Above the log end, the same error is worth retrying: a new leader may still be catching up.)
+    """
+    offset, start = exc.fields.get("offset"), exc.fields.get("log_start_offset")
+    return (
+        isinstance(exc, OffsetOutOfRangeError)
+        and isinstance(offset, int)
+        and isinstance(start, int)
+        and offset < start
+    )

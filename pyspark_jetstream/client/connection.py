@@ -74,9 +74,10 @@ class BrokerConnection:
         """Close the channel."""
         self._flight.close()
 
-    def action(self, action: ActionType, body: dict[str, Any]) -> Any:
-        """Run an admin action and return its decoded JSON result."""
-        options = flight.FlightCallOptions(timeout=self.timeout * 3)
+    def action(self, action: ActionType, body: dict[str, Any], timeout: float | None = None) -> Any:
+        """Run an admin action and return its decoded JSON result (waiting up to ``timeout``
+        seconds; by default three times the connection's, for actions the controller carries out)."""
+        options = flight.FlightCallOptions(timeout=self.timeout * 3 if timeout is None else timeout)
         try:
             results = list(self._flight.do_action(flight.Action(action.value, encode_json(body)), options))
         except flight.FlightError as exc:

@@ -51,8 +51,9 @@ from .session import jetstream_session
 logger = logging.getLogger(__name__)
 
 SCALA_VERSION = "2.13"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.extensions": DELTA_EXTENSION,
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 ARCHIVE_APP_ID = "pyspark-jetstream-archive:{stream}"
@@ -155,8 +156,32 @@ def delta_conf(cache: Path | None = None) -> dict[str, str]:
 
 
 def delta_session(app_name: str = "pyspark-jetstream", master: str = "local[2]", **conf: Any) -> SparkSession:
-    """A Spark session with ``format("jetstream")`` registered and Delta Lake enabled."""
+    """A Spark session with ``format("jetstream")`` registered and Delta Lake enabled.
+
+    Spark's JVM starts with the first session of a Python process and keeps the
+    class path it started with: if that session had no Delta jars, no later
+    one can have them, and this raises ``InvalidArgumentError`` saying so.
+    """
+    _check_jvm_can_load_delta()
     return jetstream_session(app_name, master, **{**delta_conf(), **conf})
+
+
+def _check_jvm_can_load_delta() -> None:
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return  # no JVM yet: this session starts it with the jars
+    try:
+        lang = jvm.java.lang
+        lang.Class.forName(DELTA_EXTENSION, False, lang.Thread.currentThread().getContextClassLoader())
+    except Py4JJavaError:  # the JVM's ClassNotFoundException
+        raise InvalidArgumentError(
+            "this Python process already started Spark's JVM without Delta Lake's jars (a session made "
+            "before, e.g. by jetstream_session or SparkSession.builder), and a JVM keeps the class path "
+            "it started with: make delta_session the process's first session, or restart the kernel"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import threading
 import time
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from pyarrow import flight
 
 from broker_node.broker import RUNTIME_FILE
 from broker_node.log import Log, Record
-from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.client import ClusterConnection, SyncClient
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
@@ -24,7 +25,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.flight import ReadRequest
+from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .harness import BrokerProcess, wait_until
@@ -335,6 +336,46 @@ def test_retention_runs_in_the_background(client):
     assert partition.high_watermark - partition.log_start_offset >= 10
     with pytest.raises(OffsetOutOfRangeError, match="out of range"):
         client.fetch("short", start=0)
+
+
+def test_a_read_below_the_log_start_fails_at_once_instead_of_retrying(client, broker, caplog):
+    """Deleted offsets never come back: the read is not retried until its timeout (it was, 30 s)."""
+    client.create_stream("gone", "gone", retention_messages=10, segment_bytes=2000)
+    for i in range(60):
+        client.publish("gone", b"m%03d" % i + b"." * 100)
+    wait_until(lambda: client.describe_stream("gone").partitions[0].log_start_offset > 0, message="retention")
+    connection = ClusterConnection(broker.flight, timeout=30)
+    try:
+        with (
+            caplog.at_level("DEBUG", logger="pyspark_jetstream.client.cluster"),
+            pytest.raises(OffsetOutOfRangeError) as refused,
+        ):
+            connection.read(ReadRequest("gone", 0, StartPosition("offset", 0)))
+    finally:
+        connection.close()
+    assert refused.value.fields["offset"] == 0 and refused.value.fields["log_start_offset"] > 0
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_a_hung_broker_first_in_the_list_does_not_stop_lookups(client, broker):
+    """A broker that accepts connections and never answers (paused, or a black hole) is given up
+    in time to ask the next one; the one that answered is asked first from then on."""
+    client.create_stream("hung", "hung")
+    with socket.socket() as black_hole:
+        black_hole.bind(("127.0.0.1", 0))
+        black_hole.listen()  # connections complete in the kernel; nothing ever reads them
+        hung = f"grpc://127.0.0.1:{black_hole.getsockname()[1]}"
+        connection = ClusterConnection([hung, broker.flight], timeout=6)
+        started = time.monotonic()
+        try:
+            assert connection.describe("hung").config["name"] == "hung"
+            assert connection.leadership("hung").config["name"] == "hung"
+            assert [s.config["name"] for s in connection.list_streams()].count("hung") == 1
+        finally:
+            connection.close()
+    # The contract, not a benchmark: the hung broker costs half a timeout once (it was three
+    # timeouts per lookup: a lookup waited past its own deadline).
+    assert time.monotonic() - started < 6
 
 
 def test_unreachable_servers_are_named():

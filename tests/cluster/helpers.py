@@ -61,12 +61,15 @@ def partition_status(address: str, stream: str, partition: int = 0) -> dict | No
 
 
 def caught_up(cluster, stream: str, partitions: int = 1) -> bool:
-    """Whether every running replica of every partition has the leader's log end and high watermark."""
+    """Whether every running replica of every partition has the leader's log end and high watermark,
+    and each knows every running replica in sync (a follower serves ``from_replicas`` reads only then)."""
     for partition in range(partitions):
         seen = [partition_status(a, stream, partition) for a in cluster.flights]
         seen = [s for s in seen if s is not None]
         ends = {(s["log_end_offset"], s["high_watermark"]) for s in seen}
         if len(ends) != 1 or next(iter(ends))[0] != next(iter(ends))[1]:
+            return False
+        if any(len(s["isr"]) != len(seen) for s in seen):
             return False
     return True
 

@@ -117,12 +117,9 @@ def test_all_acks_fail_without_enough_in_sync_replicas_and_nothing_is_acked(clus
             timeout=30,
             message="the ISR to shrink to the leader",
         )
-        refused = 0
-        for i in range(5):
+        for i in range(2):  # each is retried (the ISR may grow back) until its timeout, then refused
             with pytest.raises(NotEnoughReplicasError, match="fewer than min_insync_replicas=2"):
-                client.publish("minisr", b"refused-%d" % i, ack_policy=AckPolicy.ALL, timeout=5)
-            refused += 1
-        assert refused == 5
+                client.publish("minisr", b"refused-%d" % i, ack_policy=AckPolicy.ALL, timeout=2)
         # LEADER acks still work: they do not promise replication.
         assert client.publish("minisr", b"leader-only", ack_policy=AckPolicy.LEADER).ok
     finally:

@@ -20,7 +20,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.spark import jetstream_session
+from pyspark_jetstream.spark.delta import delta_session
 from pyspark_jetstream.spark.options import parse_sink_options, parse_source_options
 
 from .conftest import TOKENS, Secured
@@ -28,7 +28,8 @@ from .conftest import TOKENS, Secured
 
 @pytest.fixture(scope="module")
 def spark():
-    session = jetstream_session("pyspark-jetstream-security", **{"spark.sql.shuffle.partitions": "2"})
+    # Delta's, like every test session: the first session of a test process fixes the JVM's class path.
+    session = delta_session("pyspark-jetstream-security", **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
 

@@ -223,3 +223,20 @@ def test_the_session_uses_the_cached_jars(spark):
     jars = cached_jars()
     assert jars is not None, "the set-up (make) fetches the Delta jars into the cache"
     assert {Path(p).name for p in spark.conf.get("spark.jars").split(",")} >= {p.name for p in jars}
+
+
+def test_a_delta_session_after_a_jvm_started_without_delta_says_why(tmp_path):
+    """A JVM keeps the class path it started with: Delta's session after a plain one is refused, named."""
+    script = """
+        from pyspark_jetstream.spark import jetstream_session
+        from pyspark_jetstream.spark.delta import delta_session
+        jetstream_session("plain", "local[1]").stop()
+        try:
+            delta_session("too-late", "local[1]")
+        except ValueError as exc:
+            print("REFUSED", exc)
+    """
+    run = run_script(script, tmp_path / "late.log")
+    assert run.wait(timeout=180) == 0, (tmp_path / "late.log").read_text()[-3000:]
+    log = (tmp_path / "late.log").read_text()
+    assert "REFUSED" in log and "already started Spark's JVM without Delta Lake's jars" in log, log[-3000:]
