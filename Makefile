@@ -21,8 +21,11 @@ lint: bootstrap
 	.venv/bin/mypy
 	$(PY) scripts/check_imports.py
 
+# Test modules spread over worker processes (pytest-xdist; a module's tests share one worker and
+# its fixtures).  The suite mostly waits on servers, so three workers pay on two cores.
+TEST_WORKERS ?= 3
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # Every benchmark's --quick run, one after another; the figures go to bench/results/<UTC time>.json
 # (bench/RESULTS.md says how to read them).

@@ -19,6 +19,8 @@ import pytest
 
 from scripts.run_benchmarks import RESULTS, benchmarks, last_json_line
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "pyspark_jetstream", "broker_node")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -31,6 +31,7 @@ from pyarrow import flight
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
+    NotEnoughReplicasError,
     OffsetOutOfRangeError,
     RequestTimeoutError,
     UnavailableError,
@@ -148,6 +149,10 @@ class ClusterConnection:
         """An admin action on any broker (cursors go to the cursor stream's leader)."""
         if action in (ActionType.SET_CURSOR, ActionType.FETCH_CURSOR, ActionType.DELETE_CURSOR):
             return self._routed(CURSOR_STREAM, 0, False, lambda c: c.action(action, body))
+        if action is ActionType.CREATE_STREAM:
+            # Too few live brokers for the replication factor is an answer, not a state to wait out
+            # (Kafka's topic creation answers the same at once).
+            return self._any(lambda c: c.action(action, body), final=NotEnoughReplicasError)
         return self._any(lambda c: c.action(action, body))
 
     def describe(self, stream: str) -> StreamInfo:
@@ -252,8 +257,14 @@ class ClusterConnection:
             with self._lock:
                 self._known = False
 
-    def _any(self, call: Callable[[BrokerConnection], T], timeout: float | None = None) -> T:
-        """``call`` on the first broker that answers (the bootstrap ones, then those it knows)."""
+    def _any(
+        self,
+        call: Callable[[BrokerConnection], T],
+        timeout: float | None = None,
+        final: type[JetStreamError] | None = None,
+    ) -> T:
+        """``call`` on the first broker that answers (the bootstrap ones, then those it knows);
+        retriable errors are retried until ``timeout``, except those of type ``final``."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         backoff = BACKOFF[0]
         last: JetStreamError | None = None
@@ -272,7 +283,8 @@ class ClusterConnection:
                     last = exc
                     continue
                 except JetStreamError as exc:
-                    if not exc.retriable or time.monotonic() + backoff > deadline:
+                    final_now = final is not None and isinstance(exc, final)
+                    if not exc.retriable or final_now or time.monotonic() + backoff > deadline:
                         raise
                     last = exc
                     break

@@ -16,6 +16,8 @@ from pyspark_jetstream.spark.delta import delta_session
 from ..broker.harness import wait_until
 from .helpers import leader_of, publish_all
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def spark():

@@ -26,6 +26,8 @@ from .helpers import (
     stored_frames,
 )
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 
 def expire_session(cluster: LocalCluster, broker: LocalBroker) -> None:
     """Expire a broker's ZooKeeper session for real: another client takes it over and closes it."""
@@ -151,8 +153,10 @@ def test_the_controller_fails_over_and_finishes_its_work(cluster, client):
 
 
 def test_bad_cluster_input_is_refused_clearly(cluster, client):
+    asked = time.monotonic()
     with pytest.raises(NotEnoughReplicasError, match="replication factor 4 needs 4 live brokers, but 3"):
         client.create_stream("big", "big", replication_factor=4)
+    assert time.monotonic() - asked < 20, "refused at once, not retried for the client's timeout (20 s)"
     with pytest.raises(InvalidArgumentError, match=r"min_insync_replicas \(3\) cannot exceed"):
         client.create_stream("m", "m", replication_factor=2, min_insync_replicas=3)
     with pytest.raises(InvalidArgumentError, match="replication_factor must be"):

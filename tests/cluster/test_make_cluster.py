@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pyspark_jetstream.client import AckPolicy, SyncClient
 
 from ..broker.harness import wait_until
+
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .soak import soak
+
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
 
 def test_a_leader_holds_no_memory_for_what_it_replicated(cluster, client):

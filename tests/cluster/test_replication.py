@@ -14,6 +14,8 @@ from pyspark_jetstream.protocol.errors import NotEnoughReplicasError
 from ..broker.harness import wait_until
 from .helpers import caught_up, leader_of, publish_all, replica_table, stored_frames
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 
 def test_every_replica_stores_the_same_bytes(cluster, client):
     client.create_stream("same", "same", partitions=2, replication_factor=3, compression="lz4")

@@ -15,6 +15,8 @@ import pytest
 
 from .matrix import FAULTS, run_matrix
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 # After a fault heals, the cluster must acknowledge writes again within this
 # many seconds: a session timeout (3 s) to notice, an election, a retry.
 UNAVAILABILITY_BOUND = 15.0

@@ -24,6 +24,8 @@ from pyspark_jetstream.spark.delta import (
 
 from ..broker.harness import wait_until
 
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
 
 def publish_orders(client, stream: str, first: int, count: int, partitions: int = 2) -> None:
     for p in range(partitions):

@@ -217,7 +217,8 @@ def test_query_errors_reach_the_user(spark, deployment, client, name):
     ):
         read(spark, deployment, stream="missing-stream").collect()
     with pytest.raises(Exception, match="broker at grpc://127.0.0.1:1 is unreachable"):
-        spark.read.format("jetstream").option("servers", "grpc://127.0.0.1:1").option(
+        # Retried for the query's timeout (a broker may be restarting): 2 s here, 30 s by default.
+        spark.read.format("jetstream").option("servers", "grpc://127.0.0.1:1").option("timeout", "2").option(
             "stream", "x"
         ).load().collect()
 
