@@ -29,6 +29,19 @@ async def run(broker: Broker) -> None:
         await broker.close()
 
 
+def serve(broker: Broker) -> None:
+    """Run ``broker`` on uvloop's event loop where it is installed (the broker extra installs it
+    except on Windows), else on asyncio's own.  uvloop measured 5-10% more awaited publishes a
+    second and a lower live-tail p50 (bench/RESULTS.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        logging.getLogger(__name__).info("uvloop is not installed: asyncio's event loop")
+        asyncio.run(run(broker))
+        return
+    uvloop.run(run(broker))
+
+
 _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
@@ -90,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in rebuild(config):
                 print(f"jetstream broker: {line}")
             return 0
-        asyncio.run(run(Broker(config)))
+        serve(Broker(config))
     except (ConfigError, JetStreamError, OSError) as exc:
         print(f"jetstream broker: {exc}", file=sys.stderr)
         return 1

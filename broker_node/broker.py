@@ -120,6 +120,11 @@ class Broker:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def event_loop(self) -> str:
+        """Whose event loop the broker runs on: ``uvloop`` or ``asyncio`` (``""`` before start)."""
+        return type(self._loop).__module__.split(".")[0] if self._loop is not None else ""
+
     async def start(self) -> None:
         """Start everything (see the module docstring); what was started is stopped again on failure."""
         self._loop = asyncio.get_running_loop()

@@ -358,6 +358,7 @@ class BrokerService:
             "flight": broker.flight_address,
             "nats": broker.nats_urls,
             "controller": broker.coordinator.controller(),
+            "event_loop": broker.event_loop,
             "health": self.health(),
             "streams": [info.to_json() for info in self.list_streams()],
             "partitions": [self._partition_status(p) for p in broker.manager.held()],

@@ -383,6 +383,13 @@ def test_unreachable_servers_are_named():
         SyncClient(nats_urls="nats://127.0.0.1:1", timeout=2)
 
 
+def test_broker_and_blocking_client_run_on_uvloop_where_it_is_installed(client):
+    """The broker extra installs uvloop (not on Windows): the broker serves on its loop, and so
+    does the blocking client's thread."""
+    assert client.status()["event_loop"] == "uvloop"
+    assert type(client._loop).__module__.startswith("uvloop")
+
+
 def test_runtime_file_names_the_addresses(broker):
     info = json.loads((broker.data_dir / RUNTIME_FILE).read_text())
     assert info["flight"] == broker.flight and info["nats"] == [broker.nats_url]
