@@ -240,6 +240,8 @@ class Client:
         # (deadline, correlation id, subject, seconds): a heap, soonest first.
         self._deadlines: list[tuple[float, str, str, float]] = []
         self._sweeper: asyncio.Future[None] | None = None
+        self.closed = False
+        """Whether :meth:`close` was called (a live tail then ends instead of going on over Flight)."""
         self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
         self.credentials = credentials if credentials is not None else Credentials()
         self._broker = ClusterConnection(broker, timeout=timeout, credentials=self.credentials)
@@ -288,6 +290,7 @@ class Client:
 
     async def close(self) -> None:
         """Fail pending acks, close the connections."""
+        self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         self._resender.close()

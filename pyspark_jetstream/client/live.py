@@ -140,6 +140,8 @@ class LiveTail:
                         break
                     continue
                 except ConnectionClosedError:
+                    if self._client.closed:
+                        return  # closed by its owner: the tail ends with it
                     break
                 heard, silent = True, 0
                 async for batch in self._take(message.data):

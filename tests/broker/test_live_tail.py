@@ -81,6 +81,33 @@ def test_exactly_once_across_the_switch_from_history_to_live(broker):
     assert not tail.stats.flight_only
 
 
+def test_a_tail_running_when_its_client_closes_ends_quietly(broker, caplog):
+    """Closing the client ends its tails: no fallback to Flight, no warning that NATS has no tail."""
+
+    async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
+        client = await connect(broker)
+        await client.create_stream("closing", "closing")
+        tail = client.tail("closing", start="earliest")
+        seen: list[pa.RecordBatch] = []
+
+        async def consume() -> None:
+            async for batch in tail:
+                seen.append(batch)
+
+        consumer = asyncio.ensure_future(consume())
+        await publish_rows(client, "closing", 0, 3)
+        while sum(b.num_rows for b in seen) < 3:
+            await asyncio.sleep(0.01)
+        await client.close()
+        await asyncio.wait_for(consumer, 20)  # the iteration ends; it raised nothing
+        return seen, tail
+
+    seen, tail = asyncio.run(main())
+    assert offsets_of(seen) == [0, 1, 2]
+    assert not tail.stats.flight_only
+    assert not [r for r in caplog.records if "no live tail" in r.getMessage()]
+
+
 def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker, caplog):
     """NATS drops what a consumer with tiny pending limits leaves unread; nothing is lost."""
     total = 3000
