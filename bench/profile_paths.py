@@ -1,0 +1,112 @@
+"""Where a message's time goes: py-spy records the broker and this client on one path.
+
+    .venv/bin/python bench/profile_paths.py sync [--seconds 12]   # one awaited publish at a time
+    .venv/bin/python bench/profile_paths.py tail [--seconds 9]    # live tail at 1,000 msg/s
+
+Starts nats-server and one broker, runs the path, records both processes with
+``py-spy record --nonblocking -f raw`` (py-spy must be installed: ``pip install
+py-spy``), and prints each process's top functions by own and inclusive
+samples.  The raw files stay in the printed directory for flame graphs.  The
+figures of 2026-11-26 are in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from broker_bench import _percentile, tail_latencies
+
+from broker_node.nats_server import NatsServer
+from pyspark_jetstream.client import Client
+from pyspark_jetstream.local import LocalBroker
+
+
+def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [spy, "record", "--pid", str(pid), "-d", str(int(seconds)), "-f", "raw", "-o", str(out)]
+    return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def top(raw: Path, n: int = 20) -> str:
+    """Own and inclusive shares of the functions in a py-spy raw (collapsed stacks) file."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        samples = int(count)
+        total += samples
+        frames = stack.split(";")
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    lines = [f"{raw.name}: {total} samples", "  own:"]
+    lines += [f"    {100 * c / total:5.1f}% {f[:120]}" for f, c in own.most_common(n)]
+    lines += ["  inclusive:"]
+    lines += [f"    {100 * c / total:5.1f}% {f[:120]}" for f, c in inclusive.most_common(n)]
+    return "\n".join(lines)
+
+
+async def run(path: str, seconds: float, out: Path) -> str:
+    server = NatsServer(jetstream=True, store_dir=out / "jetstream").start()
+    broker = LocalBroker(out / "data", nats_url=server.url, log_level="WARNING").start()
+    assert broker.process is not None
+    client = await Client.connect(nats_urls=server.url, broker=broker.flight, timeout=60)
+    nc = await nats.connect(server.url)
+    try:
+        await client.create_stream("p", "bench.p")
+        for _ in range(500):  # warm up
+            await client.publish("p", b"x" * 100)
+        spies = [
+            record(broker.process.pid, seconds, out / f"broker_{path}.txt"),
+            record(os.getpid(), seconds, out / f"client_{path}.txt"),
+        ]
+        if path == "sync":
+            sent, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds - 1:
+                await client.publish("p", b"x" * 100)
+                sent += 1
+            summary = f"{sent / (time.perf_counter() - start):,.0f} awaited publishes/s"
+        else:
+            await client.create_stream("l", "bench.l")
+            latencies = await tail_latencies(client, nc, "l", seconds - 1)
+            p50, p99 = statistics.median(latencies), _percentile(latencies, 0.99)
+            summary = f"live tail p50 {p50:.3f} ms, p99 {p99:.3f} ms"
+        for spy in spies:
+            spy.wait()
+    finally:
+        await nc.close()
+        await client.close()
+        broker.stop()
+        server.stop()
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", choices=("sync", "tail"))
+    parser.add_argument("--seconds", type=float, default=12.0)
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="profile-"))
+    print(asyncio.run(run(args.path, args.seconds, out)))
+    for side in ("broker", "client"):
+        raw = out / f"{side}_{args.path}.txt"
+        print(top(raw) if raw.exists() else f"{raw}: py-spy wrote nothing (is it installed?)")
+    print(f"raw profiles in {out}")
+
+
+if __name__ == "__main__":
+    main()
