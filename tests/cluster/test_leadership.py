@@ -161,7 +161,8 @@ def test_bad_cluster_input_is_refused_clearly(cluster, client):
         client.create_stream("m", "m", replication_factor=2, min_insync_replicas=3)
     with pytest.raises(InvalidArgumentError, match="replication_factor must be"):
         client.create_stream("z", "z", replication_factor=0)
-    assert [s.config["name"] for s in client.list_streams()] == ["__cursors"]
+    # Nothing of the refused streams was created (the internal cursor stream may or may not exist yet).
+    assert not {s.config["name"] for s in client.list_streams()} & {"big", "m", "z"}
     # A second broker with an id that is running: refused, naming the id.
     twin = LocalBroker(
         cluster.base_dir / "twin",
