@@ -103,8 +103,10 @@ def main() -> None:
             print(f"counted {counted:,} of {ORDERS:,} orders")
             spark.stop()
             cursor = client.fetch_cursor("demo", "orders", 0)
+            end = client.describe_stream("orders").partitions[0].high_watermark
             print(
-                f"the query's cursor in the log: orders/0 at offset {cursor} (it trails by one micro-batch)"
+                f"the query's cursor in the log: orders/0 at offset {cursor} of {end} "
+                f"(lag {end - cursor}: the next offset it reads)"
             )
             if counted != ORDERS:
                 raise SystemExit("the demo lost or duplicated orders")
