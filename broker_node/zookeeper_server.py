@@ -161,8 +161,7 @@ class ZooKeeperServer:
         jars = ZOOKEEPER_JARS + (NETTY_JARS if self.tls else ())
         classpath = ":".join(jar for jar in jars if Path(jar).exists())
         with open(self.log_path, "ab") as log:
-            log.seek(0, 2)
-            logged = log.tell()  # where this start's output begins
+            logged = log.tell()  # where this start's output begins (append mode opens at the end)
             self._process = subprocess.Popen(
                 [
                     *die_with_parent_prefix(),

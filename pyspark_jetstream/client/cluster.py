@@ -75,11 +75,14 @@ class ClusterConnection:
         hung broker (paused, or behind a broken network) costs one timeout, not one per call."""
         self.connection(self.bootstrap[0])  # a malformed address fails here, naming it
 
-    @property
-    def _lookup_timeout(self) -> float:
-        """How long one broker may take to answer a metadata lookup any broker can answer: half
-        the connection's timeout, so that a hung broker leaves time to ask another."""
-        return self.timeout / 2
+    def _lookup(
+        self, action: ActionType, body: dict[str, Any], timeout: float | None = None
+    ) -> tuple[Any, str]:
+        """A metadata lookup any broker can answer, and the address that answered.  One broker may
+        take half the connection's timeout, so that a hung one leaves time to ask another; retried
+        for ``timeout`` seconds (default: the connection's)."""
+        each = self.timeout / 2
+        return self._any(lambda c: (c.action(action, body, each), c.address), timeout)
 
     @property
     def address(self) -> str:
@@ -107,7 +110,7 @@ class ClusterConnection:
 
     def refresh(self) -> dict[str, Any]:
         """Ask any reachable broker for the cluster's metadata and remember it."""
-        metadata = self._any(lambda c: c.action(ActionType.METADATA, {}, self._lookup_timeout))
+        metadata, _ = self._lookup(ActionType.METADATA, {})
         with self._lock:
             self._brokers = {b["broker_id"]: b["flight"] for b in metadata["brokers"]}
             self._leaders = {}
@@ -157,28 +160,19 @@ class ClusterConnection:
 
     def describe(self, stream: str) -> StreamInfo:
         """A stream's configuration and its partitions, with each partition's offsets from its leader."""
-        body = {"name": stream}
-        found, address = self._any(
-            lambda c: (c.action(ActionType.DESCRIBE_STREAM, body, self._lookup_timeout), c.address)
-        )
+        found, address = self._lookup(ActionType.DESCRIBE_STREAM, {"name": stream})
         return self._with_leader_offsets(StreamInfo.from_json(found), address)
 
     def leadership(self, stream: str, timeout: float | None = None) -> StreamInfo:
         """A stream's configuration and its partitions' leaders, ISRs and epochs, as any broker
         knows them (no offsets: no call to each leader, which may be the one that is gone);
         retried for ``timeout`` seconds (default: the connection's)."""
-        return StreamInfo.from_json(
-            self._any(
-                lambda c: c.action(ActionType.DESCRIBE_STREAM, {"name": stream}, self._lookup_timeout),
-                timeout,
-            )
-        )
+        found, _ = self._lookup(ActionType.DESCRIBE_STREAM, {"name": stream}, timeout)
+        return StreamInfo.from_json(found)
 
     def list_streams(self) -> list[StreamInfo]:
         """Every stream, each partition's offsets from its leader."""
-        found, address = self._any(
-            lambda c: (c.action(ActionType.LIST_STREAMS, {}, self._lookup_timeout), c.address)
-        )
+        found, address = self._lookup(ActionType.LIST_STREAMS, {})
         return [self._with_leader_offsets(StreamInfo.from_json(s), address) for s in found]
 
     def _with_leader_offsets(self, info: StreamInfo, answered_at: str) -> StreamInfo:
