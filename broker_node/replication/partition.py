@@ -574,7 +574,9 @@ class Partition:
         try:
             atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
         except OSError as exc:
-            self._log.warning("cannot write %s: %s", self._snapshot_path, exc)
+            # Closed while writing (its stream deleted, its directory removed): nothing to keep.
+            if self.role is not Role.CLOSED:
+                self._log.warning("cannot write %s: %s", self._snapshot_path, exc)
             return
         self._snapshot_end = end
 

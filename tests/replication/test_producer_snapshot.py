@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 
@@ -162,4 +163,42 @@ def test_a_truncation_removes_the_snapshot_first(tmp_path):
     partition.log.close()
     partition = open_leader(tmp_path / "p")
     assert send(partition, "p", 4).error is ErrorCode.OK
+    partition.close()
+
+
+def test_a_snapshot_racing_a_delete_of_its_partition_is_dropped_quietly(tmp_path, monkeypatch, caplog):
+    """The maintenance pass writes outside the partition's locks: a delete may close the partition
+    and remove its directory in between. That write fails, and there is nothing to warn about."""
+    from broker_node.replication import partition as module
+
+    partition = open_leader(tmp_path / "log")
+    publish(partition, 0, 3)
+    original = module.atomic_write
+
+    def deleted_meanwhile(path, data):
+        monkeypatch.setattr(module, "atomic_write", original)  # the close writes its own snapshot
+        partition.close()
+        shutil.rmtree(tmp_path / "log")
+        original(path, data)
+
+    monkeypatch.setattr(module, "atomic_write", deleted_meanwhile)
+    with caplog.at_level(logging.WARNING):
+        partition.snapshot_producers()
+    assert not (tmp_path / "log").exists()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
+
+
+def test_a_snapshot_that_cannot_be_written_while_open_is_warned_about(tmp_path, monkeypatch, caplog):
+    from broker_node.replication import partition as module
+
+    partition = open_leader(tmp_path / "log")
+    publish(partition, 0, 3)
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "atomic_write", full)
+    with caplog.at_level(logging.WARNING):
+        partition.snapshot_producers()
+    assert any("cannot write" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
     partition.close()
