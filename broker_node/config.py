@@ -11,6 +11,7 @@ the range.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import tomllib
 from collections.abc import Mapping
@@ -250,13 +251,22 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], where: str) -> T:
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(values) - known)
     if unknown:
+        if cls is BrokerConfig:  # as the file spells them: its sections are tables, broker_id is id
+            known = (known - set(_SECTIONS) - {"broker_id"}) | {"id"}
         raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)} in {where}; known options: {', '.join(sorted(known))}"
+            f"unknown option(s) {', '.join(_with_guess(name, known) for name in unknown)} in {where}; "
+            f"known options: {', '.join(sorted(known))}"
         )
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _with_guess(name: str, known: set[str]) -> str:
+    """``name`` quoted, with the known name it was probably meant to be."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"'{name}' (did you mean '{close[0]}'?)" if close else f"'{name}'"
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -281,8 +291,10 @@ def load_broker_config(path: str | Path | None, **overrides: Any) -> BrokerConfi
     where = f"of {path}" if path is not None else "of the defaults"
     unknown = sorted(set(document) - {"broker", *_SECTIONS})
     if unknown:
+        tables = {"broker", *_SECTIONS}
         raise ConfigError(
-            f"unknown table(s) {', '.join(unknown)} {where}; known: broker, {', '.join(_SECTIONS)}"
+            f"unknown table(s) {', '.join(_with_guess(name, tables) for name in unknown)} {where}; "
+            f"known: broker, {', '.join(_SECTIONS)}"
         )
     sections: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():

@@ -218,10 +218,10 @@ def _explained(
     exc: JetStreamError, args: argparse.Namespace, credentials: Credentials, nats_errors: list[str]
 ) -> JetStreamError:
     """``exc`` with what NATS said and what to give, when credentials are the cause."""
-    said = " ".join(nats_errors).lower()
+    said = " ".join([*nats_errors, str(exc)]).lower()
     where = f"NATS at {args.nats}"
     if isinstance(exc, UnauthenticatedError):
-        return UnauthenticatedError(f"{exc}; {CREDENTIALS_HINT}" if credentials.user is None else str(exc))
+        return UnauthenticatedError(f"{exc}: {CREDENTIALS_HINT}" if credentials.user is None else str(exc))
     if isinstance(exc, RequestTimeoutError):
         refused = re.search(r'permissions violation for publish to "([^"]+)"', said)
         if refused:
@@ -246,6 +246,12 @@ def _explained(
         )
     if "tls" in said and credentials.tls_ca is None:
         return UnavailableError(f"{exc}; if the deployment uses TLS, give --tls-ca FILE")
+    if args.broker and str(exc).startswith("cannot connect to NATS"):
+        # The broker was given, so the user may not expect NATS to matter.
+        return UnavailableError(
+            f"{exc} (every command connects to NATS as well as to the broker at {args.broker}: "
+            "give --nats URL or $JETSTREAM_NATS where NATS runs)"
+        )
     return exc
 
 
@@ -475,10 +481,19 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--ack-policy", choices=[p.name.lower() for p in AckPolicy], default="leader")
     publish.set_defaults(run=_publish)
 
-    tail = commands.add_parser("tail", help="print a stream's messages, following new ones")
+    tail = commands.add_parser(
+        "tail",
+        help="print a stream's messages, then follow new ones until Ctrl-C (--no-follow: stop at the end)",
+        description="Print a stream's messages, one line each: where (partition/offset, or the offset "
+        "alone with --partition), time, key, value. After the last one it waits for new messages "
+        "until Ctrl-C; --no-follow stops at the end instead, --count N after N messages.",
+    )
     tail.add_argument("stream")
     tail.add_argument(
-        "--partition", type=int, help="only this partition (default: all, lines start with partition/offset)"
+        "--partition",
+        type=int,
+        help="only this partition; lines then start with the offset (without it: every partition, "
+        "lines start with partition/offset)",
     )
     tail.add_argument(
         "--from", dest="start", default="earliest", help="earliest, latest, an offset or an ISO time"
@@ -487,14 +502,16 @@ def _parser() -> argparse.ArgumentParser:
     tail.add_argument("--no-follow", action="store_true", help="stop at the end instead of waiting for more")
     tail.set_defaults(run=_tail)
 
-    cursor = commands.add_parser("cursor", help="read or store a consumer position")
+    cursor = commands.add_parser(
+        "cursor", help="get, set, list, reset or delete consumers' positions (cursors)"
+    )
     cursor_commands = cursor.add_subparsers(dest="cursor_command", required=True)
-    get = cursor_commands.add_parser("get")
+    get = cursor_commands.add_parser("get", help="a consumer's stored position on one partition")
     get.add_argument("consumer")
     get.add_argument("stream")
     get.add_argument("--partition", type=int, default=0)
     get.set_defaults(run=_cursor_get)
-    put = cursor_commands.add_parser("set")
+    put = cursor_commands.add_parser("set", help="store a consumer's position on one partition")
     put.add_argument("consumer")
     put.add_argument("stream")
     put.add_argument("offset", type=int)

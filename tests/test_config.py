@@ -130,3 +130,24 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_broker_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[broker]\ndata_dri = 'x'\n",
+            "unknown option(s) 'data_dri' (did you mean 'data_dir'?) in [broker] of {path}; "
+            "known options: data_dir, id, maintenance_interval",
+        ),
+        ("[flight]\nprot = 1\n", "unknown option(s) 'prot' (did you mean 'port'?) in [flight] of {path}"),
+        ("[flihgt]\nport = 1\n", "unknown table(s) 'flihgt' (did you mean 'flight'?) of {path}"),
+        ("[broker]\nzzz = 1\n", "unknown option(s) 'zzz' in [broker] of {path}"),
+    ],
+)
+def test_a_mistyped_option_or_table_names_the_closest_known_one(tmp_path, text, message):
+    path = tmp_path / "typo.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_broker_config(path)
+    assert str(info.value).startswith(message.format(path=path))

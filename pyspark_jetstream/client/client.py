@@ -39,6 +39,7 @@ from pyspark_jetstream.protocol.errors import (
     MessageTooLargeError,
     PermissionDeniedError,
     RequestTimeoutError,
+    UnauthenticatedError,
     UnavailableError,
     error_from_code,
 )
@@ -66,6 +67,22 @@ from .partitioners import Partitioner, key_hash
 from .resend import Resender
 
 logger = logging.getLogger(__name__)
+
+_TLS_EOF_WARNING = "returning true from eof_received() has no effect when using ssl"
+
+
+def _not_the_tls_eof_warning(record: logging.LogRecord) -> bool:
+    """asyncio's warning when a NATS connection over TLS reaches its end.
+
+    nats-py opens a plain connection and upgrades it to TLS (NATS sends its INFO
+    line first), so its stream protocol answers the end of the connection as a
+    plain one would; asyncio then closes it as it should, and says so on stderr
+    at every client's exit.  Only that line is dropped.
+    """
+    return record.msg != _TLS_EOF_WARNING
+
+
+logging.getLogger("asyncio").addFilter(_not_the_tls_eof_warning)
 
 FOLLOW_BUFFER = 16
 """Batches a follow stream reads ahead of its consumer."""
@@ -162,42 +179,79 @@ PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', 
 
 
 class _NatsErrors:
-    """nats-py's error callback: logs each error, keeps the last (the cause of a failed
-    connect), and hands it to the client's own handler once there is a client."""
+    """nats-py's error callback: while connecting, keeps the errors (the cause of a failed
+    connect is raised once, not logged); afterwards logs each and hands it to the client's
+    own handler."""
 
     def __init__(self) -> None:
         self.last: Exception | None = None
         self.handler: Callable[[Exception], None] | None = None
+        self.final = asyncio.Event()
+        """Set on an error no later attempt can change: refused credentials, an untrusted certificate."""
 
     async def report(self, error: Exception) -> None:
         """The callback (a coroutine function, as nats-py requires)."""
+        if self.handler is None:
+            # A final error is kept over what follows it: the server closes the connection after
+            # its -ERR, so the next attempt (or this one's write) may only see a reset.
+            if not self.final.is_set():
+                self.last = error
+            if _is_refusal(error) or "certificate verify failed" in str(error).lower():
+                self.final.set()
+            logger.debug("NATS, while connecting: %s", str(error) or type(error).__name__)
+            return
         self.last = error
-        if self.handler is not None:
-            self.handler(error)
+        self.handler(error)
         await _log_nats_error(error)
+
+
+def _is_refusal(error: Exception) -> bool:
+    """Whether nats-server refused the connection's credentials."""
+    return "authorization violation" in str(error).lower()
 
 
 async def _connect_nats(
     urls: list[str], timeout: float, credentials: Credentials, errors: _NatsErrors | None = None
 ) -> NatsClient:
+    """A NATS connection, or the error that prevented it: ``UnauthenticatedError`` as soon as
+    the server refuses the credentials, ``UnavailableError`` naming the cause otherwise."""
     errors = errors if errors is not None else _NatsErrors()
-    connecting = nats.connect(
-        servers=urls,
-        connect_timeout=timeout,
-        max_reconnect_attempts=3,
-        error_cb=errors.report,
-        **credentials.nats_arguments(),
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            servers=urls,
+            connect_timeout=timeout,
+            max_reconnect_attempts=3,
+            error_cb=errors.report,
+            **credentials.nats_arguments(),
+        )
     )
+    final = asyncio.ensure_future(errors.final.wait())
     try:
         # Bounded as a whole: a failed TLS handshake makes nats-py retry without end.
-        nc: NatsClient = await asyncio.wait_for(connecting, timeout * 2)
-    except (NatsError, OSError, TimeoutError) as exc:
-        cause = errors.last if errors.last is not None else exc
+        await asyncio.wait({connecting, final}, timeout=timeout * 2, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        final.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.wait({connecting})
+    failure = None if connecting.cancelled() else connecting.exception()
+    if connecting.cancelled() or failure is not None:
+        if errors.last is not None and _is_refusal(errors.last):
+            raise UnauthenticatedError(_refusal_message(urls, credentials)) from None
+        cause = errors.last if errors.last is not None else failure or TimeoutError()
         raise UnavailableError(
-            f"cannot connect to NATS at {', '.join(urls)}: {cause or type(cause).__name__}"
+            f"cannot connect to NATS at {', '.join(urls)}: {str(cause) or type(cause).__name__}"
             f"{_nats_hint(str(cause))}"
         ) from None
+    nc: NatsClient = connecting.result()
     return nc
+
+
+def _refusal_message(urls: list[str], credentials: Credentials) -> str:
+    where = ", ".join(urls)
+    if credentials.user is None:
+        return f"NATS at {where} needs a user and token, and none were given"
+    return f"NATS at {where} refused user {credentials.user!r}: wrong user or token (Authorization Violation)"
 
 
 def _nats_hint(cause: str) -> str:
@@ -205,8 +259,6 @@ def _nats_hint(cause: str) -> str:
     lowered = cause.lower()
     if "certificate" in lowered or "ssl" in lowered:
         return " (a TLS problem: give the CA that signed the server's certificate as tls.ca)"
-    if "authorization" in lowered:
-        return " (the server needs a user and token, and refused the ones given)"
     return "; is a broker or nats-server running there?"
 
 
@@ -721,9 +773,9 @@ class Client:
             ]
             if not matching or (partition is not None and partition not in matching):
                 raise InvalidArgumentError(
-                    f"subject {subject!r} is not one of stream {stream!r}'s"
+                    f"subject {subject!r} is not a subject of stream {stream!r}"
                     + (f" partition {partition}" if partition is not None else "")
-                    + f" subjects ({', '.join(config.partition_subjects())})"
+                    + f" (its partitions' subjects: {', '.join(config.partition_subjects())})"
                 )
             return _Target(subject, stream, matching[0] if partition is None else partition)
         number = partitioner(key, config.partitions) if partition is None else partition

@@ -362,6 +362,8 @@ def resolve_broker(opts: Mapping[str, str], credentials: Credentials | None = No
             discover_broker(list(urls), timeout=_seconds(opts, "timeout", 10.0), credentials=credentials)
         )
     except UnavailableError as exc:
+        if "TLS problem" in str(exc):
+            raise  # the address is right; the option to change is tls.ca
         raise UnavailableError(f"{exc} (set the option 'servers' or 'nats')") from None
 
 

@@ -359,3 +359,41 @@ def test_cursor_list_reset_and_delete_like_kafka_consumer_groups(broker):
     broker.stop()
     broker.start()
     assert jetstream(broker, "cursor", "get", "app", "lagging", "--partition", "1").stdout.strip() == "(none)"
+
+
+def test_help_says_how_tail_ends_and_what_each_cursor_command_does(broker):
+    tail_help = jetstream(broker, "tail", "--help").stdout
+    assert "until Ctrl-C" in tail_help and "--no-follow stops at the end" in tail_help
+    assert "lines then start with the offset" in " ".join(tail_help.split())
+    cursor_help = jetstream(broker, "cursor", "--help").stdout
+    for command in ("get", "set", "list", "delete", "reset"):
+        line = next(line for line in cursor_help.splitlines() if line.strip().startswith(command + " "))
+        assert len(line.split()) > 2, f"'cursor {command}' has no description: {cursor_help}"
+
+
+TIMEOUT_1 = ("--timeout", "1", "stream", "list")
+
+
+def test_a_given_broker_with_no_nats_says_that_nats_is_needed_too(broker):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"nats://127.0.0.1:{unused.getsockname()[1]}"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pyspark_jetstream.cli",
+            "--nats",
+            nowhere,
+            "--broker",
+            broker.flight,
+            *TIMEOUT_1,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"cannot connect to NATS at {nowhere}" in result.stderr
+    assert f"as well as to the broker at {broker.flight}: give --nats URL" in result.stderr

@@ -88,7 +88,10 @@ def test_without_credentials_the_line_names_what_is_missing(secured, files):
     untrusted = one_line(jetstream(secured, "--timeout", "2", "stream", "list"))
     assert "certificate this machine does not trust: give --tls-ca FILE" in untrusted
     anonymous = one_line(jetstream(secured, "--timeout", "2", "--tls-ca", secured.pki.ca, "stream", "list"))
-    assert "needs a user and token: give --user and --token (or $JETSTREAM_TOKEN)" in anonymous
+    assert (
+        "needs a user and token, and none were given: give --user and --token (or $JETSTREAM_TOKEN)"
+        in anonymous
+    )
     half = one_line(jetstream(secured, "--user", "alice", "--tls-ca", secured.pki.ca, "stream", "list"))
     assert "give user and token together" in half
 
