@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,10 +59,40 @@ def build_wheel(root: Path, work: Path) -> Path:
     return wheel
 
 
+def readme_installs() -> dict[str | None, str]:
+    """The README's install block, checked line by line: ``{extra: requirement as written}``.
+
+    Its first line builds the wheel into ``dist/`` as :func:`build_wheel` does; each
+    other line installs that file with an extra (or none), and :func:`install` installs
+    exactly that requirement, so a line that would fail as written fails here.
+    """
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Installing", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line, comments=True) for line in block.strip().splitlines()]
+    assert lines[0] == ["pip", "wheel", ".", "--no-deps", "-w", "dist"], lines[0]
+    installs: dict[str | None, str] = {}
+    for line in lines[1:]:
+        assert line[:2] == ["pip", "install"] and len(line) == 3, line
+        match = re.fullmatch(r"dist/pyspark_jetstream-(.+)-py3-none-any\.whl(?:\[(\w+)\])?", line[2])
+        assert match and match[1] == VERSION, f"{line[2]!r} is not the wheel of version {VERSION}"
+        installs[match[2]] = line[2]
+    return installs
+
+
+README_INSTALLS = readme_installs()
+
+
+def test_the_readme_installs_each_extra_that_is_tested():
+    assert set(README_INSTALLS) == {None, "spark", "broker", "outbox"}
+
+
 def install(wheel: Path, extra: str | None, venv: Path) -> Path:
-    """A new virtual environment at ``venv`` with ``wheel`` (and ``extra``) installed in it."""
+    """A new virtual environment at ``venv`` with ``wheel`` (and ``extra``) installed in it, by the
+    README's line for ``extra`` (its ``dist/`` is the directory :func:`build_wheel` built into)."""
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=venv.parent)
-    requirement = f"{wheel}[{extra}]" if extra else str(wheel)
+    written = README_INSTALLS[extra]
+    assert written.split("[")[0] == f"dist/{wheel.name}", (written, wheel.name)
+    requirement = str(wheel.parent.parent / written)
     pip = (sys.executable, "-m", "pip", "--python", venv / "bin" / "python")
     _run(*pip, "install", "--quiet", requirement, cwd=venv.parent)
     return venv

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +18,22 @@ from ..broker.harness import wait_until
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_cluster_commands() -> list[str]:
+    """The ``jetstream`` lines of the README's cluster block (tests/test_readme.py leaves the block
+    to this test), after checking that its ``make`` lines run what this test runs."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## A replicated cluster", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    lines = [line for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
+    makefile = (ROOT / "Makefile").read_text()
+    assert shlex.split(lines[0], comments=True) == ["make", "cluster"], lines[0]
+    assert "cluster: bootstrap\n\t$(PY) scripts/cluster.py\n" in makefile
+    assert shlex.split(lines[-1], comments=True) == ["make", "cluster-clean"], lines[-1]
+    assert "cluster-clean:\n\trm -rf .cluster\n" in makefile
+    commands = lines[1:-1]
+    assert commands and all(shlex.split(c)[0] == "jetstream" for c in commands), commands
+    return commands
 
 
 def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
@@ -34,6 +52,16 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
             if "cluster: up" in line or "did not start" in line or "in use" in line:
                 break
         assert "cluster: up" in "".join(lines), "".join(lines)
+        for command in readme_cluster_commands():  # the README's own, against this cluster
+            done = subprocess.run(
+                [sys.executable, "-m", "pyspark_jetstream.cli", *shlex.split(command, comments=True)[1:]],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 0, (command, done.stderr)
+        assert "orders" in done.stdout, done.stdout  # the last command is cluster status
         with SyncClient(nats_urls="nats://127.0.0.1:4222", timeout=30) as client:
             client.create_stream("made", "made", replication_factor=3, min_insync_replicas=2)
             assert client.publish("made", b"x", ack_policy=AckPolicy.ALL).ok

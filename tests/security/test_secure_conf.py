@@ -37,7 +37,7 @@ START_TIMEOUT = 30.0
 
 
 def make_certs(out: Path) -> None:
-    """The certificates the walkthrough at the top of conf/secure/broker.toml makes."""
+    """The certificates the walkthrough in conf/secure/README.md makes."""
     subprocess.run(
         [
             sys.executable,
@@ -182,7 +182,7 @@ def test_the_example_tokens_match_their_hashes() -> None:
         assert token.startswith("EXAMPLE-") and token.endswith("-replace-me")
         hashed = acl.users[name].token_bcrypt
         assert hashed is not None and bcrypt.checkpw(token.encode(), hashed.encode()), name
-    for path in ("client.toml", "broker-credentials.toml"):
+    for path in ("client.toml", "broker-credentials.toml", "admin.toml"):
         document = tomllib.loads((SECURE / path).read_text())
         assert examples[document["token"]] == document["user"], path
 

@@ -6,7 +6,6 @@ import concurrent.futures
 import itertools
 import os
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -18,8 +17,6 @@ from pyspark.sql.types import BinaryType
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import RequestTimeoutError
 from pyspark_jetstream.spark.sink import Chunker, _Window
-
-from ..broker.harness import wait_until
 
 
 def values_of(client, stream: str, partitions: int = 1) -> list[bytes]:
@@ -227,31 +224,3 @@ def test_the_sink_takes_the_sources_address_options_and_refuses_what_it_cannot_d
     with pytest.raises(Exception, match="column 'partition' has values outside 0..0"):
         writer(wrong).option("servers", deployment.flight).save()
     assert sorted(values_of(client, name)) == [b"a", b"b"]
-
-
-def test_the_readme_spark_example_runs_as_written(spark, deployment, client, tmp_path):
-    """The README's Spark block, with only the NATS address and the checkpoint directory replaced
-    by this test's (the streams are the README's own names)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("## Spark", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    assert block.count("nats://127.0.0.1:4222") == 2 and "/tmp/checkpoints/orders-upper" in block
-    code = block.replace("nats://127.0.0.1:4222", deployment.nats_url).replace(
-        "/tmp/checkpoints/orders-upper", str(tmp_path / "checkpoint")
-    )
-    client.create_stream("orders", "orders")
-    client.create_stream("orders-upper", "orders-upper")
-    client.publish_batch("orders", [{"key": b"k%d" % i, "value": b"order %d" % i} for i in range(3)])
-    scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
-    query = scope["query"]
-    try:
-        wait_until(
-            lambda: client.describe_stream("orders-upper").partitions[0].high_watermark >= 3, timeout=120
-        )
-    finally:
-        query.stop()
-    assert client.fetch("orders-upper").to_table().column("value").to_pylist() == [
-        b"ORDER 0",
-        b"ORDER 1",
-        b"ORDER 2",
-    ]
