@@ -489,8 +489,12 @@ class PartitionIngest:
                 return
         table = _envelope_table(envelope, subject)
         producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
-        # A batch's ids are remembered, not checked: a batch is stored whole.
         ids = _ids_of(table) if self.config.duplicate_window > 0 else []
+        if ids and (producer is None or sequence is None):
+            await self._store_new_rows(table, ids, target)
+            return
+        # An idempotent producer's batch is stored whole (its sequence de-duplicates it): its
+        # ids are remembered, not checked.
         try:
             async with self._writing:
                 if producer is not None and sequence is not None:
@@ -518,6 +522,61 @@ class PartitionIngest:
             self._when_committed(ack.last_offset, grouped([(target, ack)]))
         else:
             await self._send(target.subject, single(target, ack), (target.received,))
+
+    async def _store_new_rows(self, table: pa.Table, ids: MessageIds, target: AckTarget | None) -> None:
+        """Store the rows of ``table`` whose message ids are new, one batch in row order; ack
+        which rows repeated an id and the offset each repeated (see :mod:`..protocol.ack`)."""
+        # Stands for this batch among those being stored: a message repeating one of its ids
+        # while it is appended waits for it, as it would for a coalesced batch.
+        pending = _Batch()
+        for message_id, row in ids:
+            pending.ids.setdefault(message_id, row)
+        self._storing.append(pending)
+        try:
+            async with self._writing:
+                # Every earlier append is done: the partition knows the ids they stored.
+                repeats, first_rows = _repeats(ids, self.partition.message_id_offset)
+                kept = [row for row in range(table.num_rows) if row not in repeats]
+                position = {row: n for n, row in enumerate(kept)}
+                stored_ids = [(i, position[row]) for i, row in ids if row in position]
+                outcome: range | _Refusal = range(0)
+                if kept:
+                    rows = table if len(kept) == table.num_rows else table.take(kept)
+                    outcome = await asyncio.to_thread(self.partition.append, rows, message_ids=stored_ids)
+        except (LogError, JetStreamError) as exc:
+            if _error_code(exc) is ErrorCode.STORAGE:
+                logger.exception("failed to append a batch to %s", self._name, extra=self._fields)
+            outcome = (_error_code(exc), str(exc))
+        finally:
+            self._storing.remove(pending)
+        stream, number = self.config.name, self.partition.number
+        if not isinstance(outcome, range):
+            waiting = [*pending.repeats, *([(0, target)] if target is not None else [])]
+            await self._reply([(t, _ack(stream, number, outcome, t.correlation_id)) for _, t in waiting])
+            return
+        offset_of = {row: outcome.start + n for n, row in enumerate(kept)}
+        for row, original in repeats.items():
+            offset_of[row] = original if isinstance(original, int) else offset_of[first_rows[original]]
+        replies = [(t, self._duplicate(offset_of[row], t.correlation_id)) for row, t in pending.repeats]
+        if target is not None:
+            duplicates = tuple(sorted((row, offset_of[row]) for row in repeats))
+            if kept:
+                ack = Ack(
+                    stream, number, outcome.start, outcome[-1], target.correlation_id, duplicates=duplicates
+                )
+            else:
+                offsets = [offset for _, offset in duplicates]
+                ack = Ack(
+                    stream,
+                    number,
+                    min(offsets),
+                    max(offsets),
+                    target.correlation_id,
+                    ErrorCode.DUPLICATE,
+                    duplicates=duplicates,
+                )
+            replies.append((target, ack))
+        await self._reply(replies)
 
     async def _ack(
         self,
@@ -571,6 +630,24 @@ def _ack(stream: str, partition: int, outcome: int | _Refusal, correlation_id: s
         return Ack(stream, partition, outcome, outcome, correlation_id)
     error, message = outcome
     return Ack(stream, partition, -1, -1, correlation_id, error, message)
+
+
+def _repeats(
+    ids: MessageIds, stored: Callable[[str], int | None]
+) -> tuple[dict[int, int | str], dict[str, int]]:
+    """Which rows of a batch repeat a message id: ``{row: the offset stored with the id, or the
+    id itself when an earlier row of the batch carries it}``, and the first row of each new id."""
+    repeats: dict[int, int | str] = {}
+    first_rows: dict[str, int] = {}
+    for message_id, row in ids:
+        original = stored(message_id)
+        if original is not None:
+            repeats[row] = original
+        elif message_id in first_rows:
+            repeats[row] = message_id
+        else:
+            first_rows[message_id] = row
+    return repeats, first_rows
 
 
 def _ids_of(table: pa.Table) -> list[tuple[str, int]]:

@@ -69,4 +69,7 @@ def failed(acks: list[Ack], error: JetStreamError | None) -> list[Ack]:
     """``acks`` as they are (``error`` is ``None``), or turned into refusals carrying ``error``."""
     if error is None:
         return acks
-    return [a._replace(first_offset=-1, last_offset=-1, error=error.code, message=str(error)) for a in acks]
+    return [
+        a._replace(first_offset=-1, last_offset=-1, error=error.code, message=str(error), duplicates=())
+        for a in acks
+    ]

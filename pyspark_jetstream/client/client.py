@@ -50,7 +50,12 @@ from pyspark_jetstream.protocol.flight import (
     StreamInfo,
     parse_response_metadata,
 )
-from pyspark_jetstream.protocol.headers import MSG_ID_HEADER, validate_message_id
+from pyspark_jetstream.protocol.headers import (
+    MSG_ID_HEADER,
+    checked_message_ids,
+    validate_message_id,
+    with_message_ids,
+)
 from pyspark_jetstream.protocol.streams import (
     DISCOVERY_SUBJECT,
     INTERNAL_PREFIX,
@@ -565,6 +570,7 @@ class Client:
         producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
+        message_ids: Sequence[str] | pa.Array | str | None = None,
     ) -> Ack | None:
         """Publish many messages as one Arrow batch in one envelope, stored as one batch.
 
@@ -572,6 +578,14 @@ class Client:
         (or is a list of dicts with those keys).  All go to one partition:
         ``partition`` (default 0), or the one ``subject`` belongs to.
         Idempotence as for :meth:`publish`.
+
+        ``message_ids``: an id per row (strings, or a string Arrow array), or the
+        name of the batch's string column holding them (the column is not
+        stored as data).  Each becomes the row's ``Nats-Msg-Id`` header, and the
+        broker de-duplicates row by row as it does single messages: only the
+        rows whose ids it did not store within the window are stored, and the
+        ack lists the others in ``duplicates`` (``Ack.row_offsets`` gives every
+        row's offset).  Not combined with a producer sequence.
         """
         future = await self.publish_batch_async(
             stream,
@@ -583,6 +597,7 @@ class Client:
             producer_epoch=producer_epoch,
             sequence=sequence,
             timeout=timeout,
+            message_ids=message_ids,
         )
         return None if future is None else await self._await_ack(future)
 
@@ -598,19 +613,36 @@ class Client:
         producer_epoch: int = 0,
         sequence: int | None = None,
         timeout: float | None = None,
+        message_ids: Sequence[str] | pa.Array | str | None = None,
     ) -> asyncio.Future[Ack] | None:
         """:meth:`publish_batch` without waiting: a future for the ack, or ``None``."""
         batch = _as_batch(data)
+        producer = _producer(producer_id, producer_epoch, sequence)
+        if message_ids is not None:
+            if producer_id is not None:
+                raise InvalidArgumentError(
+                    f"message_ids and producer_id {producer_id!r} are not combined: a producer's "
+                    "sequence already de-duplicates its batches"
+                )
+            batch = _with_ids(batch, message_ids)
         if partition is None and subject is None:
             partition = 0
         target = await self._target(stream, None, partition, key_hash, subject)
         return await self._send(
-            target, ack_policy, timeout, batch=batch, **_producer(producer_id, producer_epoch, sequence)
+            target, ack_policy, timeout, resendable=message_ids is not None, batch=batch, **producer
         )
 
     async def _send(
-        self, target: _Target, ack_policy: AckPolicy, timeout: float | None, **fields: Any
+        self,
+        target: _Target,
+        ack_policy: AckPolicy,
+        timeout: float | None,
+        *,
+        resendable: bool = False,
+        **fields: Any,
     ) -> asyncio.Future[Ack] | None:
+        """Publish one envelope; ``resendable``: the broker de-duplicates every message of it
+        (besides what ``fields`` show), so it may be resent to a new leader."""
         subject = target.subject
         wants_ack = ack_policy is not AckPolicy.NONE
         correlation_id = str(next(self._ids)) if wants_ack else ""
@@ -647,7 +679,8 @@ class Client:
             self._sweeper = asyncio.ensure_future(self._sweep())
         elif self._deadlines[0][1] == correlation_id:
             self._sooner.set()
-        if target.stream is not None and target.partition is not None and _deduplicated(fields):
+        resendable = resendable or _deduplicated(fields)
+        if target.stream is not None and target.partition is not None and resendable:
             producer_id = fields.get("producer_id")
             self._resender.track(
                 correlation_id,
@@ -1055,6 +1088,27 @@ def _check_message_id(
                 f"message_id {message_id!r} contradicts the {MSG_ID_HEADER} header {value!r}: "
                 "message_id is stored as that header; pass one of them"
             )
+
+
+def _with_ids(batch: pa.RecordBatch, message_ids: Sequence[str] | pa.Array | str) -> pa.RecordBatch:
+    """``batch`` with each row's message id in its headers (see :meth:`Client.publish_batch`)."""
+    what = "message_ids"
+    if isinstance(message_ids, str):
+        if message_ids not in batch.schema.names:
+            raise InvalidArgumentError(
+                f"message_ids names the column {message_ids!r}, which the batch does not have "
+                f"(its columns: {', '.join(batch.schema.names)})"
+            )
+        what = f"message_ids column {message_ids!r}"
+        column = batch.column(message_ids)
+        batch = batch.drop_columns([message_ids])
+        message_ids = column
+    ids = checked_message_ids(message_ids, batch.num_rows, what)
+    headers = batch.column("headers") if "headers" in batch.schema.names else None
+    merged = with_message_ids(headers, ids)
+    if headers is None:
+        return batch.append_column("headers", merged)
+    return batch.set_column(batch.schema.get_field_index("headers"), "headers", merged)
 
 
 def _as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:

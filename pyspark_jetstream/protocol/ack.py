@@ -10,6 +10,13 @@ producer sequence, or the message id, was stored before: the offsets are the
 original ones (or -1 when a producer sequence is older than the broker
 remembers).  On any other error the offsets are -1.
 
+A batch whose rows carry message ids (``Nats-Msg-Id`` headers) stores only
+the rows whose ids are new; the ack of such a batch adds ``"duplicates"``,
+``[[row, original offset], ...]`` for the rows not stored, and its offsets span
+the rows stored (in row order).  A batch of nothing but repeats is a
+``duplicate`` whose offsets span the originals.  :meth:`Ack.row_offsets` gives
+each row's offset either way.  Acks without repeats have no such field.
+
 When one flush stores several messages for the same ack inbox, their acks
 travel together as one NATS message holding a JSON array of such objects;
 a single ack is always the bare object.
@@ -39,6 +46,7 @@ from typing import NamedTuple
 from .errors import ErrorCode, InvalidArgumentError
 
 _FIELDS = ("stream", "partition", "first_offset", "last_offset", "correlation_id", "error", "message")
+_WITH_DUPLICATES = frozenset((*_FIELDS, "duplicates"))
 
 
 class Ack(NamedTuple):
@@ -51,6 +59,8 @@ class Ack(NamedTuple):
     correlation_id: str = ""
     error: ErrorCode = ErrorCode.OK
     message: str = ""
+    duplicates: tuple[tuple[int, int], ...] = ()
+    """Of a batch: ``(row, original offset)`` of each row not stored because its message id was."""
 
     @property
     def ok(self) -> bool:
@@ -62,6 +72,20 @@ class Ack(NamedTuple):
         """Whether this repeated an already-stored producer sequence or message id (``False``
         for anything else): nothing was stored, the offsets are the original's."""
         return self.error is ErrorCode.DUPLICATE
+
+    def row_offsets(self, rows: int) -> list[int]:
+        """The offset of each of the ``rows`` rows of the batch this acks: a repeated row's
+        original offset, the others' from ``first_offset`` up in row order."""
+        if not self.ok:
+            raise ValueError(f"the batch was not stored: {self.error.value}: {self.message}")
+        repeated = dict(self.duplicates)
+        stored = 0 if self.duplicate and repeated else self.last_offset - self.first_offset + 1
+        if stored + len(repeated) != rows:
+            raise ValueError(f"this ack acks a batch of {stored + len(repeated)} rows, not {rows}")
+        if self.duplicate and not repeated:  # a repeated producer sequence: the original's offsets
+            return list(range(self.first_offset, self.first_offset + rows))
+        fresh = iter(range(self.first_offset, self.last_offset + 1))
+        return [repeated[row] if row in repeated else next(fresh) for row in range(rows)]
 
 
 def encode_ack(ack: Ack) -> bytes:
@@ -81,7 +105,8 @@ def _ack_json(ack: Ack) -> str:
     return (
         f'{_prefix(ack.stream, int(ack.partition))}"first_offset":{int(ack.first_offset)},'
         f'"last_offset":{int(ack.last_offset)},"correlation_id":{_json_string(ack.correlation_id)},'
-        f'"error":"{ack.error.value}","message":{_json_string(ack.message)}}}'
+        f'"error":"{ack.error.value}","message":{_json_string(ack.message)}'
+        + (f',"duplicates":{json.dumps(ack.duplicates, separators=(",", ":"))}}}' if ack.duplicates else "}")
     )
 
 
@@ -116,8 +141,8 @@ def _json(payload: bytes) -> object:
 
 
 def _ack_from(data: object) -> Ack:
-    if not isinstance(data, dict) or set(data) != set(_FIELDS):
-        raise InvalidArgumentError(f"not an ack: expected fields {', '.join(_FIELDS)}")
+    if not isinstance(data, dict) or set(data) not in (set(_FIELDS), _WITH_DUPLICATES):
+        raise InvalidArgumentError(f"not an ack: expected fields {', '.join(_FIELDS)} (and duplicates)")
     try:
         return Ack(
             stream=str(data["stream"]),
@@ -127,6 +152,7 @@ def _ack_from(data: object) -> Ack:
             correlation_id=str(data["correlation_id"]),
             error=ErrorCode(data["error"]),
             message=str(data["message"]),
+            duplicates=tuple((int(row), int(offset)) for row, offset in data.get("duplicates", ())),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"not an ack: {exc}") from None

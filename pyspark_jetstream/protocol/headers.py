@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import InvalidArgumentError
+from .schema import HEADER_TYPE
 from .streams import shown
 
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -94,3 +95,50 @@ def message_ids_in(headers: pa.Array) -> tuple[list[int], list[str]]:
 def decoded_id(value: bytes) -> str:
     """A ``Nats-Msg-Id`` header's bytes as the id (see :func:`message_ids_in`)."""
     return value.decode(errors="replace")
+
+
+def checked_message_ids(ids: object, rows: int, what: str = "message_ids") -> pa.Array:
+    """``ids`` (a sequence of strings or a string Arrow array, one per row of a batch of
+    ``rows`` rows) as a string array; ``InvalidArgumentError`` naming ``what`` and the first
+    bad row otherwise."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if isinstance(ids, pa.Array):
+        if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+            raise InvalidArgumentError(f"{what} must be strings, got {ids.type}")
+        array = ids
+    elif isinstance(ids, str | bytes) or not hasattr(ids, "__len__"):
+        raise InvalidArgumentError(f"{what} must be a sequence of strings, one per row, got {shown(ids)}")
+    else:
+        values = list(ids)  # type: ignore[call-overload]
+        for row, value in enumerate(values):
+            if value is not None and not isinstance(value, str):
+                raise InvalidArgumentError(f"{what} must be strings, got {shown(value)} at row {row}")
+        array = pa.array(values, pa.string())
+    if len(array) != rows:
+        raise InvalidArgumentError(f"{what} has {len(array)} ids for a batch of {rows} rows")
+    if array.null_count:
+        row = pc.index(pc.is_null(array), True).as_py()
+        raise InvalidArgumentError(f"{what} has a null at row {row}: every row needs an id")
+    for row, value in enumerate(array.to_pylist()):
+        problem = message_id_problem(value)
+        if problem is not None:
+            raise InvalidArgumentError(f"{what}, row {row}: {problem}")
+    return array.cast(pa.string())
+
+
+def with_message_ids(headers: pa.Array | None, ids: pa.Array) -> pa.Array:
+    """A ``headers`` column (``None``: none) with each row's id as its ``Nats-Msg-Id`` header,
+    replacing one the row had."""
+    count = len(ids)
+    if headers is None or headers.null_count == len(headers) or len(pc.list_flatten(headers)) == 0:
+        entries = pa.StructArray.from_arrays(
+            [pa.array([MSG_ID_HEADER] * count, pa.string()), ids.cast(pa.binary())], names=["key", "value"]
+        )
+        offsets = pa.array(range(count + 1), pa.int32())
+        return pa.ListArray.from_arrays(offsets, entries, type=HEADER_TYPE)
+    rows = []
+    for row, message_id in zip(headers.to_pylist(), ids.to_pylist(), strict=True):
+        kept = [h for h in (row or ()) if h["key"] != MSG_ID_HEADER]
+        rows.append([*kept, {"key": MSG_ID_HEADER, "value": message_id.encode()}])
+    return pa.array(rows, HEADER_TYPE)

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import nats
+import pyarrow as pa
 import pytest
 
 from broker_node.config import IngestConfig, NatsConfig
@@ -16,6 +17,7 @@ from broker_node.log import Log
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .harness import BrokerProcess, wait_until
@@ -219,3 +221,69 @@ def test_repeats_waiting_in_one_flush_are_acked_with_the_original_offset(tmp_pat
     with Log.open(tmp_path / "log") as log:
         assert log.log_end_offset == 3
         assert len(log.read(0)) == 1  # one flush, one stored batch
+
+
+@pytest.mark.parametrize("policy", [AckPolicy.LEADER, AckPolicy.ALL])
+def test_a_batch_stores_only_the_rows_whose_ids_are_new(client, policy):
+    client.create_stream("rows", "rows")
+    single = client.publish("rows", b"single", message_id="s", ack_policy=policy)
+    first = client.publish_batch(
+        "rows", [{"value": b"a"}, {"value": b"b"}], message_ids=["a", "b"], ack_policy=policy
+    )
+    assert (first.first_offset, first.last_offset, first.duplicate, first.duplicates) == (1, 2, False, ())
+    # b and s are repeats, c is new, and the second c repeats the first c of the same batch.
+    rows = [{"value": v} for v in (b"b again", b"c", b"s again", b"c again")]
+    mixed = client.publish_batch("rows", rows, message_ids=["b", "c", "s", "c"], ack_policy=policy)
+    assert (mixed.first_offset, mixed.last_offset, mixed.ok, mixed.duplicate) == (3, 3, True, False)
+    assert mixed.duplicates == ((0, 2), (2, single.first_offset), (3, 3))
+    assert mixed.row_offsets(4) == [2, 3, 0, 3]
+    # Nothing new at all: a duplicate whose offsets span the originals.
+    again = client.publish_batch("rows", rows[:3], message_ids=["b", "c", "s"], ack_policy=policy)
+    assert (again.duplicate, again.first_offset, again.last_offset) == (True, 0, 3)
+    assert again.row_offsets(3) == [2, 3, 0]
+    # A single message repeating a row's id is a duplicate of that row.
+    assert client.publish("rows", b"x", message_id="c", ack_policy=policy).first_offset == 3
+    stored = client.fetch("rows").to_table().to_pylist()
+    assert [r["value"] for r in stored] == [b"single", b"a", b"b", b"c"]
+    assert stored[3]["headers"] == [{"key": "Nats-Msg-Id", "value": b"c"}]
+
+
+def test_ids_from_a_column_keep_the_other_headers(client):
+    client.create_stream("column", "column")
+    batch = pa.table(
+        {
+            "value": [b"1", b"2"],
+            "headers": pa.array([[{"key": "k", "value": b"v"}], None], HEADER_TYPE),
+            "outbox_id": ["t:1", "t:2"],
+        }
+    )
+    assert client.publish_batch("column", batch, message_ids="outbox_id").last_offset == 1
+    assert client.publish_batch("column", batch, message_ids="outbox_id").duplicate
+    stored = client.fetch("column").to_table()
+    assert "outbox_id" not in stored.column_names
+    assert stored.column("headers").to_pylist() == [
+        [{"key": "k", "value": b"v"}, {"key": "Nats-Msg-Id", "value": b"t:1"}],
+        [{"key": "Nats-Msg-Id", "value": b"t:2"}],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (["a"], "message_ids has 1 ids for a batch of 2 rows"),
+        (["a", None], "message_ids has a null at row 1: every row needs an id"),
+        (pa.array([1, 2]), "message_ids must be strings, got int64"),
+        (["a", ""], "message_ids, row 1: message_id must be 1 to 256 bytes"),
+        ("missing", "message_ids names the column 'missing', which the batch does not have"),
+        ("number", "message_ids column 'number' must be strings, got int64"),
+    ],
+)
+def test_bad_message_id_columns_are_refused_naming_the_column(client, ids, message):
+    client.create_stream("bad-ids", "bad-ids")
+    batch = pa.table({"value": [b"1", b"2"], "number": [1, 2]})
+    with pytest.raises(InvalidArgumentError) as refused:
+        client.publish_batch("bad-ids", batch, message_ids=ids)
+    assert str(refused.value).startswith(message), str(refused.value)
+    with pytest.raises(InvalidArgumentError, match="not combined"):
+        client.publish_batch("bad-ids", batch, message_ids=["a", "b"], producer_id="p", sequence=0)
+    assert client.fetch("bad-ids").to_table().num_rows == 0

@@ -63,3 +63,29 @@ async def _js_publish(url: str, message_id: str):
                     raise
     finally:
         await nc.close()
+
+
+def _publish_batch(client, values: list[bytes], ids: list[str], deadline: float = 60):
+    stop = time.monotonic() + deadline
+    rows = [{"value": v} for v in values]
+    while True:
+        try:
+            return client.publish_batch("rows", rows, message_ids=ids, ack_policy=AckPolicy.ALL, timeout=2)
+        except JetStreamError as exc:
+            if not exc.retriable or time.monotonic() > stop:
+                raise
+
+
+def test_a_new_leader_knows_the_ids_of_batch_rows(cluster, client):
+    client.create_stream("rows", "rows", replication_factor=3, min_insync_replicas=2)
+    first = _publish_batch(client, [b"a", b"b", b"c"], ["order-1", "order-2", "order-3"])
+    assert (first.first_offset, first.last_offset, first.duplicates) == (0, 2, ())
+    wait_until(lambda: caught_up(cluster, "rows"), timeout=30, message="every replica caught up")
+    victim = leader_of(client, "rows")
+    cluster.broker(victim).kill()
+    wait_until(lambda: leader_of(client, "rows") != victim, timeout=30, message="a new leader")
+    again = _publish_batch(client, [b"b again", b"d", b"a again"], ["order-2", "order-4", "order-1"])
+    assert (again.first_offset, again.last_offset, again.duplicates) == (3, 3, ((0, 1), (2, 0)))
+    assert again.row_offsets(3) == [1, 3, 0]
+    values = client.fetch("rows", max_records=100).to_table().column("value").to_pylist()
+    assert values == [b"a", b"b", b"c", b"d"]

@@ -280,3 +280,19 @@ def test_acks_round_trip_any_text(stream, correlation_id, message, offsets, erro
     assert decode_ack(encode_ack(ack)) == ack
     assert decode_acks(encode_acks([ack, ack])) == [ack, ack]
     assert decode_acks(encode_acks([ack])) == [ack]
+
+
+def test_an_ack_of_a_batch_with_repeated_rows_round_trips_and_places_every_row():
+    ack = Ack("s", 0, 10, 11, "c", duplicates=((1, 4), (3, 10)))
+    assert b'"duplicates":[[1,4],[3,10]]' in encode_ack(ack)
+    assert decode_ack(encode_ack(ack)) == ack and decode_acks(encode_acks([ack, ack])) == [ack, ack]
+    assert ack.row_offsets(4) == [10, 4, 11, 10]
+    with pytest.raises(ValueError, match="acks a batch of 4 rows, not 5"):
+        ack.row_offsets(5)
+    assert b"duplicates" not in encode_ack(Ack("s", 0, 1, 1, "c"))
+    everything_repeated = Ack("s", 0, 2, 7, "c", ErrorCode.DUPLICATE, duplicates=((0, 7), (1, 2)))
+    assert everything_repeated.row_offsets(2) == [7, 2]
+    # A repeated producer sequence: the original batch's offsets, row by row.
+    assert Ack("s", 0, 5, 7, "c", ErrorCode.DUPLICATE).row_offsets(3) == [5, 6, 7]
+    with pytest.raises(ValueError, match="not stored"):
+        Ack("s", 0, -1, -1, "c", ErrorCode.STORAGE, "disk full").row_offsets(1)
