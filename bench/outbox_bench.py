@@ -17,8 +17,8 @@ and keys from 1,000 distinct ones; each stream has one partition.
    500, one connection) until the outbox is empty, publishing nothing: the
    database's ceiling for mark-purge.  The target ratio is harvest / SQL only.
    A second ceiling, publish only, is the client alone publishing N messages
-   as the harvester does (same message ids, keys, ack policy and 1,000 in
-   flight), with no database.
+   as the harvester does (batches of 500 rows with their message ids, keys,
+   ack policy and 1,000 rows in flight), with no database.
 3. Commit to ack at 1,000 rows/s: writer threads in a process of their own
    (:data:`WRITERS`) commit one row per transaction, each row at its due time
    (row n at n / 1,000 s), and note its commit time (``time.time()`` once
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -81,12 +82,15 @@ class AckTimedHarvester(Harvester):
         super().__init__(config)
         self.acked_at: dict[int, float] = {}
 
-    def _settle_later(self, record: Any, done: Any, error: Any) -> None:
-        # The harvester's done-callback of a publish future: the moment the broker's ack arrives.
+    def _settle_later(self, unit: Any, done: Any, error: Any) -> None:
+        # The harvester's done-callback of a publish future (a batch of rows, or one): the moment
+        # the broker's ack arrives.
         stored = done is not None and not done.cancelled() and done.exception() is None
         if error is None and stored and done.result().ok:
-            self.acked_at.setdefault(record.id, time.time())
-        super()._settle_later(record, done, error)
+            now = time.time()
+            for record in unit.records:
+                self.acked_at.setdefault(record.id, now)
+        super()._settle_later(unit, done, error)
 
 
 class Harvesting:
@@ -245,23 +249,39 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
 
-async def publish_only(nats_url: str, stream: str, n: int, in_flight: int) -> float:
-    """Msg/s of the client alone publishing what the harvester would: same message ids, keys, window."""
-    async with await Client.connect(nats_urls=[nats_url], timeout=30, max_pending=in_flight) as client:
+async def publish_only(nats_url: str, stream: str, n: int, in_flight: int, batch_rows: int) -> float:
+    """Msg/s of the client alone publishing what the harvester would: the same rows (keys, message
+    ids) in batches of ``batch_rows`` (the harvester's marks of one partition's stream), at most
+    ``in_flight`` rows unacked."""
+    async with await Client.connect(nats_urls=[nats_url], timeout=30) as client:
         await client.create_stream(stream, stream)
+        window = asyncio.Semaphore(max(in_flight // batch_rows, 1))
         start = time.perf_counter()
-        futures = [
-            await client.publish_async(
-                stream,
-                VALUE,
-                key=b"k%d" % (i % KEYS),
-                message_id=f"{TABLE}:{i}",
-                ack_policy=AckPolicy.ALL,
-                timeout=30,
+
+        async def one(first: int) -> Any:
+            rows = range(first, min(first + batch_rows, n))
+            batch = pa.record_batch(
+                {
+                    "key": pa.array([b"k%d" % (i % KEYS) for i in rows], pa.binary()),
+                    "value": pa.array([VALUE] * len(rows), pa.binary()),
+                }
             )
-            for i in range(n)
-        ]
-        acks = await asyncio.gather(*futures)
+            try:
+                return await client.publish_batch(
+                    stream,
+                    batch,
+                    message_ids=[f"{TABLE}:{i}" for i in rows],
+                    ack_policy=AckPolicy.ALL,
+                    timeout=30,
+                )
+            finally:
+                window.release()
+
+        tasks = []
+        for first in range(0, n, batch_rows):
+            await window.acquire()
+            tasks.append(asyncio.ensure_future(one(first)))
+        acks = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
     assert all(a is not None and a.ok for a in acks)
     return n / elapsed
@@ -340,7 +360,7 @@ def measure(
     results["sql_only_rows_per_s"] = sql_only(database, n, config.batch_size)
     results["ratio_to_sql_only"] = results["harvest_rows_per_s"] / results["sql_only_rows_per_s"]
     results["publish_only_msgs_per_s"] = asyncio.run(
-        publish_only(nats_url, f"{name}-publish", n, config.max_in_flight)
+        publish_only(nats_url, f"{name}-publish", n, config.max_in_flight, config.batch_size)
     )
     results["ratio_to_publish_only"] = results["harvest_rows_per_s"] / results["publish_only_msgs_per_s"]
     return results
@@ -381,7 +401,7 @@ def main() -> None:
     rows = [
         ("harvest (rows/s)", "harvest_rows_per_s", ""),
         ("SQL only: mark + purge (rows/s)", "sql_only_rows_per_s", ""),
-        ("harvest / SQL only", "ratio_to_sql_only", ">= 0.5"),
+        ("harvest / SQL only", "ratio_to_sql_only", ">= 0.7"),
         ("publish only: client + broker (msg/s)", "publish_only_msgs_per_s", ""),
         ("harvest / publish only", "ratio_to_publish_only", ""),
     ]

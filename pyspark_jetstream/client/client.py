@@ -772,6 +772,12 @@ class Client:
             if future is not None and not future.done():
                 future.set_result(ack)
 
+    async def partition_for(self, stream: str, key: bytes | None = None) -> int:
+        """The partition :meth:`publish` sends ``key`` to in ``stream`` (the default partitioner)."""
+        target = await self._target(stream, key, None, key_hash, None)
+        assert target.partition is not None
+        return target.partition
+
     async def _target(
         self,
         stream: str | None,

@@ -6,22 +6,32 @@ One leader at a time (:mod:`.election`) runs a term:
    ``leader_id`` (rows of a dead leader are salvaged this way).
 2. For each row in id order: wait while ``max_in_flight`` rows are in flight
    (the throttle) and while a row of the same key is in flight (the barrier);
-   then, unless a failure has been seen since the mark, **publish** it
-   asynchronously with the message id ``<table>:<id>``.
-3. On an ack (a duplicate ack too), **purge** the row (purges are batched).
-   On a failure, **reset** the row (``leader_id`` back to NULL), raise
-   ``force_remark``, then lower the barrier: the mark loop, which checks the
-   flag after passing the barrier, starts a new ``leader_id``, so every
-   unacknowledged row is marked again, in order.
+   then, unless a failure has been seen since the mark, add it to the batch
+   of its stream and partition, each row with the message id
+   ``<table>:<id>``.  A batch is **published** asynchronously as one Arrow
+   batch (:meth:`Client.publish_batch` with ``message_ids``) when it is full
+   (:data:`MAX_BATCH_ROWS`, :data:`MAX_BATCH_BYTES`), when a row must wait
+   for a key or for the throttle, and when the marked rows are all placed.
+   Rows of one key in the same batch keep their order in it, and the
+   broker stores a batch whole or not at all.
+3. On an ack (a duplicate ack too), **purge** the batch's rows (purges are
+   batched).  On a failure, **reset** every row of the batch (``leader_id``
+   back to NULL), raise ``force_remark``, then lower the barrier of its keys:
+   the mark loop, which checks the flag after passing the barrier, starts a
+   new ``leader_id``, so every unacknowledged row is marked again, in order.
 
-Per-key order holds across failures and failovers because at most one row of
-a key is ever in flight.  A row published twice (its ack lost, or a new
-leader salvaging it) is stored once, because the broker drops a message id
-it stored within the stream's ``duplicate_window``: exactly once into the log
-within that window.
+Per-key order holds across failures and failovers because the rows of a key
+in flight are always in one batch, in id order.  A row published twice (its
+ack lost, or a new leader salvaging it) is stored once, because the broker
+drops each row whose message id it stored within the stream's
+``duplicate_window`` and stores the others: exactly once into the log within
+that window.  Rows with a ``subject`` instead of a stream are published one
+at a time, as are the rows of a batch the broker refused (below).
 
-A row the broker refuses (unknown stream, too large, not permitted: errors
-that are not retriable) is retried with exponential backoff, and after
+A batch the broker refuses (an error that is not retriable: unknown stream,
+too large, not permitted) is taken apart: its rows are reset without counting
+an attempt and published one at a time from then on, so that only the row at
+fault is refused.  A row the broker refuses is retried with exponential backoff, and after
 ``max_attempts`` refusals moved to the dead-letter table.  While it is
 retried, later rows of its key wait; once it is dead-lettered they move on
 (the dead letter is out of order if requeued: it gets a new id, after them).
@@ -43,6 +53,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from pyspark_jetstream.client import AckPolicy, Client, Credentials
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -50,6 +62,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
     error_from_code,
 )
+from pyspark_jetstream.protocol.schema import HEADER_TYPE
 
 from .election import (
     AdvisoryLockLeadership,
@@ -72,6 +85,10 @@ T = TypeVar("T")
 
 ACKED_MEMORY = 100_000
 """Ids acked in this term that a re-mark will not publish again (the broker would drop them anyway)."""
+MAX_BATCH_ROWS = 1000
+"""Rows published as one batch at most."""
+MAX_BATCH_BYTES = 512 * 1024
+"""A batch is published once its rows hold this many bytes (NATS's default max_payload is 1 MiB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +250,18 @@ class _Connection:
         self._pool.shutdown(wait=True)
 
 
+@dataclass(eq=False)
+class _Unit:
+    """Rows published together (one batch, or one row), and the barrier of their keys."""
+
+    records: list[Record]
+    target: tuple[str, int] | None
+    """The batch's stream and partition; ``None``: one row published on its own."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    sent: bool = False
+    size: int = 0
+
+
 class Harvester:
     """Publishes an outbox table's rows into streams, exactly once within the duplicate window."""
 
@@ -245,7 +274,10 @@ class Harvester:
         self._marker = _Connection(config, "mark")
         self._purger = _Connection(config, "purge")
         self._in_flight = 0
-        self._keys: dict[bytes, asyncio.Event] = {}
+        self._keys: dict[bytes, _Unit] = {}
+        """The unit each key in flight (or waiting in a batch about to be published) is in."""
+        self._solo: set[int] = set()
+        """Rows of refused batches: published one at a time until acked or dead-lettered."""
         self._space = asyncio.Condition()
         self._force_remark = False
         self._retry_at: dict[bytes | None, float] = {}
@@ -323,21 +355,45 @@ class Harvester:
         self._force_remark = False
         self._acked.clear()
         logger.info("outbox harvester %s leads (%s)", self.identifier, self._leadership.description)
-        while not self._stop.is_set() and self._leadership.confirmed():
-            if self._force_remark:
-                self._force_remark = False
-                leader_id = self._new_leader_id()
-            try:
-                records = await self._marker.run("mark", leader_id, self.config.batch_size)
-            except UnavailableDatabaseError as exc:
-                status.last_error = str(exc)
-                logger.warning("outbox: %s", exc)
-                await self._pause(self.config.backoff)
-                continue
-            if not records:
-                await self._pause(self.config.poll)
-                continue
-            await self._publish_all(records)
+        batch_size = self.config.batch_size
+        # The next mark, taken while the rows of this one are published (a full mark means more
+        # rows wait).  Its rows are marked by ``ahead_id``: if the leader id changed meanwhile,
+        # they are dropped here and marked again under the new one.
+        ahead: asyncio.Future[list[Record]] | None = None
+        ahead_id = ""
+        try:
+            while not self._stop.is_set() and self._leadership.confirmed():
+                if self._force_remark:
+                    self._force_remark = False
+                    leader_id = self._new_leader_id()
+                try:
+                    if ahead is not None and ahead_id == leader_id:
+                        records = await ahead
+                    else:
+                        if ahead is not None:
+                            await asyncio.wait({ahead})
+                        records = await self._marker.run("mark", leader_id, batch_size)
+                except UnavailableDatabaseError as exc:
+                    status.last_error = str(exc)
+                    logger.warning("outbox: %s", exc)
+                    await self._pause(self.config.backoff)
+                    continue
+                finally:
+                    ahead = None
+                if not records:
+                    await self._pause(self.config.poll)
+                    continue
+                if len(records) == batch_size:
+                    ahead, ahead_id = (
+                        asyncio.ensure_future(self._marker.run("mark", leader_id, batch_size)),
+                        leader_id,
+                    )
+                await self._publish_all(records)
+        finally:
+            if ahead is not None:  # its rows stay marked by this term: the next leader marks them again
+                await asyncio.wait({ahead})
+                if not ahead.cancelled():
+                    ahead.exception()  # retrieved: a database error here is already reported elsewhere
         if not self._leadership.confirmed() and not self._stop.is_set():
             logger.warning(
                 "outbox harvester %s cannot confirm its leadership: it stops publishing", self.identifier
@@ -355,57 +411,111 @@ class Harvester:
     async def _publish_all(self, records: list[Record]) -> None:
         """Publish a marked batch in id order, within the throttle and the per-key barrier."""
         held_back: set[bytes | None] = set()
-        for record in records:
-            if record.id in self._acked:
-                continue
-            async with self._space:
-                await self._space.wait_for(lambda: self._in_flight < self.config.max_in_flight)
-            if record.key is not None:
-                while (busy := self._keys.get(record.key)) is not None:
-                    await busy.wait()
-            if self._force_remark or self._stop.is_set() or not self._leadership.confirmed():
-                return  # an older row is back in the outbox: mark again from the top
-            wait_until = self._retry_at.get(record.key)
-            if record.key in held_back or (wait_until is not None and wait_until > time.monotonic()):
-                held_back.add(record.key)  # this key's refused row waits, and so do the rows after it
-                continue
-            self._in_flight += 1
-            if record.key is not None:
-                self._keys[record.key] = asyncio.Event()
-            self.status.in_flight = self._in_flight
-            await self._send(record)
+        filling: dict[tuple[str, int], _Unit] = {}
+        try:
+            for record in records:
+                if record.id in self._acked:
+                    continue
+                if self._in_flight >= self.config.max_in_flight:
+                    await self._send_all(filling)
+                    async with self._space:
+                        await self._space.wait_for(lambda: self._in_flight < self.config.max_in_flight)
+                target = await self._target(record)
+                if record.key is not None:
+                    while (holder := self._keys.get(record.key)) is not None:
+                        if target is not None and holder is filling.get(target):
+                            break  # the key's rows are in this batch: the row joins them, in order
+                        await self._send_all(filling)
+                        await holder.released.wait()
+                if self._force_remark or self._stop.is_set() or not self._leadership.confirmed():
+                    return  # an older row is back in the outbox: mark again from the top
+                wait_until = self._retry_at.get(record.key)
+                if record.key in held_back or (wait_until is not None and wait_until > time.monotonic()):
+                    held_back.add(record.key)  # this key's refused row waits, and so do the rows after it
+                    continue
+                unit = filling.get(target) if target is not None else None
+                if unit is None:
+                    unit = _Unit([], target)
+                    if target is not None:
+                        filling[target] = unit
+                self._in_flight += 1
+                self.status.in_flight = self._in_flight
+                unit.records.append(record)
+                unit.size += len(record.value) + len(record.key or b"")
+                if record.key is not None:
+                    self._keys[record.key] = unit
+                if target is None:
+                    await self._send(unit)
+                elif len(unit.records) >= MAX_BATCH_ROWS or unit.size >= MAX_BATCH_BYTES:
+                    del filling[target]
+                    await self._send(unit)
+            await self._send_all(filling)
+        finally:
+            for unit in filling.values():  # left unpublished: still marked, the next mark takes them
+                self._release(unit)
         if held_back:
             # Rows held back stay marked by this term; come back to them when the first wait ends.
             soonest = min(self._retry_at.get(k, 0.0) for k in held_back)
             asyncio.get_running_loop().call_later(max(soonest - time.monotonic(), 0.0), self._remark)
 
+    async def _target(self, record: Record) -> tuple[str, int] | None:
+        """The stream and partition of the batch ``record`` joins; ``None``: published alone."""
+        if record.stream is None or record.subject is not None or record.id in self._solo:
+            return None
+        assert self._client is not None
+        try:
+            return record.stream, await self._client.partition_for(record.stream, record.key)
+        except JetStreamError:
+            return None  # published alone, its publish fails with the reason, naming the row
+
+    async def _send_all(self, filling: dict[tuple[str, int], _Unit]) -> None:
+        units = list(filling.values())
+        filling.clear()
+        for unit in units:
+            await self._send(unit)
+
     def _remark(self) -> None:
         self._force_remark = True
 
-    async def _send(self, record: Record) -> None:
+    async def _send(self, unit: _Unit) -> None:
         assert self._client is not None
+        unit.sent = True
+        ack_policy = AckPolicy.ALL if self.config.ack_policy == "all" else AckPolicy.LEADER
+        table = self.config.table
         try:
-            future = await self._client.publish_async(
-                record.stream,
-                record.value,
-                key=record.key,
-                subject=record.subject,
-                headers={k: v.encode() for k, v in record.headers.items()},
-                message_id=f"{self.config.table}:{record.id}",
-                ack_policy=AckPolicy.ALL if self.config.ack_policy == "all" else AckPolicy.LEADER,
-                timeout=self.config.ack_timeout,
-            )
+            if unit.target is None:
+                (record,) = unit.records
+                future = await self._client.publish_async(
+                    record.stream,
+                    record.value,
+                    key=record.key,
+                    subject=record.subject,
+                    headers={k: v.encode() for k, v in record.headers.items()},
+                    message_id=f"{table}:{record.id}",
+                    ack_policy=ack_policy,
+                    timeout=self.config.ack_timeout,
+                )
+            else:
+                stream, partition = unit.target
+                future = await self._client.publish_batch_async(
+                    stream,
+                    _batch_of(unit.records),
+                    partition=partition,
+                    message_ids=[f"{table}:{r.id}" for r in unit.records],
+                    ack_policy=ack_policy,
+                    timeout=self.config.ack_timeout,
+                )
         except JetStreamError as exc:
-            self._settle_later(record, None, exc)
+            self._settle_later(unit, None, exc)
             return
-        except Exception as exc:  # noqa: BLE001 - anything else that refuses this row is a refusal too
-            self._settle_later(record, None, JetStreamError(f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - anything else that refuses these rows is a refusal too
+            self._settle_later(unit, None, JetStreamError(f"{type(exc).__name__}: {exc}"))
             return
         assert future is not None
-        future.add_done_callback(lambda done: self._settle_later(record, done, None))
+        future.add_done_callback(lambda done: self._settle_later(unit, done, None))
 
     def _settle_later(
-        self, record: Record, done: asyncio.Future[Any] | None, error: JetStreamError | None
+        self, unit: _Unit, done: asyncio.Future[Any] | None, error: JetStreamError | None
     ) -> None:
         if done is not None and done.cancelled():
             error = UnavailableError("the publish was cancelled")
@@ -413,40 +523,68 @@ class Harvester:
             failure = done.exception()
             if failure is not None:
                 error = failure if isinstance(failure, JetStreamError) else JetStreamError(str(failure))
-            elif not done.result().ok:  # a negative ack: the broker refused the row
+            elif not done.result().ok:  # a negative ack: the broker refused the rows
                 ack = done.result()
                 error = error_from_code(ack.error.value, f"{ack.stream}/{ack.partition}: {ack.message}")
-        task = asyncio.ensure_future(self._settle(record, None if error else done, error))
+        task = asyncio.ensure_future(self._settle(unit, None if error else done, error))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
     async def _settle(
-        self, record: Record, done: asyncio.Future[Any] | None, error: JetStreamError | None
+        self, unit: _Unit, done: asyncio.Future[Any] | None, error: JetStreamError | None
     ) -> None:
-        """Purge on an ack; on a failure reset the row, raise ``force_remark``, then lower the barrier."""
+        """Purge on an ack; on a failure reset the rows, raise ``force_remark``, then lower the barrier."""
         status = self.status
         try:
             if error is None:
                 assert done is not None
                 ack = done.result()
-                status.published += 1
-                status.duplicates += int(bool(getattr(ack, "duplicate", False)))
-                self._acked[record.id] = None
+                status.published += len(unit.records)
+                status.duplicates += len(ack.duplicates) or (len(unit.records) if ack.duplicate else 0)
+                for record in unit.records:
+                    self._acked[record.id] = None
+                    self._solo.discard(record.id)
+                    self._retry_at.pop(record.key, None)
+                    self._purges.put_nowait(record.id)
                 while len(self._acked) > ACKED_MEMORY:
                     self._acked.popitem(last=False)
-                self._retry_at.pop(record.key, None)
-                self._purges.put_nowait(record.id)
+            elif len(unit.records) > 1 and not error.retriable:
+                await self._take_apart(unit, error)
             else:
-                await self._failed(record, error)
+                for record in unit.records:
+                    await self._failed(record, error)
         finally:
-            self._in_flight -= 1
-            status.in_flight = self._in_flight
-            if record.key is not None:
-                busy = self._keys.pop(record.key, None)
-                if busy is not None:
-                    busy.set()
+            self._release(unit)
             async with self._space:
                 self._space.notify_all()
+
+    def _release(self, unit: _Unit) -> None:
+        """The unit's rows are no longer in flight: lower the barrier of its keys."""
+        self._in_flight -= len(unit.records)
+        self.status.in_flight = self._in_flight
+        for record in unit.records:
+            if record.key is not None and self._keys.get(record.key) is unit:
+                del self._keys[record.key]
+        unit.released.set()
+
+    async def _take_apart(self, unit: _Unit, error: JetStreamError) -> None:
+        """A refused batch: its rows go back, uncounted, to be published one at a time."""
+        self.status.failures += 1
+        self.status.last_error = f"a batch of {len(unit.records)} rows: {error}"
+        logger.warning(
+            "outbox: a batch of %d rows (ids %d to %d) was refused; publishing them one at a time: %s",
+            len(unit.records),
+            unit.records[0].id,
+            unit.records[-1].id,
+            error,
+        )
+        for record in unit.records:
+            self._solo.add(record.id)
+            try:
+                await self._purger.run("reset", record.id, None)
+            except JetStreamError as exc:  # the database is down: the new leader id re-marks it anyway
+                self.status.last_error = f"row {record.id}: {exc}"
+        self._force_remark = True
 
     async def _failed(self, record: Record, error: JetStreamError) -> None:
         status = self.status
@@ -458,6 +596,7 @@ class Harvester:
             if refused and attempts >= self.config.max_attempts:
                 await self._purger.run("dead_letter", record.id, str(error)[:2000])
                 status.dead_lettered += 1
+                self._solo.discard(record.id)
                 self._retry_at.pop(record.key, None)
                 logger.warning(
                     "outbox: row %d (stream %s, key %r) moved to %s_dead_letters after %d refusals: %s",
@@ -540,6 +679,20 @@ class Harvester:
                 s.failures,
                 s.dead_lettered,
             )
+
+
+def _batch_of(records: list[Record]) -> pa.RecordBatch:
+    """Rows as the Arrow batch published for them (``key``, ``value``, ``headers``)."""
+    return pa.record_batch(
+        {
+            "key": pa.array([r.key for r in records], pa.binary()),
+            "value": pa.array([r.value for r in records], pa.binary()),
+            "headers": pa.array(
+                [[{"key": k, "value": v.encode()} for k, v in r.headers.items()] or None for r in records],
+                HEADER_TYPE,
+            ),
+        }
+    )
 
 
 def init_outbox(database: str, table: str = "outbox") -> None:
