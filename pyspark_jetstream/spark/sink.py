@@ -25,8 +25,14 @@ waiting out the timeout of every attempt.
 
 Input columns: ``value`` (binary or string, required), and optionally
 ``key`` (binary or string), ``headers`` (``array<struct<key:string,
-value:binary>>``), ``partition`` (int) and ``subject`` (string: publish there
-instead of to the ``stream`` option's partition).  Other columns are ignored.
+value:binary>>``), ``partition`` (int), ``subject`` (string: publish there
+instead of to the ``stream`` option's partition) and ``messageId`` (string:
+each row's ``Nats-Msg-Id`` header, so consumers that read JetStream's
+message ids see them; a null or an invalid id fails the write naming the
+column and row).  Other columns are ignored.  The sink's own exactly-once
+comes from its producer sequences: rows with ids are stored as the chunk
+carries them, and the broker remembers their ids, so a later publish of the
+same id by anyone else is a duplicate within the stream's window.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.headers import checked_message_ids, with_message_ids
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
@@ -81,12 +88,13 @@ def check_input_schema(schema: StructType, options: SinkOptions) -> None:
         "value": {"binary", "string"},
         "partition": {"int", "bigint", "smallint"},
         "subject": {"string"},
+        "messageid": {"string"},
     }
     for name, kinds in allowed.items():
         field = names.get(name)
         if field is not None and field.dataType.simpleString() not in kinds:
             raise InvalidArgumentError(
-                f"column {name!r} is {field.dataType.simpleString()}; "
+                f"column {field.name!r} is {field.dataType.simpleString()}; "
                 f"it must be one of {', '.join(sorted(kinds))}"
             )
     if options.stream is None and "subject" not in names:
@@ -143,6 +151,11 @@ class _Publishing:
         for name, arrow_type in _PAYLOAD_TYPES.items():
             if name in names:
                 columns[name] = batch.column(names[name]).cast(arrow_type)
+        if "messageid" in names:  # each row's Nats-Msg-Id header, as JetStream publishers send it
+            ids = checked_message_ids(
+                batch.column(names["messageid"]), batch.num_rows, f"column {names['messageid']!r}"
+            )
+            columns["headers"] = with_message_ids(columns.get("headers"), ids)
         payload = pa.record_batch(columns)
         if "subject" in names:
             subjects = batch.column(names["subject"])

@@ -41,6 +41,30 @@ def test_batch_write_with_keys_partitions_and_headers(spark, deployment, client,
     assert second.column("producer_id")[0].as_py().startswith("spark-write-")
 
 
+def test_a_message_id_column_becomes_each_rows_nats_msg_id(spark, deployment, client, name):
+    client.create_stream(name, name)
+    df = spark.createDataFrame([("o-1", "a"), ("o-2", "b")], "messageId string, value string")
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "nats", deployment.nats_url
+    ).option("stream", name).save()
+    stored = client.fetch(name).to_table()
+    assert sorted(
+        (row["value"], row["headers"]) for row in stored.select(["value", "headers"]).to_pylist()
+    ) == [
+        (b"a", [{"key": "Nats-Msg-Id", "value": b"o-1"}]),
+        (b"b", [{"key": "Nats-Msg-Id", "value": b"o-2"}]),
+    ]
+    # The broker remembers them: another publisher's repeat is a duplicate of the row.
+    original = next(r["offset"] for r in stored.to_pylist() if r["value"] == b"a")
+    again = client.publish(name, b"a again", message_id="o-1")
+    assert (again.duplicate, again.first_offset) == (True, original)
+    nulls = spark.createDataFrame([("o-3", "c"), (None, "d")], "messageId string, value string")
+    with pytest.raises(Exception, match="column 'messageId' has a null at row 1"):
+        nulls.coalesce(1).write.format("jetstream").mode("append").option(
+            "servers", deployment.flight
+        ).option("nats", deployment.nats_url).option("stream", name).save()
+
+
 def test_rows_can_pick_their_subject(spark, deployment, client, name):
     client.create_stream(name, f"{name}.*")
     df = spark.createDataFrame([(f"{name}.eu", b"1"), (f"{name}.us", b"2")], "subject string, value binary")
@@ -61,6 +85,7 @@ def test_rows_can_pick_their_subject(spark, deployment, client, name):
     [
         ("key string", {"stream": "x"}, "needs a 'value' column"),
         ("value int", {"stream": "x"}, "column 'value' is int"),
+        ("value string, messageId int", {"stream": "x"}, "column 'messageId' is int"),
         ("value string", {}, "set the option 'stream' or give a 'subject' column"),
         ("value string", {"stream": "no-such-stream"}, "no stream named 'no-such-stream'"),
     ],
