@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pyspark_jetstream.client.cluster import ClusterConnection
+from pyspark_jetstream.client.connection import FetchResult
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
@@ -223,31 +225,48 @@ def read_range(
 ) -> Iterator[pa.RecordBatch]:
     """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
 
-    With ``from_replicas`` an in-sync follower may serve the range; the range
-    was planned from the leader's high watermark, so what a follower has not
-    committed yet is read from the leader instead of waited for.  ``credentials`` are presented
-    to every broker asked.
+    The next read (up to :data:`READ_BYTES`) is fetched in a thread while
+    Spark consumes the batches of the current one, so the task waits for the
+    broker only once.  With ``from_replicas`` an in-sync follower may serve the
+    range; the range was planned from the leader's high watermark, so what a
+    follower has not committed yet is read from the leader instead of waited
+    for.  ``credentials`` are presented to every broker asked.
     """
     connection = ClusterConnection(spec.broker, timeout=timeout, credentials=credentials)
+    columns = _columns_for(target)
+
+    def fetch(offset: int, replicas: bool) -> FetchResult:
+        return connection.read(
+            ReadRequest(
+                spec.stream,
+                spec.partition,
+                StartPosition("offset", offset),
+                max_records=spec.end - offset,
+                max_bytes=READ_BYTES,
+                columns=columns,
+                from_replicas=replicas,
+            )
+        )
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetstream-read")
     replicas = from_replicas
+    ahead: tuple[int, bool, Future[FetchResult]] | None = None
+    """The read of the next offset, asked for before the current batches were yielded."""
     try:
         offset = spec.start
         while offset < spec.end:
+            if ahead is not None and ahead[:2] == (offset, replicas):
+                pending = ahead[2]
+            else:
+                pending = pool.submit(fetch, offset, replicas)
+            ahead = None
             try:
-                result = connection.read(
-                    ReadRequest(
-                        spec.stream,
-                        spec.partition,
-                        StartPosition("offset", offset),
-                        max_records=spec.end - offset,
-                        max_bytes=READ_BYTES,
-                        columns=_columns_for(target),
-                        from_replicas=replicas,
-                    )
-                )
+                result = pending.result()
             except OffsetOutOfRangeError as exc:
                 offset = _after_data_loss(connection, spec, offset, exc, fail_on_data_loss)
                 continue
+            if offset < result.next_offset < spec.end:
+                ahead = (result.next_offset, replicas, pool.submit(fetch, result.next_offset, replicas))
             for batch in result.batches:
                 # After compaction a row count can reach past the range's end offset.
                 inside = (
@@ -269,6 +288,8 @@ def read_range(
                 break
             offset = result.next_offset
     finally:
+        # A read still running (the task ended early) finishes first: the connection outlives it.
+        pool.shutdown(wait=True, cancel_futures=True)
         connection.close()
 
 
