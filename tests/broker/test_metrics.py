@@ -11,25 +11,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pyspark_jetstream.client import AckPolicy, SyncClient
 from pyspark_jetstream.protocol.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownStreamError
 
-from .harness import BrokerProcess, wait_until
+from .harness import BrokerProcess, scrape, wait_until
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "conf" / "grafana" / "jetstream.json"
-
-
-def scrape(broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(broker.metrics + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def healthz(broker) -> tuple[int, dict]:
