@@ -316,6 +316,14 @@ class Broker:
         """Messages each partition held here has appended as leader since it was opened."""
         return {(p.stream, p.number): p.messages_in for p in self.manager.held()}
 
+    def producer_not_stored(self) -> dict[tuple[str, int, str], int]:
+        """Idempotent appends to each partition held here that stored nothing, by verdict."""
+        return {
+            (p.stream, p.number, verdict.value): count
+            for p in self.manager.held()
+            for verdict, count in p.producer_not_stored.items()
+        }
+
     def nats_connected(self) -> bool:
         """Whether the NATS connection is up."""
         return self.ingestor is not None and self.ingestor.connected

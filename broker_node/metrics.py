@@ -25,6 +25,10 @@ metric                                      labels, meaning
 ``flight_waiting_readers``                  follow and long-polling reads holding a thread now
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
 ``partition_messages_in_total``             stream, partition: messages appended here as leader
+``producer_not_stored_total``               stream, partition, verdict: an idempotent producer's
+                                            envelopes stored nothing, as ``duplicate`` (sent
+                                            again), ``out_of_order`` or ``fenced`` (refused);
+                                            an in-order producer on a healthy cluster sends none
 ``ack_latency_seconds``                     stream: histogram of the time from a publish reaching
                                             the broker to its ack (``ALL``: committed by the ISR)
 ==========================================  =====================================================
@@ -75,6 +79,7 @@ class Counts(Protocol):
     def nats_connected(self) -> bool: ...
     def partition_files(self) -> Mapping[tuple[str, int], tuple[int, int]]: ...
     def partition_messages_in(self) -> Mapping[tuple[str, int], int]: ...
+    def producer_not_stored(self) -> Mapping[tuple[str, int, str], int]: ...
     def ack_latency(self) -> Mapping[str, tuple[list[tuple[float, int]], float]]:
         """Per stream: cumulative counts per bucket upper bound (``inf`` last), and the sum."""
         ...
@@ -180,6 +185,14 @@ class BrokerCollector(Collector):
         for (stream, partition), count in sorted(self.counts.partition_messages_in().items()):
             appended.add_metric([stream, str(partition)], count)
         yield appended
+        not_stored = CounterMetricFamily(
+            PREFIX + "producer_not_stored",
+            "Idempotent producers' envelopes that stored nothing: duplicate, out_of_order or fenced.",
+            labels=["stream", "partition", "verdict"],
+        )
+        for (stream, partition, verdict), count in sorted(self.counts.producer_not_stored().items()):
+            not_stored.add_metric([stream, str(partition), verdict], count)
+        yield not_stored
         latency = HistogramMetricFamily(
             PREFIX + "ack_latency_seconds",
             "Seconds from a publish reaching the broker to its ack (ALL: once the in-sync replicas have it).",

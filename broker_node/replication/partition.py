@@ -42,6 +42,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -133,6 +134,9 @@ class Partition:
         self.state = state
         self.messages_in = 0
         """Messages appended here as leader (counted under the role lock, so exactly)."""
+        self.producer_not_stored: Counter[Verdict] = Counter()
+        """Idempotent producers' appends that stored nothing, by verdict (repeats and refusals):
+        on a healthy cluster an in-order producer sends no duplicate and nothing out of order."""
         self.role = Role.OPENED
         self.producers = ProducerTable()
         self._wall_clock = wall_clock
@@ -289,6 +293,8 @@ class Partition:
         """
         with self._append_lock:
             check = self.producers.check(producer_id, epoch, sequence, target=target)
+            if check.verdict is not Verdict.STORE:
+                self.producer_not_stored[check.verdict] += 1
             if check.verdict is Verdict.DUPLICATE:
                 return self._ack(check.first, check.last, ErrorCode.DUPLICATE)
             if check.verdict is Verdict.OUT_OF_ORDER:

@@ -294,6 +294,11 @@ class Client:
         self.broker = broker
         self.timeout = timeout
         self._window = asyncio.Semaphore(max_pending)
+        self._publishing = asyncio.Lock()
+        """Held by a publish from its call until NATS has its payload, so publishes leave in the
+        order they were called: a stream's first publish awaits its description, and one called
+        meanwhile must not overtake it (an idempotent producer's sequences must arrive in order,
+        or the broker refuses them).  The lock is FIFO; uncontended, it costs no switch."""
         # (deadline, correlation id, subject, seconds): a heap, soonest first.
         self._deadlines: list[tuple[float, str, str, float]] = []
         self._sweeper: asyncio.Future[None] | None = None
@@ -542,21 +547,25 @@ class Client:
         The future fails with ``RequestTimeoutError`` if no ack comes within
         ``timeout`` seconds (default: the client's timeout).  Its ack may be a
         refusal: check ``ack.ok`` (:meth:`publish` raises the error instead).
+        Publishes leave in the order they are called, also when started together
+        (several coroutines, or ``SyncClient.publish_batch_nowait``): pipelined
+        producer sequences reach the broker in order.
         """
         pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
         if message_id is not None:
             _check_message_id(message_id, pairs, producer_id)
-        target = await self._target(stream, key, partition, partitioner, subject)
-        return await self._send(
-            target,
-            ack_policy,
-            timeout,
-            value=value,
-            key=key,
-            headers=pairs,
-            message_id=message_id,
-            **_producer(producer_id, producer_epoch, sequence),
-        )
+        async with self._publishing:
+            target = await self._target(stream, key, partition, partitioner, subject)
+            return await self._send(
+                target,
+                ack_policy,
+                timeout,
+                value=value,
+                key=key,
+                headers=pairs,
+                message_id=message_id,
+                **_producer(producer_id, producer_epoch, sequence),
+            )
 
     async def publish_batch(
         self,
@@ -615,7 +624,8 @@ class Client:
         timeout: float | None = None,
         message_ids: Sequence[str] | pa.Array | str | None = None,
     ) -> asyncio.Future[Ack] | None:
-        """:meth:`publish_batch` without waiting: a future for the ack, or ``None``."""
+        """:meth:`publish_batch` without waiting: a future for the ack, or ``None``; batches leave
+        in the order they are called (see :meth:`publish_async`)."""
         batch = _as_batch(data)
         producer = _producer(producer_id, producer_epoch, sequence)
         if message_ids is not None:
@@ -627,10 +637,11 @@ class Client:
             batch = _with_ids(batch, message_ids)
         if partition is None and subject is None:
             partition = 0
-        target = await self._target(stream, None, partition, key_hash, subject)
-        return await self._send(
-            target, ack_policy, timeout, resendable=message_ids is not None, batch=batch, **producer
-        )
+        async with self._publishing:
+            target = await self._target(stream, None, partition, key_hash, subject)
+            return await self._send(
+                target, ack_policy, timeout, resendable=message_ids is not None, batch=batch, **producer
+            )
 
     async def _send(
         self,

@@ -123,7 +123,10 @@ class SyncClient:
     def publish_batch_nowait(
         self, stream: str | None, data: Any, **options: Any
     ) -> concurrent.futures.Future[Ack | None]:
-        """Like :meth:`publish_batch`, but returns at once: ``.result()`` waits for the ack."""
+        """Like :meth:`publish_batch`, but returns at once: ``.result()`` waits for the ack.
+
+        Thread-safe; the batches of calls made one after another (from one thread) leave in
+        that order, so a producer's pipelined sequences reach the broker in order."""
         return asyncio.run_coroutine_threadsafe(
             self._client.publish_batch(stream, data, **options), self._loop
         )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from pyspark_jetstream.local import LocalBroker
 
@@ -21,3 +24,15 @@ def wait_until(condition, timeout: float = 15.0, interval: float = 0.02, message
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def scrape(broker: LocalBroker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the broker's /metrics (``[metrics] port`` set): (name, sorted labels) -> value."""
+    assert broker.metrics is not None, "the broker serves no metrics: set [metrics] port"
+    with urllib.request.urlopen(broker.metrics + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -16,7 +16,8 @@ from pyarrow import flight
 
 from broker_node.broker import RUNTIME_FILE
 from broker_node.log import Log, Record
-from pyspark_jetstream.client import ClusterConnection, SyncClient
+from pyspark_jetstream.client import Client, ClusterConnection, SyncClient
+from pyspark_jetstream.protocol.envelope import decode
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     OffsetOutOfRangeError,
@@ -440,6 +441,39 @@ def test_a_publish_waits_as_long_as_its_own_timeout(broker):
         assert time.monotonic() - started < 30
         assert not slow.done()
     assert isinstance(slow.exception(), UnavailableError)  # closing the client ends it
+
+
+def test_publishes_started_together_leave_in_the_order_they_were_called(broker):
+    """A client's first publishes to a stream wait for its description; those called meanwhile
+    queue behind them instead of overtaking, so a producer's pipelined sequences arrive in order
+    and none is refused (issue 18, item 2: a new sink task's first chunks were resent)."""
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as admin:
+        admin.create_stream("ordered", "ordered", partitions=2)
+
+    async def main() -> tuple[list[int], list[int]]:
+        async with await Client.connect(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            sent: list[int] = []
+            publish = client.nc.publish
+
+            async def spy(subject: str, payload: bytes, *args: object, **kwargs: object) -> None:
+                sent.append(decode(payload).sequence)
+                await publish(subject, payload, *args, **kwargs)
+
+            client.nc.publish = spy  # type: ignore[method-assign]
+            futures = await asyncio.gather(
+                *(
+                    client.publish_batch_async(
+                        "ordered", [{"value": b"%d" % n}], partition=1, producer_id="p", sequence=n
+                    )
+                    for n in range(12)
+                )
+            )
+            acks = [await f for f in futures if f is not None]
+            return sent, [a.first_offset for a in acks if a.ok and not a.duplicate]
+
+    sent, offsets = asyncio.run(main())
+    assert sent == list(range(12))
+    assert offsets == list(range(12))
 
 
 def test_unencodable_publishes_do_not_leak_the_window(broker):

@@ -11,25 +11,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pyspark_jetstream.client import AckPolicy, SyncClient
-from pyspark_jetstream.protocol.errors import UnknownStreamError
+from pyspark_jetstream.protocol.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownStreamError
 
-from .harness import BrokerProcess, wait_until
+from .harness import BrokerProcess, scrape, wait_until
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "conf" / "grafana" / "jetstream.json"
-
-
-def scrape(broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(broker.metrics + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def healthz(broker) -> tuple[int, dict]:
@@ -123,6 +111,25 @@ def test_ack_latency_counts_every_ack_and_messages_in_every_append(measured):
     assert buckets[float("inf")] == len(acks)
     assert list(buckets.values()) == sorted(buckets.values()), "cumulative"
     assert 0 < samples[("jetstream_ack_latency_seconds_sum", stream)] < 10
+
+
+def test_producer_envelopes_that_stored_nothing_are_counted_by_verdict(measured):
+    with SyncClient(nats_urls=measured.nats_url, broker=measured.flight) as client:
+        client.create_stream("produced", "produced", partitions=2)
+        send = dict(partition=1, producer_id="p")
+        client.publish("produced", b"0", producer_epoch=1, sequence=0, **send)
+        assert client.publish("produced", b"0", producer_epoch=1, sequence=0, **send).duplicate
+        with pytest.raises(OutOfOrderSequenceError):
+            client.publish("produced", b"2", producer_epoch=1, sequence=2, **send)
+        with pytest.raises(ProducerFencedError):
+            client.publish("produced", b"0", producer_epoch=0, sequence=0, **send)
+        samples = scrape(measured)
+    labels = (("partition", "1"), ("stream", "produced"))
+    assert {
+        dict(sample_labels)["verdict"]: value
+        for (metric, sample_labels), value in samples.items()
+        if metric == "jetstream_producer_not_stored_total" and sample_labels[:2] == labels
+    } == {"duplicate": 1, "out_of_order": 1, "fenced": 1}
 
 
 def test_healthz_answers_503_with_the_problem_when_nats_is_gone(measured, nats_server):

@@ -18,6 +18,8 @@ from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import RequestTimeoutError
 from pyspark_jetstream.spark.sink import Chunker, _Window
 
+from ..broker.harness import scrape
+
 
 def values_of(client, stream: str, partitions: int = 1) -> list[bytes]:
     out = []
@@ -39,6 +41,29 @@ def test_batch_write_with_keys_partitions_and_headers(spark, deployment, client,
     assert first.column("value").to_pylist() == [b"a"]
     assert sorted(second.column("value").to_pylist()) == [b"b", b"c"]
     assert second.column("producer_id")[0].as_py().startswith("spark-write-")
+
+
+def test_eight_tasks_into_four_partitions_send_each_chunk_once_in_order(spark, deployment, client, name):
+    """Issue 18, item 2: each task's chunks reach the broker in the order of their sequences,
+    its first ones included, so on a healthy broker no chunk is refused as out of order, none
+    is resent, and none arrives twice (the broker counts every envelope that stored nothing)."""
+    client.create_stream(name, name, partitions=4)
+    rows = 16_000
+    df = spark.range(rows, numPartitions=8).selectExpr(
+        "concat(cast(id AS string), repeat('x', 200)) AS value"
+    )
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "nats", deployment.nats_url
+    ).option("stream", name).option("maxBatchBytes", 32 * 1024).save()  # ~15 chunks per task
+    stored = client.fetch(name, 0).to_table()
+    assert sum(client.fetch(name, p).to_table().num_rows for p in range(4)) == rows
+    assert len(set(stored.column("producer_id").to_pylist())) == 2  # two tasks in each partition
+    not_stored = {
+        labels: value
+        for (metric, labels), value in scrape(deployment).items()
+        if metric == "jetstream_producer_not_stored_total" and ("stream", name) in labels and value
+    }
+    assert not_stored == {}
 
 
 def test_a_message_id_column_becomes_each_rows_nats_msg_id(spark, deployment, client, name):
