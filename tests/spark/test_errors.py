@@ -19,6 +19,7 @@ from pyspark_jetstream.spark.options import check_option_names
 from pyspark_jetstream.spark.source import JetStreamDataSource, RefusedStreamReader
 
 ERROR = "pyspark_jetstream.protocol.errors.InvalidArgumentError: "
+UNKNOWN_STREAM = "pyspark_jetstream.protocol.errors.UnknownStreamError: "
 
 
 def last_error_line(exc: BaseException) -> str:
@@ -89,6 +90,57 @@ def test_a_stream_reader_spark_cannot_have_fails_the_query_with_our_line(
     with pytest.raises(StreamingQueryException) as failure:
         run_stream(spark, deployment, tmp_path, stream=name, **options)
     assert last_error_line(failure.value) == ERROR + message
+
+
+def test_an_unknown_stream_ends_with_how_to_list_and_create_streams(
+    spark, deployment, client, name, tmp_path
+):
+    real, typo = f"{name}-orders", f"{name}-ordres"
+    client.create_stream(real, real)
+    with pytest.raises(AnalysisException) as batch:
+        spark.read.format("jetstream").option("servers", deployment.flight).option(
+            "stream", typo
+        ).load().collect()
+    with pytest.raises(StreamingQueryException) as streaming:
+        run_stream(spark, deployment, tmp_path, stream=typo)
+    for failure in (batch, streaming):
+        line = last_error_line(failure.value)
+        assert line.startswith(f"{UNKNOWN_STREAM}no stream named '{typo}'; did you mean '{real}'? (streams: ")
+        assert real in line.split("(streams: ")[1].split(";")[0].split(", ")
+        assert line.endswith(
+            "list them with `jetstream stream list`; "
+            f"create one with `jetstream stream create {typo} --subject <subject>`)"
+        )
+
+
+def test_a_missing_sink_stream_ends_with_how_to_create_it(spark, deployment, client, name, tmp_path):
+    client.create_stream(name, name)
+    missing = f"{name}-missing"
+    ending = f"create it with `jetstream stream create {missing} --subject <subject>` first)"
+    df = spark.createDataFrame([("a",)], "value string")
+    with pytest.raises(AnalysisException) as batch:
+        df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+            "stream", missing
+        ).save()
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", name)
+        .load()
+        .writeStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", missing)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(StreamingQueryException) as streaming:
+        query.awaitTermination()
+    query.stop()
+    for failure in (batch, streaming):
+        line = last_error_line(failure.value)
+        assert line.startswith(f"{UNKNOWN_STREAM}no stream named '{missing}' to write to")
+        assert line.endswith(ending)
 
 
 def test_option_names_are_checked_when_the_data_source_is_made():
