@@ -116,12 +116,12 @@ def checked_options(
     """``options`` with lower-cased names and Kafka aliases replaced by our names.
 
     Raises ``InvalidArgumentError`` for an option this side does not know
-    (naming the closest known one), a Kafka option that does not apply (with
-    what to use instead), and an option given under two names.
+    (naming the closest known one, or saying that it is the other side's), a
+    Kafka option that does not apply (with what to use instead), and an
+    option given under two names.
     """
     by_lower = {name.lower(): name for name in (*known, *SPARK_OPTIONS)}
     alias_of = {alias.lower(): target for alias, target in aliases.items()}
-    kafka_only = {name.lower(): (name, why) for name, why in KAFKA_ONLY.items()}
     out: dict[str, str] = {}
     for name, value in options.items():
         lower = name.lower()
@@ -134,16 +134,60 @@ def checked_options(
             out[target.lower()] = value
         elif lower in by_lower:
             out[lower] = value
-        elif lower in kafka_only:
-            raise InvalidArgumentError(f"option '{kafka_only[lower][0]}' is Kafka's: {kafka_only[lower][1]}")
         else:
-            names = [*known, *aliases]
-            close = difflib.get_close_matches(lower, [n.lower() for n in names], n=1, cutoff=0.6)
-            hint = f"; did you mean '{next(n for n in names if n.lower() == close[0])}'?" if close else ""
-            raise InvalidArgumentError(
-                f"unknown option '{name}'{hint} (known: {', '.join(sorted(names, key=str.lower))})"
-            )
+            raise _refused_name(name, known, aliases)
     return out
+
+
+def check_option_names(options: Mapping[str, str]) -> None:
+    """Refuse, at planning, an option name that neither reads nor writes take.
+
+    For ``format("jetstream")`` itself: Spark hands a data source its options
+    with lower-cased names, so the name cannot be echoed as the user wrote
+    it; the message says so and names the closest option in its own
+    spelling.  Which side an option belongs to is checked when the reader or
+    writer is made.
+    """
+    known = tuple(dict.fromkeys((*SOURCE_OPTIONS, *SINK_OPTIONS)))
+    aliases = {**SOURCE_ALIASES, **SINK_ALIASES}
+    taken = {name.lower() for name in (*known, *aliases, *SPARK_OPTIONS)}
+    for name in options:
+        if name.lower() not in taken:
+            raise _refused_name(name, known, aliases, lower_cased=True)
+
+
+def _refused_name(
+    name: str, known: tuple[str, ...], aliases: Mapping[str, str], *, lower_cased: bool = False
+) -> InvalidArgumentError:
+    """The error for an option name ``known`` and ``aliases`` lack: Kafka's, the other side's
+    (both named in their own spelling), or unknown, ending with the closest known name, or
+    with every known name when none is close."""
+    lower = name.lower()
+    kafka_only = {kafka.lower(): (kafka, why) for kafka, why in KAFKA_ONLY.items()}
+    if lower in kafka_only:
+        return InvalidArgumentError(f"option '{kafka_only[lower][0]}' is Kafka's: {kafka_only[lower][1]}")
+    reading = {n.lower(): n for n in (*SOURCE_OPTIONS, *SOURCE_ALIASES)}
+    writing = {n.lower(): n for n in (*SINK_OPTIONS, *SINK_ALIASES)}
+    for side, names in (
+        ("reads (spark.read, spark.readStream)", reading),
+        ("writes (df.write, df.writeStream)", writing),
+    ):
+        if lower in names:
+            return InvalidArgumentError(f"option '{names[lower]}' is for {side} only")
+    choices = [*known, *aliases]
+    close = difflib.get_close_matches(lower, [n.lower() for n in choices], n=1, cutoff=0.6)
+    given = (
+        f"'{name}' (Spark passes option names in lower case)"
+        if lower_cased and name == lower
+        else f"'{name}'"
+    )
+    if close:  # the fix, last: Spark shows this line at the end of a long trace
+        return InvalidArgumentError(
+            f"unknown option {given}; did you mean '{next(n for n in choices if n.lower() == close[0])}'?"
+        )
+    return InvalidArgumentError(
+        f"unknown option {given} (known: {', '.join(sorted(choices, key=str.lower))})"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfR
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
+from .hints import unknown_stream
 from .options import Offsets, SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str,
             if pattern.fullmatch(info.config["name"]) and not info.config["name"].startswith(INTERNAL_PREFIX)
         ]
     else:
-        infos = [connection.describe(name) for name in options.streams]
+        infos = [_described(connection, name) for name in options.streams]
     layout = {info.config["name"]: _states(info) for info in infos}
     for stream, wanted in (options.assigned or {}).items():
         held = layout[stream]
@@ -72,6 +73,13 @@ def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str,
             )
         layout[stream] = {str(p): held[str(p)] for p in wanted}
     return layout
+
+
+def _described(connection: ClusterConnection, stream: str) -> StreamInfo:
+    try:
+        return connection.describe(stream)
+    except UnknownStreamError as exc:
+        raise unknown_stream(connection, exc, stream) from None
 
 
 def _states(info: StreamInfo) -> dict[str, PartitionState]:

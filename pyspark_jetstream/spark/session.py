@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from .source import JetStreamDataSource
@@ -38,5 +39,27 @@ def jetstream_session(
 
 
 def register(spark: SparkSession) -> None:
-    """Register ``format("jetstream")`` on an existing session (e.g. on Databricks)."""
-    spark.dataSource.register(JetStreamDataSource)
+    """Make ``format("jetstream")`` available on an existing session (e.g. on Databricks).
+
+    Spark registers this source by itself where it can: it looks for
+    ``pyspark_*`` packages that expose ``DefaultSource`` (this one does) with
+    the workers' Python.  Registering over that would log "The data source
+    jetstream replaced a statically registered data source" here and again at
+    the start of every streaming query, so the source is registered only
+    where Spark has not found it (the lookup found nothing, or the session is
+    a Spark Connect one, whose server this process cannot ask).
+    """
+    if not _found_by_spark(spark):
+        spark.dataSource.register(JetStreamDataSource)
+
+
+def _found_by_spark(spark: SparkSession) -> bool:
+    """Whether the session already resolves ``format("jetstream")`` (registered or found)."""
+    session = getattr(spark, "_jsparkSession", None)
+    if session is None:  # Spark Connect
+        return False
+    try:
+        manager = session.sessionState().dataSourceManager()
+        return bool(manager.dataSourceExists(JetStreamDataSource.name()))
+    except Py4JError:  # a JVM that does not let Python see its data sources: register to be sure
+        return False

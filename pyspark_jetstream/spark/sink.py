@@ -56,11 +56,12 @@ from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.headers import checked_message_ids, with_message_ids
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 
+from .hints import unknown_stream
 from .options import SinkOptions
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class _Publishing:
             )
             try:
                 self.stream_config = StreamConfig.from_json(broker.describe(options.stream).config)
+            except UnknownStreamError as exc:
+                raise unknown_stream(broker, exc, options.stream, writing=True) from None
             finally:
                 broker.close()
 

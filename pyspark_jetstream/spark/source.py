@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NoReturn
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -37,7 +38,13 @@ from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.flight import ActionType
 
-from .options import Offsets, SourceOptions, parse_sink_options, parse_source_options
+from .options import (
+    Offsets,
+    SourceOptions,
+    check_option_names,
+    parse_sink_options,
+    parse_source_options,
+)
 from .reading import (
     PartitionState,
     RangeSpec,
@@ -71,6 +78,12 @@ def connection(options: SourceOptions) -> ClusterConnection:
 class JetStreamDataSource(DataSource):
     """Streams of a pyspark-jetstream deployment as a Spark source and sink."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Spark makes the data source when the query is planned (load(), save()): a mistyped
+        # option name fails there, before a reader or writer exists.
+        check_option_names(self.options)
+
     @classmethod
     def name(cls) -> str:
         """The format name: ``spark.readStream.format("jetstream")``."""
@@ -86,8 +99,17 @@ class JetStreamDataSource(DataSource):
         return JetStreamBatchReader(parse_source_options(self.options, streaming=False), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """A streaming reader (``spark.readStream.format("jetstream")``)."""
-        return JetStreamStreamReader(parse_source_options(self.options, streaming=True), schema)
+        """A streaming reader (``spark.readStream.format("jetstream")``).
+
+        Never raises: PySpark 4.2's stream-reader runner calls ``stop()`` on
+        the reader it failed to make, so an error here would end the query
+        with its ``UnboundLocalError`` instead of ours.  Options that cannot be
+        used give a reader that raises their error at Spark's first call.
+        """
+        try:
+            return JetStreamStreamReader(parse_source_options(self.options, streaming=True), schema)
+        except Exception as exc:  # noqa: BLE001 -- raised again by the reader's first method
+            return RefusedStreamReader(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer (``df.write.format("jetstream")``); ``mode("append")`` only."""
@@ -302,3 +324,45 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
     def _latest(self) -> Offsets:
         layout = describe(connection(self.options), self.options)
         return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}
+
+
+class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A streaming reader that could not be made: every call Spark makes raises why."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> Offsets:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def reportLatestOffset(self) -> Offsets:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Raises the reader's error."""
+        self._refuse()
+
+    def commit(self, end: Offsets) -> None:
+        """Raises the reader's error."""
+        self._refuse()

@@ -1,4 +1,8 @@
-"""format("jetstream") resolves in a plain Spark session: Spark finds pyspark_jetstream.DefaultSource."""
+"""format("jetstream") resolves in a plain Spark session: Spark finds pyspark_jetstream.DefaultSource.
+
+``register`` leaves that registration alone where Spark made it, and registers
+where it did not.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,21 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
+
+from pyspark_jetstream.spark import JetStreamDataSource, register
+
+
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
 
 
 def test_a_plain_session_finds_the_source_without_registering_it(deployment, client, name):
@@ -21,9 +40,56 @@ def test_a_plain_session_finds_the_source_without_registering_it(deployment, cli
         spark.stop()
         """
     )
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, check=False
-    )
+    result = run_script(script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "VALUES [bytearray(b'found')]" in result.stdout or "VALUES [b'found']" in result.stdout
+
+
+def test_a_jetstream_session_logs_no_replaced_data_source(deployment, client, name, tmp_path):
+    """Registering over Spark's own registration logged "WARN DataSourceManager: The data source
+    jetstream replaced a statically registered data source." when the session was made and again
+    when each streaming query started (issue 23, item 9)."""
+    client.create_stream(name, name)
+    client.publish(name, b"once")
+    checkpoint = tmp_path / "ck"
+    result = run_script(
+        f"""
+        from pyspark_jetstream.spark import jetstream_session, register
+        spark = jetstream_session(master="local[1]")
+        register(spark)  # as a notebook would again: still nothing to replace
+        def reader(r):
+            return r.format("jetstream").option("servers", "{deployment.flight}").option("stream", "{name}")
+        print("BATCH", [bytes(r.value) for r in reader(spark.read).load().collect()])
+        query = (
+            reader(spark.readStream).option("startingOffsets", "earliest").load()
+            .writeStream.format("memory").queryName("copied")
+            .option("checkpointLocation", "{checkpoint}")
+            .trigger(availableNow=True).start()
+        )
+        query.awaitTermination()
+        print("STREAM", [bytes(r.value) for r in spark.table("copied").collect()])
+        spark.stop()
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BATCH [b'once']" in result.stdout and "STREAM [b'once']" in result.stdout
+    assert "DataSourceManager" not in result.stderr, result.stderr[-3000:]
+
+
+def test_register_registers_where_spark_has_not_found_the_source():
+    registered: list[type] = []
+
+    def session(exists: bool | None) -> SimpleNamespace:
+        """A session whose JVM answers ``dataSourceExists`` with ``exists``; none for ``None``."""
+        fields = {}
+        if exists is not None:
+            manager = SimpleNamespace(dataSourceExists=lambda name: exists and name == "jetstream")
+            state = SimpleNamespace(dataSourceManager=lambda: manager)
+            fields["_jsparkSession"] = SimpleNamespace(sessionState=lambda: state)
+        return SimpleNamespace(dataSource=SimpleNamespace(register=registered.append), **fields)
+
+    register(session(None))  # Spark Connect: no JVM session here to ask
+    register(session(False))  # Spark's lookup did not find it
+    assert registered == [JetStreamDataSource, JetStreamDataSource]
+    register(session(True))
+    assert registered == [JetStreamDataSource, JetStreamDataSource]

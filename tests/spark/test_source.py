@@ -301,7 +301,7 @@ def test_kafka_option_names_mean_the_same_here():
     assert sink.stream == "orders"
     with pytest.raises(InvalidArgumentError, match="unknown option 'topics'; did you mean 'topic'?"):
         parse_sink_options({"topics": "orders", "servers": "grpc://127.0.0.1:1"})
-    with pytest.raises(InvalidArgumentError, match="unknown option 'startingOffsets'"):
+    with pytest.raises(InvalidArgumentError, match=r"option 'startingOffsets' is for reads \(spark.read"):
         parse_sink_options(
             {"stream": "orders", "startingOffsets": "earliest", "servers": "grpc://127.0.0.1:1"}
         )
