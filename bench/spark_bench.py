@@ -11,7 +11,17 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
    rows to Parquet, both from the same Parquet input;
 3. Delta: ``readStream.format("jetstream")`` -> ``from_json`` of the orders ->
    ``writeStream.format("delta")`` (AvailableNow, a checkpoint, a new table
-   each run), against the same pipeline reading the same rows from Parquet.
+   each run), against the same pipeline reading the same rows from Parquet;
+4. Kafka as the peer (``bench/kafka_peer.py`` starts a single-node KRaft
+   Kafka 3.9 and stops it by pid): the same rows in a 4-partition stream and
+   a 4-partition topic, read with ``readStream`` (AvailableNow) into ``noop``
+   by each side's source; and batch ``df.write`` of the same rows by each
+   side's sink into a new 4-partition stream or topic per run.  Kafka's
+   producer is tuned (``kafka.linger.ms=5``, ``kafka.batch.size=262144``) and
+   compresses with the streams' codec; its consumer has Spark's defaults.
+   An untimed warm-up (a write and a read of 10,000 rows) runs for each side
+   first, and the sides take turns at going first.  The ratios are ours over
+   Kafka's rows/s: above 1, ours is faster.
 
 The messages are JSON orders of ~250 bytes generated from a fixed seed (the
 same bytes every run), each row different, so that Parquet cannot
@@ -19,8 +29,8 @@ dictionary-encode them away; the stream and the Parquet and Arrow files hold
 the same values.  ``--constant-values`` gives the earlier data instead: the
 same 100 bytes in every message and one timestamp for every Parquet row.
 
-Each figure is the median of 3 runs.  Prints a table; the last line is one
-JSON object.
+Each figure is the median of 3 runs (``--smoke``: 20,000 messages, one
+run).  Prints a table; the last line is one JSON object.
 
     python bench/spark_bench.py [--quick | --smoke] [--compression none|lz4|zstd] [--constant-values]
 """
@@ -48,15 +58,19 @@ from pyspark.sql import functions as sf
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from bench.kafka_peer import KAFKA_VERSION, KafkaAdmin, KafkaBroker, connector_jars
 from bench.sizes import last_line, parser, pick, size_of
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
-from pyspark_jetstream.spark.delta import delta_session
+from pyspark_jetstream.spark.delta import delta_conf, delta_session
 from pyspark_jetstream.spark.reading import BASE_SCHEMA
 
 RUNS = 3
 CHUNK = 10_000
+PEER_PARTITIONS = 4
+KAFKA_PRODUCER = {"kafka.linger.ms": "5", "kafka.batch.size": "262144"}
+"""The peer's tuned producer (kafka-clients 3.9's defaults: linger.ms=0, batch.size=16384)."""
 PUBLISH_BYTES = 1_000_000  # values per published batch at most: framed, under NATS' 1 MiB max_payload
 SEED = 20261124
 CONSTANT_VALUE = b"x" * 100
@@ -204,10 +218,35 @@ def parse_orders(frame: DataFrame) -> DataFrame:
     )
 
 
+def publish(client: SyncClient, stream: str, values: pa.Array, partition: int, chunk: int) -> None:
+    """``values`` into ``stream``'s ``partition``, ``chunk`` at a time."""
+    for start in range(0, len(values), chunk):
+        client.publish_batch(
+            stream, pa.table({"value": values.slice(start, chunk)}), partition=partition, timeout=120
+        )
+
+
 def timed(run: Callable[[], None]) -> float:
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
+
+
+def stream_into(
+    df: DataFrame, sink_format: str, checkpoints: Path, name: str, **options: str
+) -> Callable[[], None]:
+    """A run of ``df`` into ``sink_format`` with Trigger.AvailableNow, a new checkpoint each time."""
+
+    def run() -> None:
+        writer = df.writeStream.format(sink_format).option(
+            "checkpointLocation", str(checkpoints / f"{name}-{time.monotonic_ns()}")
+        )
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+
+    return run
 
 
 def measure(
@@ -222,18 +261,7 @@ def measure(
 ) -> dict[str, float]:
     """Every figure but the ratios, in rows per second: the medians of ``runs`` alternating runs."""
     parquet_schema = spark.read.parquet(str(work / "parquet")).schema
-
-    def stream_into(df: DataFrame, sink_format: str, name: str, **options: str) -> Callable[[], None]:
-        def run() -> None:
-            writer = df.writeStream.format(sink_format).option(
-                "checkpointLocation", str(work / "checkpoints" / f"{name}-{time.monotonic_ns()}")
-            )
-            for key, value in options.items():
-                writer = writer.option(key, value)
-            query = writer.trigger(availableNow=True).start()
-            query.awaitTermination()
-
-        return run
+    checkpoints = work / "checkpoints"
 
     jetstream_source = (
         spark.readStream.format("jetstream")
@@ -247,9 +275,9 @@ def measure(
     results: dict[str, float] = {}
 
     read = {
-        "jetstream": stream_into(jetstream_source, "noop", "read-js"),
-        "arrow_file_source": stream_into(arrow_source, "noop", "read-arrow"),
-        "parquet": stream_into(parquet_source, "noop", "read-parquet"),
+        "jetstream": stream_into(jetstream_source, "noop", checkpoints, "read-js"),
+        "arrow_file_source": stream_into(arrow_source, "noop", checkpoints, "read-arrow"),
+        "parquet": stream_into(parquet_source, "noop", checkpoints, "read-parquet"),
     }
     samples: dict[str, list[float]] = {}
     for _ in range(runs):
@@ -268,6 +296,7 @@ def measure(
                 stream_into(
                     out,
                     "jetstream",
+                    checkpoints,
                     f"write-js-{i}",
                     servers=broker.flight,
                     nats=str(broker.nats_url),
@@ -279,7 +308,7 @@ def measure(
         if stored != n:
             raise SystemExit(f"the sink stored {stored} rows, not {n}")
         write_samples.setdefault("parquet", []).append(
-            timed(stream_into(out, "parquet", f"write-pq-{i}", path=str(work / f"out-{i}")))
+            timed(stream_into(out, "parquet", checkpoints, f"write-pq-{i}", path=str(work / f"out-{i}")))
         )
     results["sink_rows_per_s"] = n / statistics.median(write_samples["jetstream"])
     results["parquet_write_rows_per_s"] = n / statistics.median(write_samples["parquet"])
@@ -294,17 +323,119 @@ def measure(
     warm = str(work / "warm-up")
     spark.read.parquet(str(work / "parquet")).limit(CHUNK).write.parquet(warm)
     warm_source = spark.readStream.schema(parquet_schema).parquet(warm)
-    stream_into(parse_orders(warm_source), "delta", "warm-up", path=str(work / "warm-up-delta"))()
+    stream_into(
+        parse_orders(warm_source), "delta", checkpoints, "warm-up", path=str(work / "warm-up-delta")
+    )()
     delta_samples: dict[str, list[float]] = {}
     for i in range(runs):
         for key, frame in sorted(delta.items(), reverse=i % 2 == 1):
             path = str(work / f"{key}-{i}")
-            run = stream_into(frame, "delta", f"{key}-{i}", path=path)
+            run = stream_into(frame, "delta", checkpoints, f"{key}-{i}", path=path)
             delta_samples.setdefault(key, []).append(timed(run))
             check_delta_table(path, n, constant)
     for key, values in delta_samples.items():
         results[f"{key}_rows_per_s"] = n / statistics.median(values)
     return results
+
+
+def measure_kafka(
+    spark: SparkSession,
+    client: SyncClient,
+    broker: LocalBroker,
+    kafka: KafkaBroker,
+    work: Path,
+    n: int,
+    compression: str,
+    runs: int = RUNS,
+) -> dict[str, float]:
+    """Ours against Kafka, in rows per second: reads of the same rows (the stream ``peer`` and the
+    topic ``peer``, both filled before) and batch writes of them; medians of ``runs`` alternating runs.
+
+    Exits when a write did not store every row.
+    """
+    checkpoints = work / "checkpoints"
+    jetstream = {"servers": broker.flight, "nats": str(broker.nats_url)}
+    producer = {
+        "kafka.bootstrap.servers": kafka.bootstrap,
+        **KAFKA_PRODUCER,
+        "kafka.compression.type": compression,
+    }
+    rows = spark.read.parquet(str(work / "peer"))
+    admin = KafkaAdmin(spark, kafka.bootstrap)
+    try:
+
+        def write_jetstream(frame: DataFrame, stream: str) -> Callable[[], None]:
+            client.create_stream(stream, stream, partitions=PEER_PARTITIONS, compression=compression)
+            return lambda: (
+                frame.write.format("jetstream").mode("append").options(**jetstream, stream=stream).save()
+            )
+
+        def write_kafka(frame: DataFrame, topic: str) -> Callable[[], None]:
+            admin.create_topic(topic, PEER_PARTITIONS)
+            return lambda: frame.write.format("kafka").mode("append").options(**producer, topic=topic).save()
+
+        def check(side: str, name: str, count: int) -> None:
+            if side == "kafka":
+                stored = admin.end_offsets(name)
+            else:
+                stored = sum(p.high_watermark for p in client.describe_stream(name).partitions)
+            if stored != count:
+                raise SystemExit(f"the {side} sink stored {stored} rows in {name}, not {count}")
+
+        def reads(stream: str, name: str) -> dict[str, Callable[[], None]]:
+            ours = (
+                spark.readStream.format("jetstream")
+                .options(**jetstream, stream=stream, startingOffsets="earliest")
+                .load()
+            )
+            theirs = (
+                spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", kafka.bootstrap)
+                .option("subscribe", stream)
+                .option("startingOffsets", "earliest")
+                .load()
+            )
+            return {
+                "jetstream": stream_into(ours, "noop", checkpoints, f"{name}-js"),
+                "kafka": stream_into(theirs, "noop", checkpoints, f"{name}-kafka"),
+            }
+
+        # The same rows as the stream, in the same partitions: Kafka's sink takes a 'partition' column.
+        write_kafka(rows.select("value", "partition"), "peer")()
+        check("kafka", "peer", n)
+        # An untimed warm-up of each side's sink and source (the first Kafka query of a session
+        # loads the connector's code and opens its producers and consumers).
+        warm = rows.limit(CHUNK).select("value", "partition")
+        write_jetstream(warm, "peer-warm-up")()
+        write_kafka(warm, "peer-warm-up")()
+        for side in ("jetstream", "kafka"):
+            check(side, "peer-warm-up", min(CHUNK, n))
+        for run in reads("peer-warm-up", "warm-up").values():
+            run()
+
+        read = reads("peer", "peer-read")
+        out = rows.select("value")
+        samples: dict[str, list[float]] = {}
+        for i in range(runs):
+            first = i % 2 == 1  # the sides take turns at going first
+            writes = {
+                "jetstream": write_jetstream(out, f"peer-out-{i}"),
+                "kafka": write_kafka(out, f"peer-out-{i}"),
+            }
+            for key, run in sorted(read.items(), reverse=first):
+                samples.setdefault(f"{key}_read", []).append(timed(run))
+            for key, run in sorted(writes.items(), reverse=first):
+                samples.setdefault(f"{key}_write", []).append(timed(run))
+                check(key, f"peer-out-{i}", n)
+    finally:
+        admin.close()
+    medians = {key: n / statistics.median(values) for key, values in samples.items()}
+    return {
+        "kafka_peer_jetstream_read_rows_per_s": medians["jetstream_read"],
+        "kafka_read_rows_per_s": medians["kafka_read"],
+        "kafka_peer_jetstream_write_rows_per_s": medians["jetstream_write"],
+        "kafka_write_rows_per_s": medians["kafka_write"],
+    }
 
 
 def check_delta_table(path: str, n: int, constant: bool) -> None:
@@ -356,7 +487,13 @@ def main() -> None:
     runs = pick(size, smoke=1, quick=RUNS, full=RUNS)
     per_partition = n // 2
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
-    spark = delta_session("spark-bench", **{"spark.sql.shuffle.partitions": "2"})
+    # One session for everything: a JVM keeps the class path it started with, so Kafka's
+    # connector goes on spark.jars beside Delta's jars (or beside Spark fetching Delta's).
+    jars = [j for j in delta_conf().get("spark.jars", "").split(",") if j]
+    jars += [str(j) for j in connector_jars()]
+    spark = delta_session(
+        "spark-bench", **{"spark.sql.shuffle.partitions": "2", "spark.jars": ",".join(jars)}
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ArrowFileSource)
     value_bytes = 0
@@ -364,24 +501,37 @@ def main() -> None:
         with (
             LocalBroker(work / "data", log_level="WARNING") as broker,
             SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=120) as client,
+            KafkaBroker(work / "kafka", partitions=PEER_PARTITIONS) as kafka,
         ):
             client.create_stream("bench", "bench", partitions=2, compression=args.compression)
+            client.create_stream("peer", "peer", partitions=PEER_PARTITIONS, compression=args.compression)
             (work / "arrow").mkdir()
             (work / "parquet").mkdir()
+            (work / "peer").mkdir()
+            halves = PEER_PARTITIONS // 2
             for p in range(2):
                 values, timestamps = partition_values(per_partition, p, args.constant_values)
                 lengths = pc.binary_length(values)
                 value_bytes += pc.sum(lengths).as_py()
                 chunk = min(CHUNK, PUBLISH_BYTES // pc.max(lengths).as_py())
-                for start in range(0, per_partition, chunk):
-                    payload = pa.table({"value": values.slice(start, chunk)})
-                    client.publish_batch("bench", payload, partition=p, timeout=120)
+                publish(client, "bench", values, p, chunk)
+                # The Kafka comparison's rows: the same values, each partition's split in two.
+                bounds = [per_partition * h // halves for h in range(halves + 1)]
+                for h in range(halves):
+                    part = values.slice(bounds[h], bounds[h + 1] - bounds[h])
+                    q = p * halves + h
+                    publish(client, "peer", part, q, chunk)
+                    numbers = pa.array(np.full(len(part), q, np.int32))
+                    pq.write_table(
+                        pa.table({"value": part, "partition": numbers}), work / "peer" / f"part-{q}.parquet"
+                    )
                 table = rows_table(values, timestamps, p)
                 arrow_path = str(work / "arrow" / f"part-{p}.arrow")
                 with pa.OSFile(arrow_path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                     writer.write_table(table, max_chunksize=chunk)
                 pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
             results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
+            results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -395,6 +545,12 @@ def main() -> None:
     results["read_ratio_to_parquet"] = results["read_rows_per_s"] / results["parquet_read_rows_per_s"]
     results["sink_ratio_to_parquet"] = results["sink_rows_per_s"] / results["parquet_write_rows_per_s"]
     results["delta_ratio"] = results["delta_rows_per_s"] / results["parquet_delta_rows_per_s"]
+    results["kafka_read_ratio"] = (
+        results["kafka_peer_jetstream_read_rows_per_s"] / results["kafka_read_rows_per_s"]
+    )
+    results["kafka_write_ratio"] = (
+        results["kafka_peer_jetstream_write_rows_per_s"] / results["kafka_write_rows_per_s"]
+    )
     data = f"JSON orders of {mean_bytes:.0f} bytes (mean)"
     if args.constant_values:
         data = "constant 100-byte values"
@@ -428,10 +584,29 @@ def main() -> None:
             results["delta_ratio"],
             "",
         ),
+        ("kafka: readStream jetstream -> noop", results["kafka_peer_jetstream_read_rows_per_s"], None, ""),
+        (
+            "kafka: readStream kafka -> noop",
+            results["kafka_read_rows_per_s"],
+            results["kafka_read_ratio"],
+            "",
+        ),
+        ("kafka: df.write jetstream", results["kafka_peer_jetstream_write_rows_per_s"], None, ""),
+        (
+            "kafka: df.write kafka (tuned producer)",
+            results["kafka_write_rows_per_s"],
+            results["kafka_write_ratio"],
+            "",
+        ),
     ]
     for label, rate, ratio, target in table:
         shown = "" if ratio is None else f"{ratio:.2f}"
         print(f"{label:<48} {rate:>12,.0f} {shown:>7} {target:>7}")
+    producer = ", ".join(f"{k}={v}" for k, v in KAFKA_PRODUCER.items())
+    print(
+        f"kafka: Kafka {KAFKA_VERSION} (KRaft, one node), {PEER_PARTITIONS}-partition stream and topics; "
+        f"Kafka's producer: {producer}, compression.type={args.compression}"
+    )
     print(last_line(results, 3))
 
 

@@ -54,3 +54,9 @@ fi
 if ! .venv/bin/python -m pyspark_jetstream.spark.delta --fetch-jars >/dev/null; then
     echo "bootstrap: the Delta jars were not fetched with Maven; Spark will fetch them from Maven Central"
 fi
+
+# Kafka's broker and Spark's Kafka connector, bench/spark_bench.py's peer, once, into the same
+# cache (subfolders); the benchmark fetches them itself when they are missing, and needs Maven.
+if ! .venv/bin/python -m bench.kafka_peer --fetch-jars >/dev/null; then
+    echo "bootstrap: the Kafka jars were not fetched with Maven; bench/spark_bench.py will try again"
+fi
