@@ -562,7 +562,7 @@ def main() -> None:
             "read: Arrow IPC file, minimal Python source",
             results["arrow_file_source_read_rows_per_s"],
             results["read_ratio_to_arrow_file_source"],
-            ">= 0.8",
+            ">= 0.85",
         ),
         (
             "read: Spark Parquet reader",
@@ -575,7 +575,7 @@ def main() -> None:
             "write: Spark Parquet writer",
             results["parquet_write_rows_per_s"],
             results["sink_ratio_to_parquet"],
-            ">= 0.5",
+            ">= 0.7",
         ),
         ("delta: jetstream -> from_json -> Delta", results["delta_rows_per_s"], None, ""),
         (
@@ -589,14 +589,14 @@ def main() -> None:
             "kafka: readStream kafka -> noop",
             results["kafka_read_rows_per_s"],
             results["kafka_read_ratio"],
-            "",
+            ">= 1.5",
         ),
         ("kafka: df.write jetstream", results["kafka_peer_jetstream_write_rows_per_s"], None, ""),
         (
             "kafka: df.write kafka (tuned producer)",
             results["kafka_write_rows_per_s"],
             results["kafka_write_ratio"],
-            "",
+            ">= 1.5",
         ),
     ]
     for label, rate, ratio, target in table:

@@ -183,10 +183,13 @@ class _Publishing:
         elif config.partitions == 1:
             targets = None
             fixed = 0
-        elif "key" in names:
+        elif "key" in names and payload.column("key").null_count < payload.num_rows:
+            # A keyed row goes where the client sends its key; a row whose key is null goes
+            # where rows without a key column go (the task's partition), as Kafka spreads them.
+            spread = task_partition % config.partitions
             keys = payload.column("key").to_pylist()
             targets = pa.array(
-                [0 if k is None else zlib.crc32(k) % config.partitions for k in keys], pa.int32()
+                [spread if k is None else zlib.crc32(k) % config.partitions for k in keys], pa.int32()
             )
         else:
             targets = None

@@ -6,6 +6,7 @@ import concurrent.futures
 import itertools
 import os
 import time
+import zlib
 
 import pyarrow as pa
 import pytest
@@ -88,6 +89,21 @@ def test_a_message_id_column_becomes_each_rows_nats_msg_id(spark, deployment, cl
         nulls.coalesce(1).write.format("jetstream").mode("append").option(
             "servers", deployment.flight
         ).option("nats", deployment.nats_url).option("stream", name).save()
+
+
+def test_rows_with_a_null_key_spread_as_rows_without_a_key_column(spark, deployment, client, name):
+    client.create_stream(name, name, partitions=2)
+    rows = [(None, v) for v in "abcd"] + [("k", "keyed")]
+    df = spark.createDataFrame(rows, "key string, value string").repartition(2)
+    tasks = df.rdd.glom().map(lambda part: sorted(r["value"] for r in part)).collect()
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "nats", deployment.nats_url
+    ).option("stream", name).save()
+    stored = [sorted(client.fetch(name, p).to_table().column("value").to_pylist()) for p in range(2)]
+    # Task n's null-keyed rows in partition n (n modulo 2), the keyed row where its key hashes.
+    expected = [[v.encode() for v in tasks[p] if v != "keyed"] for p in range(2)]
+    expected[zlib.crc32(b"k") % 2] = sorted([*expected[zlib.crc32(b"k") % 2], b"keyed"])
+    assert stored == expected, (tasks, stored)
 
 
 def test_rows_can_pick_their_subject(spark, deployment, client, name):
