@@ -120,7 +120,7 @@ def _fetched(folder: Path, coordinates: Sequence[str], only: Sequence[str]) -> P
             f"<packaging>pom</packaging><dependencies>{dependencies}</dependencies></project>\n"
         )
         staging = Path(scratch) / "jars"
-        done = subprocess.run(
+        _run(
             [
                 command,
                 "-q",
@@ -130,16 +130,9 @@ def _fetched(folder: Path, coordinates: Sequence[str], only: Sequence[str]) -> P
                 f"-DoutputDirectory={staging}",
                 *([f"-DincludeArtifactIds={','.join(only)}"] if only else []),
             ],
+            f"mvn could not fetch {', '.join(coordinates)}",
             cwd=scratch,
-            capture_output=True,
-            text=True,
-            check=False,
         )
-        if done.returncode != 0:
-            raise KafkaPeerError(
-                f"mvn could not fetch {', '.join(coordinates)} (exit {done.returncode}): "
-                f"{(done.stdout + done.stderr).strip()[-2000:]}"
-            )
         found = {p.name for p in staging.glob("*.jar")}
         missing = [a for a in only if not any(name.startswith(f"{a}-") for name in found)]
         if not found or missing:
@@ -226,7 +219,7 @@ class KafkaBroker:
         ]
         # Kafka's Uuid: 16 bytes in URL-safe base64, unpadded; it may start with '-', hence '--cluster-id='.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        formatted = subprocess.run(
+        _run(
             [
                 *java,
                 "kafka.tools.StorageTool",
@@ -234,15 +227,8 @@ class KafkaBroker:
                 f"--cluster-id={cluster_id}",
                 f"--config={properties}",
             ],
-            capture_output=True,
-            text=True,
-            check=False,
+            "kafka-storage format failed",
         )
-        if formatted.returncode != 0:
-            raise KafkaPeerError(
-                f"kafka-storage format failed (exit {formatted.returncode}): "
-                f"{(formatted.stdout + formatted.stderr).strip()[-2000:]}"
-            )
         # setpriv (util-linux) has the kernel send SIGTERM to the broker when the benchmark dies
         # without running its finally blocks (SIGKILL, e.g. a test's timeout).
         orphan_guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
@@ -345,3 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _run(argv: list[str], failure: str, cwd: str | None = None) -> None:
+    """Run ``argv``; raise :class:`KafkaPeerError` with ``failure`` and the end of its output if it fails."""
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise KafkaPeerError(
+            f"{failure} (exit {done.returncode}): {(done.stdout + done.stderr).strip()[-2000:]}"
+        )

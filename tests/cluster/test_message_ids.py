@@ -15,15 +15,22 @@ from ..broker.harness import wait_until
 from .helpers import caught_up, leader_of
 
 
-def _publish(client, value: bytes, message_id: str, deadline: float = 60):
-    """Publish with ALL acks, retrying what is retriable (a leader change) until ``deadline``."""
+def _retried(call, deadline: float = 60):
+    """``call()``, retried while what it raises is retriable (a leader change) until ``deadline``."""
     stop = time.monotonic() + deadline
     while True:
         try:
-            return client.publish("ids", value, message_id=message_id, ack_policy=AckPolicy.ALL, timeout=2)
+            return call()
         except JetStreamError as exc:
             if not exc.retriable or time.monotonic() > stop:
                 raise
+
+
+def _publish(client, value: bytes, message_id: str):
+    """Publish with ALL acks, retried through a leader change."""
+    return _retried(
+        lambda: client.publish("ids", value, message_id=message_id, ack_policy=AckPolicy.ALL, timeout=2)
+    )
 
 
 def test_a_new_leader_acks_repeats_of_what_its_predecessor_stored(cluster, client):
@@ -65,15 +72,11 @@ async def _js_publish(url: str, message_id: str):
         await nc.close()
 
 
-def _publish_batch(client, values: list[bytes], ids: list[str], deadline: float = 60):
-    stop = time.monotonic() + deadline
+def _publish_batch(client, values: list[bytes], ids: list[str]):
     rows = [{"value": v} for v in values]
-    while True:
-        try:
-            return client.publish_batch("rows", rows, message_ids=ids, ack_policy=AckPolicy.ALL, timeout=2)
-        except JetStreamError as exc:
-            if not exc.retriable or time.monotonic() > stop:
-                raise
+    return _retried(
+        lambda: client.publish_batch("rows", rows, message_ids=ids, ack_policy=AckPolicy.ALL, timeout=2)
+    )
 
 
 def test_a_new_leader_knows_the_ids_of_batch_rows(cluster, client):
