@@ -419,8 +419,7 @@ class PartitionIngest:
                 if not kept:
                     return outcomes
                 records = [records[i] for i in kept]
-                position = {index: n for n, index in enumerate(kept)}
-                ids = [(i, position[index]) for i, index in ids if index in position]
+                ids = _kept_ids(ids, kept)
         try:
             async with self._writing:
                 offsets = await self._append(records, self._bytes_of(records), ids)
@@ -537,8 +536,7 @@ class PartitionIngest:
                 # Every earlier append is done: the partition knows the ids they stored.
                 repeats, first_rows = _repeats(ids, self.partition.message_id_offset)
                 kept = [row for row in range(table.num_rows) if row not in repeats]
-                position = {row: n for n, row in enumerate(kept)}
-                stored_ids = [(i, position[row]) for i, row in ids if row in position]
+                stored_ids = _kept_ids(ids, kept)
                 outcome: range | _Refusal = range(0)
                 if kept:
                     rows = table if len(kept) == table.num_rows else table.take(kept)
@@ -630,6 +628,13 @@ def _ack(stream: str, partition: int, outcome: int | _Refusal, correlation_id: s
         return Ack(stream, partition, outcome, outcome, correlation_id)
     error, message = outcome
     return Ack(stream, partition, -1, -1, correlation_id, error, message)
+
+
+def _kept_ids(ids: MessageIds, kept: Sequence[int]) -> list[tuple[str, int]]:
+    """The message ids of the rows ``kept`` (row numbers, ascending), numbered as those rows are
+    once the others are left out."""
+    position = {row: n for n, row in enumerate(kept)}
+    return [(message_id, position[row]) for message_id, row in ids if row in position]
 
 
 def _repeats(

@@ -258,7 +258,6 @@ class _Unit:
     target: tuple[str, int] | None
     """The batch's stream and partition; ``None``: one row published on its own."""
     released: asyncio.Event = field(default_factory=asyncio.Event)
-    sent: bool = False
     size: int = 0
 
 
@@ -479,7 +478,6 @@ class Harvester:
 
     async def _send(self, unit: _Unit) -> None:
         assert self._client is not None
-        unit.sent = True
         ack_policy = AckPolicy.ALL if self.config.ack_policy == "all" else AckPolicy.LEADER
         table = self.config.table
         try:
