@@ -53,6 +53,7 @@ from pyspark_jetstream.protocol.flight import (
 from pyspark_jetstream.protocol.headers import (
     MSG_ID_HEADER,
     checked_message_ids,
+    message_ids_in,
     validate_message_id,
     with_message_ids,
 )
@@ -639,21 +640,11 @@ class Client:
             partition = 0
         async with self._publishing:
             target = await self._target(stream, None, partition, key_hash, subject)
-            return await self._send(
-                target, ack_policy, timeout, resendable=message_ids is not None, batch=batch, **producer
-            )
+            return await self._send(target, ack_policy, timeout, batch=batch, **producer)
 
     async def _send(
-        self,
-        target: _Target,
-        ack_policy: AckPolicy,
-        timeout: float | None,
-        *,
-        resendable: bool = False,
-        **fields: Any,
+        self, target: _Target, ack_policy: AckPolicy, timeout: float | None, **fields: Any
     ) -> asyncio.Future[Ack] | None:
-        """Publish one envelope; ``resendable``: the broker de-duplicates every message of it
-        (besides what ``fields`` show), so it may be resent to a new leader."""
         subject = target.subject
         wants_ack = ack_policy is not AckPolicy.NONE
         correlation_id = str(next(self._ids)) if wants_ack else ""
@@ -690,8 +681,7 @@ class Client:
             self._sweeper = asyncio.ensure_future(self._sweep())
         elif self._deadlines[0][1] == correlation_id:
             self._sooner.set()
-        resendable = resendable or _deduplicated(fields)
-        if target.stream is not None and target.partition is not None and resendable:
+        if target.stream is not None and target.partition is not None and _deduplicated(fields):
             producer_id = fields.get("producer_id")
             self._resender.track(
                 correlation_id,
@@ -1075,12 +1065,17 @@ class _Target(NamedTuple):
 
 
 def _deduplicated(fields: Mapping[str, Any]) -> bool:
-    """Whether the broker de-duplicates a message of these envelope fields (resending is safe)."""
-    return (
-        fields.get("producer_id") is not None
-        or fields.get("message_id") is not None
-        or any(name == MSG_ID_HEADER for name, _ in fields.get("headers", ()))
-    )
+    """Whether the broker de-duplicates a message of these envelope fields (resending is safe):
+    a producer's sequence, a message id, or a batch whose every row carries one."""
+    if fields.get("producer_id") is not None or fields.get("message_id") is not None:
+        return True
+    batch = fields.get("batch")
+    if batch is None:
+        return any(name == MSG_ID_HEADER for name, _ in fields.get("headers", ()))
+    if "headers" not in batch.schema.names:
+        return False
+    rows, _ = message_ids_in(batch.column("headers"))
+    return len(rows) == batch.num_rows
 
 
 def _producer(producer_id: str | None, epoch: int, sequence: int | None) -> dict[str, Any]:
