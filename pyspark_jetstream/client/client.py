@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-import nats
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -192,23 +191,34 @@ class _NatsErrors:
     def __init__(self) -> None:
         self.last: Exception | None = None
         self.handler: Callable[[Exception], None] | None = None
-        self.final = asyncio.Event()
+        self.final = False
         """Set on an error no later attempt can change: refused credentials, an untrusted certificate."""
 
     async def report(self, error: Exception) -> None:
-        """The callback (a coroutine function, as nats-py requires)."""
+        """The callback (a coroutine function, as nats-py requires).
+
+        While connecting, a final error is raised from here: nats-py awaits this
+        callback inside ``connect``'s own error handling, so ``connect`` ends with
+        it, at once and without being cancelled half-way through a TLS upgrade
+        (which would leave its socket open).
+        """
         if self.handler is None:
             # A final error is kept over what follows it: the server closes the connection after
             # its -ERR, so the next attempt (or this one's write) may only see a reset.
-            if not self.final.is_set():
+            if not self.final:
                 self.last = error
-            if _is_refusal(error) or "certificate verify failed" in str(error).lower():
-                self.final.set()
             logger.debug("NATS, while connecting: %s", str(error) or type(error).__name__)
+            if _is_refusal(error) or "certificate verify failed" in str(error).lower():
+                self.final = True
+                raise _GiveUpError from error
             return
         self.last = error
         self.handler(error)
         await _log_nats_error(error)
+
+
+class _GiveUpError(Exception):
+    """Raised through nats-py's connect to end it on an error no retry can change."""
 
 
 def _is_refusal(error: Exception) -> bool:
@@ -222,35 +232,52 @@ async def _connect_nats(
     """A NATS connection, or the error that prevented it: ``UnauthenticatedError`` as soon as
     the server refuses the credentials, ``UnavailableError`` naming the cause otherwise."""
     errors = errors if errors is not None else _NatsErrors()
+    nc = NatsClient()
     connecting = asyncio.ensure_future(
-        nats.connect(
+        nc.connect(
             servers=urls,
-            connect_timeout=timeout,
+            connect_timeout=timeout,  # type: ignore[arg-type]  # nats-py takes seconds as a float
             max_reconnect_attempts=3,
             error_cb=errors.report,
             **credentials.nats_arguments(),
         )
     )
-    final = asyncio.ensure_future(errors.final.wait())
-    try:
-        # Bounded as a whole: a failed TLS handshake makes nats-py retry without end.
-        await asyncio.wait({connecting, final}, timeout=timeout * 2, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        final.cancel()
-        if not connecting.done():
-            connecting.cancel()
-            await asyncio.wait({connecting})
+    # Bounded as a whole: a failed TLS handshake makes nats-py retry without end.  The
+    # cancellation is the last resort; a refusal ends connect itself (_NatsErrors.report).
+    done, _ = await asyncio.wait({connecting}, timeout=timeout * 2)
+    if not done:
+        connecting.cancel()
+        await asyncio.wait({connecting})
     failure = None if connecting.cancelled() else connecting.exception()
-    if connecting.cancelled() or failure is not None:
-        if errors.last is not None and _is_refusal(errors.last):
-            raise UnauthenticatedError(_refusal_message(urls, credentials)) from None
-        cause = errors.last if errors.last is not None else failure or TimeoutError()
-        raise UnavailableError(
-            f"cannot connect to NATS at {', '.join(urls)}: {str(cause) or type(cause).__name__}"
-            f"{_nats_hint(str(cause))}"
-        ) from None
-    nc: NatsClient = connecting.result()
-    return nc
+    if failure is None and not connecting.cancelled():
+        return nc
+    last = errors.last
+    await _drop_transport(nc)
+    if last is not None and _is_refusal(last):
+        raise UnauthenticatedError(_refusal_message(urls, credentials)) from None
+    cause = last if last is not None else failure or TimeoutError()
+    raise UnavailableError(
+        f"cannot connect to NATS at {', '.join(urls)}: {str(cause) or type(cause).__name__}"
+        f"{_nats_hint(str(cause))}"
+    ) from None
+
+
+async def _drop_transport(nc: NatsClient) -> None:
+    """Close the socket of a connect that failed on its last attempt.
+
+    nats-py closes the sockets of the attempts it retries, not that of the
+    attempt that raised; its ``close()`` would flush to the dead socket first.
+    """
+    transport = nc._transport  # nats-py offers no other way to it
+    if transport is None:
+        return
+    writer = getattr(transport, "_io_writer", None)
+    # A failed TLS upgrade has closed the socket already, and its writer never learns it.
+    closed = writer is None or writer.transport.is_closing()
+    transport.close()
+    if not closed:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(transport.wait_closed(), 1.0)
 
 
 def _refusal_message(urls: list[str], credentials: Credentials) -> str:
