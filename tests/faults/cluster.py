@@ -19,17 +19,22 @@ import random
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.local import LocalBroker, LocalCluster
 
 
 class Proxy:
-    """A TCP proxy from a local port to ``target``, that can be cut and healed."""
+    """A TCP proxy from a local port to ``target``, that can be cut and healed.
 
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
+    ``target`` gives the port to connect to, asked at each connection: a broker
+    binds a new Flight port each time it starts (port 0), so no port is picked
+    ahead and lost to another process in between.
+    """
+
+    def __init__(self, target: Callable[[], int]) -> None:
+        self.target = target
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._cut = threading.Event()
@@ -67,7 +72,7 @@ class Proxy:
                 client.close()
                 continue
             try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                upstream = socket.create_connection(("127.0.0.1", self.target()), timeout=5)
             except OSError:
                 client.close()
                 continue
@@ -98,7 +103,6 @@ class FaultCluster(LocalCluster):
     def __init__(self, brokers: int = 3, **options: object) -> None:
         super().__init__(brokers, **options)  # type: ignore[arg-type]
         self.ids = [f"broker-{n}" for n in range(1, brokers + 1)]
-        self.flight_ports = {b: free_port() for b in self.ids}
         self.proxies: dict[tuple[str, str], Proxy] = {}
 
     def start(self) -> FaultCluster:
@@ -107,7 +111,7 @@ class FaultCluster(LocalCluster):
         for source in self.ids:
             for target in self.ids:
                 if source != target:
-                    self.proxies[(source, target)] = Proxy(self.flight_ports[target])
+                    self.proxies[(source, target)] = Proxy(self._flight_port_of(target))
         common = (
             f'[zookeeper]\nhosts = "{self.zookeeper.hosts}"\nchroot = "{self.chroot}"\n'
             f"session_timeout = {self.session_timeout}\ncursor_replication_factor = {self._factor}\n"
@@ -123,7 +127,6 @@ class FaultCluster(LocalCluster):
                     self.base_dir / broker_id,
                     nats_url=self.nats.url,
                     broker_id=broker_id,
-                    flight_port=self.flight_ports[broker_id],
                     extra_config=common + self.extra_config + f"[replication.peer_addresses]\n{peers}",
                     log_level=self.log_level,
                     maintenance_interval=self.maintenance_interval,
@@ -132,6 +135,15 @@ class FaultCluster(LocalCluster):
         for broker in self.brokers:
             broker.start()
         return self
+
+    def _flight_port_of(self, broker_id: str) -> Callable[[], int]:
+        """The Flight port ``broker_id`` bound when it last started (0, refused, before that)."""
+
+        def port() -> int:
+            address = self.broker(broker_id).flight
+            return int(address.rsplit(":", 1)[1]) if address else 0
+
+        return port
 
     def isolate(self, broker_id: str) -> None:
         """Cut every link between ``broker_id`` and the other brokers (both ways)."""
