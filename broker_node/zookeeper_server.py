@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -58,10 +59,33 @@ class ZooKeeperError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now."""
+    """A TCP port that is free right now, for a server that is started (and restarted) on it.
+
+    Chosen below the kernel's ephemeral range when it can be: a port from that
+    range (what binding port 0 gives) may be taken in between by any outgoing
+    connection's local end, and a server restarted on it then fails with
+    "Address already in use".
+    """
+    low = _ephemeral_low()
+    for _ in range(50):
+        port = random.randrange(10_000, low) if low > 10_000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (0 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
