@@ -15,6 +15,7 @@ error's message -- never the request's body nor any data.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -48,7 +49,13 @@ from pyspark_jetstream.protocol.flight import (
     response_metadata,
     validate_body_int,
 )
-from pyspark_jetstream.protocol.replica import FETCH_SCHEMA, ReplicaFetch, fetch_metadata
+from pyspark_jetstream.protocol.replica import (
+    FETCH_SCHEMA,
+    ReplicaFetch,
+    fetch_metadata,
+    parse_stream_ack,
+    stream_message_metadata,
+)
 from pyspark_jetstream.protocol.replica import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig, shown
@@ -207,6 +214,7 @@ class FlightApi(flight.FlightServerBase):
         self.waiting_readers = 0
         """Follow reads open and long-polling reads waiting now (see ``max_waiting_readers``)."""
         self._counts_lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def _principal(self, context: flight.ServerCallContext) -> str:
         presented = context.get_middleware(MIDDLEWARE_KEY)
@@ -249,15 +257,8 @@ class FlightApi(flight.FlightServerBase):
 
     def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
         frames, offsets = self.broker.replica_fetch(request)
-        table = pa.table(
-            {
-                "base_offset": pa.array([f.base_offset for f in frames], pa.int64()),
-                "last_offset": pa.array([f.last_offset for f in frames], pa.int64()),
-                "leader_epoch": pa.array([f.leader_epoch for f in frames], pa.int32()),
-                "frame": large_binary_of([f.data for f in frames]),
-            },
-            schema=FETCH_SCHEMA.with_metadata(fetch_metadata(**offsets)),
-        )
+        batch = _fetch_batch(frames)
+        table = pa.Table.from_batches([batch]).replace_schema_metadata(fetch_metadata(**offsets))
         return flight.RecordBatchStream(table)
 
     def _read(
@@ -433,8 +434,53 @@ class FlightApi(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """Refused, as :meth:`do_put`."""
-        _guard(_not_over_flight("do_exchange"), self._counted("do_exchange"), _Call("do_exchange"))
+        """A follower's replication stream (see :mod:`pyspark_jetstream.protocol.replica`);
+        anything else is refused, as :meth:`do_put`."""
+        call = _Call("do_exchange")
+
+        def exchange() -> None:
+            command = descriptor.command if descriptor.descriptor_type == flight.DescriptorType.CMD else b""
+            fetch = parse_replica_ticket(command or b"")
+            if fetch is None:
+                _not_over_flight("do_exchange")()
+                return
+            call.about("replica_stream", fetch.stream, fetch.partition)
+            self.access.check_cluster(self._principal(context), "replicate")
+            self._replica_stream(fetch, context, reader, writer)
+
+        def outcome(code: str) -> None:
+            self._counted(call.kind)(code)
+
+        _guard(exchange, outcome, call)
+
+    def _replica_stream(
+        self,
+        request: ReplicaFetch,
+        context: flight.ServerCallContext,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        """Turn by turn: what follows the acknowledged offset (or a heartbeat after
+        ``max_wait``), then the follower's acknowledgement, checked as a fetch."""
+        writer.begin(FETCH_SCHEMA)
+        while not self._stopping.is_set() and not context.is_cancelled():
+            frames, offsets = self.broker.replica_fetch(request)
+            try:
+                writer.write_with_metadata(
+                    _fetch_batch(frames), pa.py_buffer(stream_message_metadata(**offsets))
+                )
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return  # the follower ended this stream; it opens another
+            except flight.FlightError as exc:  # the follower went away (stopped, crashed, timed out)
+                logger.debug("replication stream of %s ended: %s", request.replica, exc)
+                return
+            request = dataclasses.replace(request, fetch_offset=parse_stream_ack(chunk.app_metadata))
+
+    def shutdown(self) -> None:
+        """Stop serving: replication streams end at their next turn, then the server stops."""
+        self._stopping.set()
+        super().shutdown()
 
     # ---- metadata ----------------------------------------------------------------
 
@@ -576,6 +622,19 @@ class FlightApi(flight.FlightServerBase):
                 f"cannot create stream {name!r}: the cluster holds {len(names)} streams, its limit "
                 f"([security] max_streams) is {self.max_streams}"
             )
+
+
+def _fetch_batch(frames: list[ReplicaFrame]) -> pa.RecordBatch:
+    """Stored frames as one batch of the replication wire's ``FETCH_SCHEMA``."""
+    return pa.record_batch(
+        [
+            pa.array([f.base_offset for f in frames], pa.int64()),
+            pa.array([f.last_offset for f in frames], pa.int64()),
+            pa.array([f.leader_epoch for f in frames], pa.int32()),
+            large_binary_of([f.data for f in frames]),
+        ],
+        schema=FETCH_SCHEMA,
+    )
 
 
 def _not_over_flight(method: str) -> Callable[[], None]:

@@ -2,9 +2,14 @@
 
 It first truncates the follower's log where it may differ from the leader's
 (:mod:`.truncation`: the leader says where the follower's latest epoch ends),
-then fetches in a loop from its log end offset (see
-:mod:`pyspark_jetstream.protocol.replica`), appends what it gets byte for byte
-and takes the leader's high watermark.  A fetch offset below the leader's log
+then keeps a replication stream open to the leader (a Flight ``do_exchange``,
+see :mod:`pyspark_jetstream.protocol.replica`): the leader pushes what it
+appends, the fetcher appends it byte for byte, takes the leader's high
+watermark and acknowledges its new log end offset on the same stream, which
+is what lets the leader commit.  One stream lasts ``STREAM_SECONDS`` and the
+next starts from the log end offset, so a stream never outlives a change of
+role for long.  A leader that does not offer the stream is fetched from
+instead, one Flight ``do_get`` per round trip.  A fetch offset below the leader's log
 start (retention moved on) starts the follower over there; one past the
 leader's log end means the logs diverged again, and truncation runs again.
 
@@ -18,6 +23,7 @@ manager stops the fetcher when leadership moves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -31,9 +37,19 @@ from pyarrow import flight
 from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
 from broker_node.log.frames import decode
 from broker_node.log.labels import Labels
-from pyspark_jetstream.protocol.errors import JetStreamError, OffsetOutOfRangeError, UnavailableError
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    OffsetOutOfRangeError,
+    UnavailableError,
+)
 from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
-from pyspark_jetstream.protocol.replica import ReplicaFetch, parse_fetch_metadata
+from pyspark_jetstream.protocol.replica import (
+    ReplicaFetch,
+    parse_fetch_metadata,
+    parse_stream_message_metadata,
+    stream_ack,
+)
 
 from .partition import Partition
 from .truncation import truncation_offset
@@ -44,6 +60,8 @@ BACKOFF = (0.05, 2.0)
 """First and longest pause (seconds) between failed attempts."""
 REPAIR_EVERY = 5.0
 """Seconds between attempts to repair damaged batches from the leader."""
+STREAM_SECONDS = REPAIR_EVERY
+"""How long one replication stream lasts before the follower opens the next."""
 
 
 class Fetcher:
@@ -76,6 +94,9 @@ class Fetcher:
             target=self._run, name=f"fetch-{partition.stream}-{partition.number}", daemon=True
         )
         self.fetches = 0
+        """Batches of frames (or heartbeats) received from the leader."""
+        self.streaming = True
+        """Whether the leader offers the replication stream (else: one fetch per round trip)."""
         self.last_error: str | None = None
         self._fields = Labels(partition.stream, partition.number).fields
         """``extra`` of its log lines: stream and partition as fields."""
@@ -162,21 +183,67 @@ class Fetcher:
         self.partition.truncate_to(cut, self.leader_epoch)
 
     def _fetch(self) -> None:
+        if self.streaming:
+            self._stream()
+        else:
+            self._fetch_once()
+
+    def _request(self, fetch_offset: int, max_wait: float) -> ReplicaFetch:
         partition = self.partition
-        request = ReplicaFetch(
+        return ReplicaFetch(
             partition.stream,
             partition.number,
             partition.broker_id,
-            partition.log.log_end_offset,
+            fetch_offset,
             self.leader_epoch,
             self._max_bytes,
-            self._max_wait,
+            max_wait,
         )
-        table = self._do_get(request)
+
+    def _fetch_once(self) -> None:
+        table = self._do_get(self._request(self.partition.log.log_end_offset, self._max_wait))
         offsets = parse_fetch_metadata(table.schema.metadata)
         frames = [frame.as_buffer() for frame in _frames(table)]
-        partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
+        self.partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
         self.fetches += 1
+
+    def _stream(self) -> None:
+        """One replication stream, for ``STREAM_SECONDS`` or until stopped (see the module docstring)."""
+        partition = self.partition
+        request = self._request(partition.log.log_end_offset, self._max_wait)
+        client = self._connect()
+        # The deadline also ends the leader's side of a stream whose follower froze.
+        options = flight.FlightCallOptions(timeout=STREAM_SECONDS + self._max_wait + 10)
+        descriptor = flight.FlightDescriptor.for_command(request.to_ticket())
+        ends = time.monotonic() + STREAM_SECONDS
+        try:
+            writer, reader = client.do_exchange(descriptor, options)
+        except flight.FlightError as exc:
+            raise _error(exc, self._address) from None
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return  # the leader ended the stream (it is stopping): open the next one
+                offsets = parse_stream_message_metadata(chunk.app_metadata)
+                frames = [frame.as_buffer() for frame in chunk.data.column("frame")] if chunk.data else []
+                partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
+                self.fetches += 1
+                if self._stopped.is_set() or time.monotonic() >= ends:
+                    writer.done_writing()
+                    return
+                writer.write_metadata(pa.py_buffer(stream_ack(partition.log.log_end_offset)))
+        except flight.FlightError as exc:
+            error = _error(exc, self._address)
+            if isinstance(error, InvalidArgumentError) and "do_exchange is not supported" in str(error):
+                logger.info("%s: the leader offers no replication stream; fetching instead", self)
+                self.streaming = False
+                return
+            raise error from None
+        finally:
+            with contextlib.suppress(flight.FlightError, OSError):
+                writer.close()
 
     def _out_of_range(self, exc: OffsetOutOfRangeError) -> bool:
         """Return whether the log is still truncated correctly after handling ``exc``."""
@@ -194,15 +261,7 @@ class Fetcher:
     def _repair(self) -> None:
         log = self.partition.log
         for damaged in log.damaged:
-            request = ReplicaFetch(
-                self.partition.stream,
-                self.partition.number,
-                self.partition.broker_id,
-                damaged.first_offset,
-                self.leader_epoch,
-                self._max_bytes,
-                0.0,
-            )
+            request = self._request(damaged.first_offset, 0.0)
             first, last = damaged.first_offset, damaged.last_offset
             try:
                 table = self._do_get(request)

@@ -47,6 +47,8 @@ from .settings import ReplicationConfig
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+APPLY_WAIT = 30.0
+"""Seconds ``close`` waits for an apply under way (one stuck on the coordinator is not waited out)."""
 
 
 class ReplicaManager:
@@ -175,6 +177,8 @@ class ReplicaManager:
     def apply(self) -> None:
         """Make the partitions held here fit the coordinator's metadata (see the module docstring)."""
         with self._apply_lock:
+            if self._stopped.is_set():
+                return  # closing: a partition opened now would race its own closing
             streams = self.coordinator.list_streams()
             wanted = {
                 (m.config.name, n): (m, state)
@@ -435,9 +439,16 @@ class ReplicaManager:
         """
         self._stopped.set()
         self._isr_requests.put(None)
-        with self._lock:
-            fetchers, self._fetchers = list(self._fetchers.values()), {}
-            partitions, self._partitions = list(self._partitions.values()), {}
+        # An apply under way finishes first (later ones do nothing), so none reopens a
+        # partition being closed here (bounded: one stuck on the coordinator is not waited for).
+        applying = self._apply_lock.acquire(timeout=APPLY_WAIT)
+        try:
+            with self._lock:
+                fetchers, self._fetchers = list(self._fetchers.values()), {}
+                partitions, self._partitions = list(self._partitions.values()), {}
+        finally:
+            if applying:
+                self._apply_lock.release()
         for fetcher in fetchers:
             fetcher.stop()
         for partition in partitions:

@@ -24,6 +24,28 @@ Errors are Flight errors as everywhere (see :mod:`.flight`); an
 The follower asks where its latest epoch ends on the leader with the action
 ``offsets_for_leader_epoch`` (body ``{"stream", "partition", "epoch"}``,
 result ``{"epoch", "end_offset"}``, Kafka's OffsetsForLeaderEpoch).
+
+The replication stream (what an in-sync follower uses; the fetch above stays
+for repairs and for leaders that do not offer the stream) is one long-lived
+Flight ``do_exchange`` per followed partition, opened with a command
+descriptor whose bytes are a fetch ticket as above (``fetch_offset`` where the
+stream starts, ``max_wait`` the longest pause between two messages of the
+leader).  Then, turn by turn:
+
+- the leader sends one record batch of :data:`FETCH_SCHEMA` (what follows the
+  offset last acknowledged, up to ``max_bytes``; no rows if nothing came
+  within ``max_wait``: a heartbeat) with its offsets in the message's
+  ``app_metadata`` as JSON: ``{"high_watermark": .., "log_start_offset": ..,
+  "log_end_offset": .., "leader_epoch": ..}``;
+- the follower appends the frames and answers with a metadata-only message,
+  ``{"fetch_offset": N}``: its new log end offset, acknowledging everything
+  before it, exactly as the next fetch's ``fetch_offset`` would.
+
+Each acknowledgement is checked as a fetch would be (leader epoch, offset
+range), so a stream of an earlier leadership is refused with ``not_leader``
+and ends; the follower ends a stream by closing its side after an
+acknowledgement and opens a new one (it does so every few seconds, so a
+stream never outlives a change it should see).
 """
 
 from __future__ import annotations
@@ -126,3 +148,44 @@ def parse_fetch_metadata(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
         return {key: int((metadata or {})[(_PREFIX + key).encode()]) for key in RESPONSE_KEYS}
     except (KeyError, ValueError) as exc:
         raise InvalidArgumentError(f"a replica fetch answer lacks its offsets: {exc}") from None
+
+
+def stream_message_metadata(**offsets: int) -> bytes:
+    """The ``app_metadata`` of a leader's message on the replication stream."""
+    return json.dumps({k: offsets[k] for k in RESPONSE_KEYS}, separators=(",", ":")).encode()
+
+
+def parse_stream_message_metadata(metadata: pa.Buffer | bytes | None) -> dict[str, int]:
+    """Offsets of a leader's message on the replication stream; every key of :data:`RESPONSE_KEYS`."""
+    data = decode_json_object(_bytes(metadata), "replication stream message")
+    if set(data) != set(RESPONSE_KEYS) or not all(_is_int(data[k]) for k in RESPONSE_KEYS):
+        raise InvalidArgumentError(
+            f"a replication stream message needs exactly the integer fields {list(RESPONSE_KEYS)}, "
+            f"got {shown(data)}"
+        )
+    return {k: int(data[k]) for k in RESPONSE_KEYS}
+
+
+def stream_ack(fetch_offset: int) -> bytes:
+    """A follower's acknowledgement on the replication stream: its log end offset."""
+    return b'{"fetch_offset":%d}' % fetch_offset
+
+
+def parse_stream_ack(metadata: pa.Buffer | bytes | None) -> int:
+    """The log end offset a follower acknowledged (``InvalidArgumentError`` naming what is wrong)."""
+    data = decode_json_object(_bytes(metadata), "replication stream acknowledgement")
+    if set(data) != {"fetch_offset"}:
+        raise InvalidArgumentError(
+            f"a replication stream acknowledgement needs exactly the field fetch_offset, got {shown(data)}"
+        )
+    return validate_offset("fetch_offset", data["fetch_offset"])
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bytes(metadata: pa.Buffer | bytes | None) -> bytes:
+    if metadata is None:
+        return b""
+    return metadata.to_pybytes() if isinstance(metadata, pa.Buffer) else bytes(metadata)

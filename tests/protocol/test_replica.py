@@ -1,0 +1,73 @@
+"""The replication wire's pure parts: the stream's messages and acknowledgements."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.replica import (
+    RESPONSE_KEYS,
+    ReplicaFetch,
+    parse_stream_ack,
+    parse_stream_message_metadata,
+    parse_ticket,
+    stream_ack,
+    stream_message_metadata,
+)
+
+offsets = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@given(offset=offsets)
+def test_an_acknowledgement_round_trips(offset):
+    assert parse_stream_ack(stream_ack(offset)) == offset
+    assert parse_stream_ack(pa.py_buffer(stream_ack(offset))) == offset
+
+
+@given(values=st.tuples(offsets, offsets, offsets, st.integers(0, 2**31 - 1)))
+def test_a_leaders_message_metadata_round_trips(values):
+    sent = dict(zip(RESPONSE_KEYS, values, strict=True))
+    assert parse_stream_message_metadata(pa.py_buffer(stream_message_metadata(**sent))) == sent
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        None,
+        b"",
+        b"[]",
+        b"{",
+        b'{"fetch_offset":-1}',
+        b'{"fetch_offset":"7"}',
+        b'{"fetch_offset":true}',
+        b'{"fetch_offset":1,"more":2}',
+        b'{"offset":1}',
+        b'{"fetch_offset":9223372036854775808}',
+    ],
+)
+def test_a_bad_acknowledgement_is_refused_naming_what_is_wrong(metadata):
+    with pytest.raises(InvalidArgumentError, match="fetch_offset|acknowledgement|JSON"):
+        parse_stream_ack(metadata)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        None,
+        b"{}",
+        b'{"high_watermark":1}',
+        b'{"high_watermark":1,"log_start_offset":0,"log_end_offset":1,"leader_epoch":"1"}',
+        b'{"high_watermark":1,"log_start_offset":0,"log_end_offset":1,"leader_epoch":1,"x":0}',
+    ],
+)
+def test_a_bad_leader_message_is_refused(metadata):
+    with pytest.raises(InvalidArgumentError):
+        parse_stream_message_metadata(metadata)
+
+
+def test_the_stream_opens_with_a_fetch_ticket():
+    fetch = ReplicaFetch("orders", 2, "broker-2", 10, 3, 1024, 0.5)
+    assert parse_ticket(fetch.to_ticket()) == fetch

@@ -1,0 +1,161 @@
+"""The replication stream between a leader's Flight server and a follower's fetcher, in one process.
+
+A real leader partition behind the real ``FlightApi``, a real follower
+partition and its ``Fetcher``; only the broker around the leader is a small
+view serving ``replica_fetch`` as the broker's service does (the cluster tests
+run the whole broker).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from pyarrow import flight
+
+from broker_node.api.server import FlightApi
+from broker_node.coordination.base import PartitionState
+from broker_node.log import Log, ReplicaFrame
+from broker_node.replication.fetcher import Fetcher
+from broker_node.replication.partition import Partition
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
+from pyspark_jetstream.protocol.replica import ReplicaFetch
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from ..log.helpers import values
+
+CONFIG = StreamConfig(name="orders", subject="orders", replication_factor=2, min_insync_replicas=2)
+STATE = PartitionState("a", ("a", "b"), ("a", "b"), 1, version=1)
+
+
+class LeaderView:
+    """The part of the broker the server calls for replication: fetches checked as the service does."""
+
+    def __init__(self, leader: Partition) -> None:
+        self.leader = leader
+        self.fetches = 0
+
+    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
+        self.fetches += 1
+        if request.leader_epoch != self.leader.state.leader_epoch:
+            raise NotLeaderError(f"epoch {request.leader_epoch} is not this leader's")
+        self.leader.record_fetch(request.replica, request.fetch_offset)
+        log = self.leader.log
+        if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
+            log.wait_for_end(request.fetch_offset, request.max_wait)
+        frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
+        return frames, {
+            "high_watermark": self.leader.high_watermark,
+            "log_start_offset": log.log_start_offset,
+            "log_end_offset": log.log_end_offset,
+            "leader_epoch": self.leader.state.leader_epoch,
+        }
+
+
+class OlderLeaderApi(FlightApi):
+    """A leader from before the stream: it refuses ``do_exchange`` as every Flight write."""
+
+    def do_exchange(self, context, descriptor, reader, writer):  # type: ignore[no-untyped-def]
+        raise flight.FlightServerError(
+            f"[invalid_argument] {InvalidArgumentError('Flight do_exchange is not supported: ...')}"
+        )
+
+
+@pytest.fixture
+def pair(tmp_path) -> Iterator[Callable[[type[FlightApi]], tuple[Partition, Partition, FlightApi, Fetcher]]]:
+    opened: list[object] = []
+
+    def start(api_class: type[FlightApi] = FlightApi) -> tuple[Partition, Partition, FlightApi, Fetcher]:
+        leader = Partition(CONFIG, 0, Log.open(tmp_path / "a"), "a", STATE)
+        leader.become_leader(STATE)
+        follower = Partition(CONFIG, 0, Log.open(tmp_path / "b"), "b", STATE)
+        follower.become_follower(STATE)
+        api = api_class("grpc://127.0.0.1:0", LeaderView(leader))  # type: ignore[arg-type]
+        address = f"grpc://127.0.0.1:{api.port}"
+        fetcher = Fetcher(follower, "a", 1, lambda _: address, max_wait=0.2)
+        opened.extend([fetcher, api, leader, follower])
+        fetcher.start()
+        return leader, follower, api, fetcher
+
+    yield start
+    for thing in opened:
+        if isinstance(thing, Fetcher):
+            thing.stop()
+        elif isinstance(thing, FlightApi):
+            thing.shutdown()
+        elif isinstance(thing, Partition):
+            thing.close()
+
+
+def commit(leader: Partition, records: int, timeout: float = 20.0) -> float:
+    """Append ``records`` as leader and wait for their commit; return the seconds it took."""
+    done = threading.Event()
+    started = time.monotonic()
+    offsets = leader.append(values(records))
+    leader.when_committed(offsets[-1], lambda error: done.set() if error is None else None)
+    assert done.wait(timeout), f"offsets up to {offsets[-1]} not committed within {timeout}s"
+    return time.monotonic() - started
+
+
+def test_a_follower_replicates_over_one_stream_and_its_acknowledgements_commit(pair):
+    leader, follower, api, fetcher = pair()
+    for _ in range(20):
+        commit(leader, 3)
+    assert follower.log.log_end_offset == leader.log.log_end_offset == 60
+    assert [f.data.to_pybytes() for f in follower.log.read_frames(0)] == [
+        f.data.to_pybytes() for f in leader.log.read_frames(0)
+    ]
+    assert fetcher.streaming
+    # Every round trip was a turn of the stream: no fetch call at all.
+    assert not [kind for kind, _ in api.requests if kind == "replica_fetch"]
+
+
+def test_the_leader_pushes_heartbeats_so_an_idle_follower_stays_caught_up(pair):
+    leader, _, _, fetcher = pair()
+    commit(leader, 1)
+    before = fetcher.fetches
+    deadline = time.monotonic() + 10
+    while fetcher.fetches < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fetcher.fetches >= before + 3  # heartbeats every max_wait (0.2 s)
+    assert leader.lagging_replicas(max_lag=1.0) is None
+
+
+def test_a_leader_without_the_stream_is_fetched_from(pair):
+    leader, follower, api, fetcher = pair(OlderLeaderApi)
+    commit(leader, 5)
+    commit(leader, 5)
+    assert follower.log.log_end_offset == 10
+    assert not fetcher.streaming
+    assert api.requests[("replica_fetch", "ok")] >= 2
+
+
+def test_a_stream_of_an_earlier_leadership_is_refused(pair):
+    leader, follower, _, fetcher = pair()
+    commit(leader, 2)
+    newer = PartitionState("a", ("a", "b"), ("a", "b"), 2, version=2)
+    leader.become_leader(newer)
+    leader.append(values(2))
+    deadline = time.monotonic() + 10
+    while "not this leader's" not in (fetcher.last_error or "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "not this leader's" in (fetcher.last_error or "")
+    # Whatever the old stream carried, its acknowledgements no longer count: nothing of
+    # epoch 2 is committed until the follower fetches in epoch 2.
+    assert follower.log.log_end_offset >= 2
+    assert leader.high_watermark == 2
+
+
+def test_shutting_the_leader_down_ends_its_open_streams(pair):
+    leader, _, api, fetcher = pair()
+    commit(leader, 1)
+    stopped = threading.Thread(target=api.shutdown)
+    started = time.monotonic()
+    stopped.start()
+    stopped.join(10)
+    assert not stopped.is_alive(), "shutdown waited on an open replication stream"
+    # At its next turn (a heartbeat every 0.2 s), not when the follower renews it (every 5 s).
+    assert time.monotonic() - started < 2.5
+    fetcher.stop()
