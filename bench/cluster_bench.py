@@ -246,21 +246,21 @@ def main() -> None:
             r["rf3_single_publish_msgs_per_s"],
             r["js_r3_single_publish_msgs_per_s"],
             r["rf3_single_publish_ratio_to_js_r3"],
-            ">= 1.0",
+            ">= 1.2",
         ),
         (
             "batch publish, RF3 ALL vs our RF1 LEADER (rows/s)",
             r["rf3_batch_rows_per_s"],
             r["rf1_batch_rows_per_s"],
             r["rf3_batch_ratio_to_rf1"],
-            ">= 0.5",
+            ">= 0.6",
         ),
         (
             "failover: kill to next ack (s)",
             r["failover_s"],
             r["js_r3_failover_s"],
             r["failover_ratio_to_js_r3"],
-            "<= 1.0",
+            "<= 0.7",
         ),
         (
             "latency p50 at 1,000 msg/s (ms)",
@@ -274,7 +274,7 @@ def main() -> None:
             r["rf3_p99_latency_ms"],
             r["js_r3_p99_latency_ms"],
             r["rf3_p99_latency_ratio_to_js_r3"],
-            "",
+            "<= 1.5",
         ),
     ]
     print(f"ZooKeeper session timeout: {r['session_timeout_s']:g} s")
