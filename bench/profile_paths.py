@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/profile_paths.py sync [--seconds 12]   # one awaited publish at a time
     .venv/bin/python bench/profile_paths.py tail [--seconds 9]    # live tail at 1,000 msg/s
+    .venv/bin/python bench/profile_paths.py rf3 [--seconds 9]     # the same on an RF3 stream of 3 brokers
 
-Starts nats-server and one broker, runs the path, records both processes with
+Starts nats-server and one broker (``rf3``: ZooKeeper and three brokers, the
+partition's leader and followers recorded apart), runs the path, records them with
 ``py-spy record --nonblocking -f raw`` (py-spy must be installed: ``pip install
 py-spy``), and prints each process's top functions by own and inclusive
 samples.  The raw files stay in the printed directory for flame graphs.  The
@@ -31,7 +33,7 @@ from broker_bench import _percentile, tail_latencies
 
 from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import Client
-from pyspark_jetstream.local import LocalBroker
+from pyspark_jetstream.local import LocalBroker, LocalCluster
 
 
 def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
@@ -60,7 +62,35 @@ def top(raw: Path, n: int = 20) -> str:
     return "\n".join(lines)
 
 
+async def run_rf3(seconds: float, out: Path) -> str:
+    """The live tail at 1,000 msg/s on an RF3 stream: what commits a message, leader and followers."""
+    cluster = LocalCluster(3, base_dir=out / "cluster", log_level="WARNING").start()
+    client = await Client.connect(nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=60)
+    nc = await nats.connect(cluster.nats_url)
+    try:
+        await client.create_stream("l", "bench.l", replication_factor=3, min_insync_replicas=2)
+        state = (await client.describe_stream("l")).partitions[0]
+        roles = {state.leader: "leader"} | {
+            r: f"follower{n}" for n, r in enumerate(x for x in state.replicas if x != state.leader)
+        }
+        spies = []
+        for broker_id, role in roles.items():
+            process = cluster.broker(broker_id).process
+            assert process is not None
+            spies.append(record(process.pid, seconds, out / f"{role}_rf3.txt"))
+        latencies = await tail_latencies(client, nc, "l", seconds - 1)
+        for spy in spies:
+            spy.wait()
+    finally:
+        await nc.close()
+        await client.close()
+        cluster.stop()
+    return f"RF3 live tail p50 {statistics.median(latencies):.3f} ms, p99 {_percentile(latencies, 0.99):.3f} ms"
+
+
 async def run(path: str, seconds: float, out: Path) -> str:
+    if path == "rf3":
+        return await run_rf3(seconds, out)
     server = NatsServer(jetstream=True, store_dir=out / "jetstream").start()
     broker = LocalBroker(out / "data", nats_url=server.url, log_level="WARNING").start()
     assert broker.process is not None
@@ -97,12 +127,13 @@ async def run(path: str, seconds: float, out: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", choices=("sync", "tail"))
+    parser.add_argument("path", choices=("sync", "tail", "rf3"))
     parser.add_argument("--seconds", type=float, default=12.0)
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="profile-"))
     print(asyncio.run(run(args.path, args.seconds, out)))
-    for side in ("broker", "client"):
+    sides = ("leader", "follower0", "follower1") if args.path == "rf3" else ("broker", "client")
+    for side in sides:
         raw = out / f"{side}_{args.path}.txt"
         print(top(raw) if raw.exists() else f"{raw}: py-spy wrote nothing (is it installed?)")
     print(f"raw profiles in {out}")
