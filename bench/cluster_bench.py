@@ -15,7 +15,10 @@ drives both.
    ack.  JetStream: the same, killing the R3 stream's leader server;
 4. publish-to-consumer latency at a steady 1,000 messages/s (plain NATS
    publishes with a send timestamp; consumers see only committed messages):
-   our ``tail`` against a JetStream pull consumer, RF=3 / R3.
+   our ``tail`` against a JetStream pull consumer, RF=3 / R3;
+5. the transport's floor under one replication turn: a bare Flight
+   ``do_exchange`` between two Python processes, one message each way per
+   turn, as the replication stream does (no log, no broker code).
 
 Prints a table; the last line is one JSON object.
 
@@ -25,8 +28,10 @@ Prints a table; the last line is one JSON object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +40,7 @@ from pathlib import Path
 import nats
 import pyarrow as pa
 from nats.js.api import StorageType, StreamConfig
+from pyarrow import flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,6 +55,63 @@ from pyspark_jetstream.protocol.errors import JetStreamError
 VALUE = 100
 WINDOW = 4000
 RETRY = 0.25
+
+
+# ---- the transport's floor ---------------------------------------------------------------
+
+EXCHANGE_SERVER = """
+import sys
+import pyarrow as pa
+from pyarrow import flight
+
+SCHEMA = pa.schema([("frame", pa.large_binary())])
+
+
+class Turns(flight.FlightServerBase):
+    def do_exchange(self, context, descriptor, reader, writer):
+        writer.begin(SCHEMA)
+        batch = pa.record_batch([pa.array([b"x" * 100], pa.large_binary())], schema=SCHEMA)
+        while True:
+            writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
+            try:
+                reader.read_chunk()
+            except StopIteration:
+                return
+
+
+server = Turns("grpc://127.0.0.1:0")
+print(server.port, flush=True)
+sys.stdin.read()
+server.shutdown()
+"""
+
+
+def exchange_turn_us(turns: int) -> float:
+    """Median microseconds of one turn of a bare Flight exchange with another process."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", EXCHANGE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        client = flight.connect(f"grpc://127.0.0.1:{server.stdout.readline().strip()}")
+        writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b"turns"))
+        samples = []
+        for _ in range(turns):
+            started = time.perf_counter()
+            reader.read_chunk()
+            writer.write_metadata(pa.py_buffer(b"{}"))
+            samples.append((time.perf_counter() - started) * 1e6)
+        writer.done_writing()
+        with contextlib.suppress(StopIteration):
+            while True:
+                reader.read_chunk()
+        writer.close()
+        client.close()
+        return statistics.median(samples)
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(10)
 
 
 # ---- JetStream R3 ------------------------------------------------------------------------
@@ -192,8 +255,9 @@ async def run(size: str) -> dict[str, float]:
     single_n = pick(size, smoke=500, quick=10_000, full=50_000)
     batch_rows = pick(size, smoke=20_000, quick=200_000, full=2_000_000)
     latency_s = pick(size, smoke=0.5, quick=5.0, full=30.0)
+    turns = pick(size, smoke=200, quick=3000, full=20_000)
     workdir = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
-    results: dict[str, float] = {}
+    results: dict[str, float] = {"flight_exchange_turn_us": exchange_turn_us(turns)}
     cluster = LocalCluster(3, base_dir=workdir / "ours", log_level="WARNING")
     js_cluster = JetStreamCluster(workdir)
     try:
@@ -278,6 +342,10 @@ def main() -> None:
         ),
     ]
     print(f"ZooKeeper session timeout: {r['session_timeout_s']:g} s")
+    print(
+        f"transport floor: one turn of a bare Flight exchange between two processes "
+        f"{r['flight_exchange_turn_us']:,.0f} µs (median)"
+    )
     print(f"{'measure':<52} {'ours':>14} {'peer':>14} {'ratio':>8} {'target':>8}")
     for name, ours, theirs, ratio, target in rows:
         print(f"{name:<52} {ours:>14,.2f} {theirs:>14,.2f} {ratio:>8.2f} {target:>8}")
