@@ -51,6 +51,7 @@ from pyspark_jetstream.protocol.flight import (
 )
 from pyspark_jetstream.protocol.replica import (
     FETCH_SCHEMA,
+    STREAM_SCHEMA,
     ReplicaFetch,
     fetch_metadata,
     parse_stream_ack,
@@ -463,14 +464,15 @@ class FlightApi(flight.FlightServerBase):
     ) -> None:
         """Turn by turn: what follows the acknowledged offset (or a heartbeat after
         ``max_wait``), then the follower's acknowledgement, checked as a fetch."""
-        writer.begin(FETCH_SCHEMA)
+        writer.begin(STREAM_SCHEMA)
         # Not context.is_cancelled() each turn: it costs ~75 µs, and a cancelled call fails
         # the next read or write anyway.
         while not self._stopping.is_set():
             frames, offsets = self.broker.replica_fetch(request)
             try:
                 writer.write_with_metadata(
-                    _fetch_batch(frames), pa.py_buffer(stream_message_metadata(**offsets))
+                    pa.record_batch([large_binary_of([f.data for f in frames])], schema=STREAM_SCHEMA),
+                    pa.py_buffer(stream_message_metadata(**offsets)),
                 )
                 chunk = reader.read_chunk()
             except StopIteration:

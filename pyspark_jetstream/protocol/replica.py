@@ -32,9 +32,10 @@ descriptor whose bytes are a fetch ticket as above (``fetch_offset`` where the
 stream starts, ``max_wait`` the longest pause between two messages of the
 leader).  Then, turn by turn:
 
-- the leader sends one record batch of :data:`FETCH_SCHEMA` (what follows the
-  offset last acknowledged, up to ``max_bytes``; no rows if nothing came
-  within ``max_wait``: a heartbeat) with its offsets in the message's
+- the leader sends one record batch of :data:`STREAM_SCHEMA` (the stored
+  frames that follow the offset last acknowledged, up to ``max_bytes``; no
+  rows if nothing came within ``max_wait``: a heartbeat; the frames' offsets
+  and epochs are in the frames themselves) with its offsets in the message's
   ``app_metadata`` as JSON: ``{"high_watermark": .., "log_start_offset": ..,
   "log_end_offset": .., "leader_epoch": ..}``;
 - the follower appends the frames and answers with a metadata-only message,
@@ -68,6 +69,8 @@ FETCH_SCHEMA = pa.schema(
         pa.field("frame", pa.large_binary(), nullable=False),
     ]
 )
+STREAM_SCHEMA = pa.schema([pa.field("frame", pa.large_binary(), nullable=False)])
+"""A leader's batches on the replication stream: one stored frame per row."""
 RESPONSE_KEYS = ("high_watermark", "log_start_offset", "log_end_offset", "leader_epoch")
 _PREFIX = "jetstream."
 MAX_FETCH_WAIT = 30.0
