@@ -39,9 +39,9 @@ from broker_node.coordination.base import BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
+from broker_node.durable import atomic_write
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import FsyncPolicy, LogConfig, LogError
-from broker_node.log.checkpoint import atomic_write
 from broker_node.metrics import MetricsServer
 from broker_node.nats_server import NatsServer
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from broker_node.log.checkpoint import atomic_write
+from broker_node.durable import atomic_write
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     NotEnoughReplicasError,

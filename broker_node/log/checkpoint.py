@@ -5,17 +5,19 @@ Layout (text, ASCII, one value per line)::
     <format version>            currently 1
     <payload lines...>
 
-A checkpoint is written to ``<name>.tmp``, fsynced, renamed over ``<name>``
-and the directory fsynced, so a crash leaves either the old or the new file,
-never a torn one.  A file that does not parse reads as missing: every
-checkpoint can be rebuilt or conservatively defaulted.
+A checkpoint is written with :func:`broker_node.durable.atomic_write` (to
+``<name>.tmp``, fsynced, renamed over ``<name>``, the directory fsynced), so a
+crash leaves either the old or the new file, never a torn one.  A file that
+does not parse reads as missing: every checkpoint can be rebuilt or
+conservatively defaulted.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
+
+from broker_node.durable import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +27,6 @@ CHECKPOINT_VERSION = 1
 def write_checkpoint(path: Path, lines: list[str]) -> None:
     """Atomically replace ``path`` with the version line followed by ``lines``."""
     atomic_write(path, ("\n".join([str(CHECKPOINT_VERSION), *lines]) + "\n").encode("ascii"))
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def read_checkpoint(path: Path) -> list[str] | None:
@@ -74,12 +65,3 @@ def read_int_pairs(path: Path) -> list[tuple[int, int]] | None:
 def write_int_pairs(path: Path, pairs: list[tuple[int, int]]) -> None:
     """Atomically write ``pairs`` in the layout :func:`read_int_pairs` reads."""
     write_checkpoint(path, [str(len(pairs)), *(f"{a} {b}" for a, b in pairs)])
-
-
-def fsync_dir(path: Path) -> None:
-    """Make renames and deletions inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

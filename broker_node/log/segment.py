@@ -72,9 +72,9 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
+from broker_node.durable import fsync_dir
 from pyspark_jetstream.protocol.schema import COMPRESSIONS, FORMAT_VERSION, LOG_SCHEMA
 
-from .checkpoint import fsync_dir
 from .errors import CorruptSegmentError, LogStorageError
 from .frames import add_damaged, batch_bounds, decode, mismatch, scan
 from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index

@@ -51,8 +51,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker_node.coordination.base import PartitionState
+from broker_node.durable import atomic_write
 from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
-from broker_node.log.checkpoint import atomic_write
 from broker_node.log.frames import decode
 from broker_node.log.labels import Labels
 from broker_node.log.records import Records

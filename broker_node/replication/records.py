@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_node.coordination.base import StreamMetadata
-from broker_node.log.checkpoint import atomic_write
+from broker_node.durable import atomic_write
 
 logger = logging.getLogger(__name__)
 

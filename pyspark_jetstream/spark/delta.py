@@ -44,7 +44,8 @@ from pyspark.sql import functions as sf
 from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 
-from .options import parse_source_options
+from .options import SourceOptions, parse_source_options
+from .planning import plan_source
 from .reading import describe
 from .session import jetstream_session
 
@@ -219,7 +220,8 @@ def archive(
     """
     read_options = {**(options or {}), "stream": stream}
     parsed = parse_source_options(read_options, streaming=False)
-    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout, credentials=parsed.credentials)
+    broker = plan_source(parsed).broker
+    connection = ClusterConnection(broker, timeout=parsed.timeout, credentials=parsed.credentials)
     try:
         layout = describe(connection, parsed)[stream]
     finally:
@@ -311,8 +313,9 @@ def read_with_archive(spark: SparkSession, path: str, options: Mapping[str, str]
     return old.unionByName(live)
 
 
-def _log_start_after(ends: Mapping[str, int], parsed: Any, stream: str) -> dict[str, int]:
-    connection = ClusterConnection(parsed.broker, timeout=parsed.timeout, credentials=parsed.credentials)
+def _log_start_after(ends: Mapping[str, int], parsed: SourceOptions, stream: str) -> dict[str, int]:
+    broker = plan_source(parsed).broker
+    connection = ClusterConnection(broker, timeout=parsed.timeout, credentials=parsed.credentials)
     try:
         layout = describe(connection, parsed)[stream]
     finally:

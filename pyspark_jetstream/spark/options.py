@@ -1,7 +1,10 @@
 """Spark's string options for ``format("jetstream")``, parsed once into typed values.
 
 Every error names the option, the value and what would be accepted, so a
-misconfigured query fails at planning with a one-line reason.  Numbers are
+misconfigured query fails at planning with a one-line reason.  Parsing is
+pure: no broker or NATS server is asked anything here (that is
+:mod:`.planning`'s job, once, on the driver), so a query's options are
+checked in full before any connection is tried.  Numbers are
 bounded (inclusive): ``maxRecordsPerTrigger`` and ``maxRecordsPerPartition``
 1 to 2**63 - 1 (Spark longs), ``timeout`` 0.1 to 3600 seconds,
 ``maxBatchBytes`` 64 bytes to 64 MiB, offsets -2 to 2**63 - 1, partitions 0
@@ -22,7 +25,6 @@ query's options altogether, whatever that setting says.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import hashlib
 import json
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from pyspark_jetstream.client.credentials import CREDENTIALS_FILE_OPTION, OPTION_KEYS, Credentials
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import (
     INT64_MAX,
     MAX_MESSAGE_BYTES,
@@ -191,10 +193,25 @@ def _refused_name(
 
 
 @dataclass(frozen=True, slots=True)
-class SourceOptions:
-    """Everything the reader needs, resolved on the driver and shipped to executors."""
+class Addresses:
+    """Where the deployment is, as the options give it: checked, not yet asked.
 
-    broker: str
+    ``servers`` are Flight addresses to start from; ``nats`` the NATS servers
+    where a broker answers (used to find one when ``servers`` is empty, and by
+    the sink to publish).  :mod:`.planning` turns them into brokers.
+    """
+
+    servers: tuple[str, ...] = ()
+    nats: tuple[str, ...] = ()
+    discovery_timeout: float = 10.0
+    """Seconds to find a broker through ``nats``: the option ``timeout``, or 10."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """A reader's options, typed; :func:`.planning.plan_source` adds the brokers to ask."""
+
+    addresses: Addresses
     streams: tuple[str, ...] = ()
     stream_pattern: str | None = None
     assigned: dict[str, tuple[int, ...]] | None = None
@@ -225,10 +242,9 @@ class SourceOptions:
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
-    """Everything the writer needs."""
+    """A writer's options, typed; :func:`.planning.plan_sink` adds the brokers and NATS servers."""
 
-    broker: str
-    nats: tuple[str, ...]
+    addresses: Addresses
     stream: str | None
     timeout: float = 30.0
     max_batch_bytes: int = 900 * 1024
@@ -309,7 +325,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise InvalidArgumentError(f"option 'consumerId' must not contain '/', got {consumer!r}")
     credentials = credentials_option(opts)
     return SourceOptions(
-        broker=resolve_broker(opts, credentials),
+        addresses=addresses_option(opts, nats_always=False),
         streams=streams,
         stream_pattern=pattern,
         assigned=assigned,
@@ -346,17 +362,20 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     max_batch_bytes = (
         _bounded_int(opts, "maxBatchBytes", MIN_SINK_BATCH_BYTES, MAX_SINK_BATCH_BYTES) or 900 * 1024
     )
-    nats = _nats_urls(opts) if opts.get("nats") else None
     credentials = credentials_option(opts)
-    broker = resolve_broker(opts, credentials)  # every option is checked before a broker is asked anything
     return SinkOptions(
-        broker=broker,
-        nats=nats or _nats_of_brokers(broker, timeout, credentials),
+        addresses=addresses_option(opts, nats_always=True),
         stream=stream,
         timeout=timeout,
         max_batch_bytes=max_batch_bytes,
         credentials=credentials,
     )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """The option ``includeHeaders`` alone (for the schema, which Spark asks for before a reader
+    exists): ``False`` unless given; raises ``InvalidArgumentError`` for a value not true or false."""
+    return _boolean({name.lower(): value for name, value in options.items()}, "includeHeaders", False)
 
 
 def credentials_option(opts: Mapping[str, str]) -> Credentials:
@@ -380,51 +399,27 @@ def without_credentials(options: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in options.items() if k.lower() not in secret}
 
 
-def resolve_broker(opts: Mapping[str, str], credentials: Credentials | None = None) -> str:
-    """The brokers' Flight addresses to start from (``servers``, comma-separated), or one found
-    through ``nats``; the rest of a cluster is learnt from any of them.  There is no default:
-    without either option the query fails at planning."""
+def addresses_option(opts: Mapping[str, str], *, nats_always: bool) -> Addresses:
+    """The options ``servers`` and ``nats`` of checked options (lower-cased names), checked.
+
+    There is no default: without either the query fails at planning.  The
+    ``nats`` servers are checked when they are needed (``servers`` is empty)
+    or, with ``nats_always`` (the sink publishes there), whenever given.
+    """
     if not opts.get("servers", "").strip() and not opts.get("nats", "").strip():
         raise InvalidArgumentError(
             "give the option 'servers' (the brokers' Flight addresses, grpc://host:port[,...]) or "
             "'nats' (nats://host:port[,...], where a broker answers); there is no default address"
         )
-    servers = [s.strip() for s in opts.get("servers", "").split(",") if s.strip()]
+    servers = tuple(s.strip() for s in opts.get("servers", "").split(",") if s.strip())
     for server in servers:
         if not re.fullmatch(r"grpc(\+tcp|\+tls)?://[^\s/]+:\d+", server):
             raise InvalidArgumentError(
                 f"option 'servers' has {server!r}; use grpc://host:port[,grpc://host:port] "
                 "(grpc+tls:// with TLS)"
             )
-    if servers:
-        return ",".join(servers)
-    urls = _nats_urls(opts)
-    from pyspark_jetstream.client.client import discover_broker
-
-    try:
-        return asyncio.run(
-            discover_broker(list(urls), timeout=_seconds(opts, "timeout", 10.0), credentials=credentials)
-        )
-    except UnavailableError as exc:
-        if "TLS problem" in str(exc):
-            raise  # the address is right; the option to change is tls.ca
-        raise UnavailableError(f"{exc} (set the option 'servers' or 'nats')") from None
-
-
-def _nats_of_brokers(broker: str, timeout: float, credentials: Credentials) -> tuple[str, ...]:
-    """The NATS servers the brokers themselves use (the sink publishes there)."""
-    from pyspark_jetstream.client.cluster import ClusterConnection
-    from pyspark_jetstream.protocol.flight import ActionType
-
-    connection = ClusterConnection(broker, timeout=timeout, credentials=credentials)
-    try:
-        metadata = connection.action(ActionType.METADATA, {})
-    finally:
-        connection.close()
-    urls = tuple(dict.fromkeys(u for b in metadata.get("brokers", []) for u in b.get("nats", [])))
-    if not urls:
-        raise InvalidArgumentError("the brokers report no NATS server: give the option 'nats'")
-    return urls
+    nats = _nats_urls(opts) if nats_always or not servers else ()
+    return Addresses(servers, nats, discovery_timeout=_seconds(opts, "timeout", 10.0))
 
 
 def _nats_urls(opts: Mapping[str, str]) -> tuple[str, ...]:

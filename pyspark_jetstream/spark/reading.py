@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -200,17 +200,28 @@ class RangeSpec:
     partition: int
     start: int
     end: int
+    log_start_offset: int | None = None
+    """The partition's log start when the range was planned (``None`` if not described then)."""
 
 
-def plan_ranges(options: SourceOptions, start: Offsets, end: Offsets) -> list[RangeSpec]:
-    """Split ``[start, end)`` per partition into ranges of at most ``max_records_per_partition``."""
+def plan_ranges(
+    broker: str,
+    options: SourceOptions,
+    start: Offsets,
+    end: Offsets,
+    layout: Mapping[str, Mapping[str, PartitionState]] | None = None,
+) -> list[RangeSpec]:
+    """Split ``[start, end)`` per partition into ranges of at most ``max_records_per_partition``,
+    read from ``broker``; each carries its partition's log start from ``layout`` when it has one."""
     ranges = []
     step = options.max_records_per_partition
     for stream, partitions in sorted(end.items()):
         for partition, stop in sorted(partitions.items(), key=lambda kv: int(kv[0])):
             begin = start.get(stream, {}).get(partition, 0)
+            state = (layout or {}).get(stream, {}).get(partition)
+            log_start = None if state is None else state.log_start_offset
             for lo in range(begin, stop, step):
-                ranges.append(RangeSpec(options.broker, stream, int(partition), lo, min(lo + step, stop)))
+                ranges.append(RangeSpec(broker, stream, int(partition), lo, min(lo + step, stop), log_start))
     wanted = options.min_partitions or 0
     while 0 < len(ranges) < wanted:  # minPartitions: halve the longest range until there are enough
         longest = max(ranges, key=lambda r: r.end - r.start)
@@ -271,7 +282,9 @@ def read_range(
             try:
                 result = pending.result()
             except OffsetOutOfRangeError as exc:
-                offset = _after_data_loss(connection, spec, offset, exc, fail_on_data_loss)
+                offset = _after_data_loss(
+                    connection, spec, offset, exc, fail_on_data_loss, from_leader=not replicas
+                )
                 continue
             if offset < result.next_offset < spec.end:
                 ahead = (result.next_offset, replicas, pool.submit(fetch, result.next_offset, replicas))
@@ -302,21 +315,41 @@ def read_range(
 
 
 def _after_data_loss(
-    connection: ClusterConnection, spec: RangeSpec, offset: int, exc: Exception, fail: bool
+    connection: ClusterConnection,
+    spec: RangeSpec,
+    offset: int,
+    exc: OffsetOutOfRangeError,
+    fail: bool,
+    *,
+    from_leader: bool,
 ) -> int:
-    info = connection.describe(spec.stream).partitions[spec.partition]
-    if offset >= info.log_start_offset:
+    log_start = _log_start(connection, spec, offset, exc if from_leader else None)
+    if offset >= log_start:
         raise exc  # not retention: something else is wrong
     message = (
-        f"{spec.stream}/{spec.partition}: offsets {offset} to {info.log_start_offset - 1} were deleted by "
+        f"{spec.stream}/{spec.partition}: offsets {offset} to {log_start - 1} were deleted by "
         "retention before this query read them"
     )
     if fail:
         raise OffsetOutOfRangeError(
             message + "; set the option failOnDataLoss=false to skip ahead instead of failing"
         ) from None
-    logger.warning("%s; skipping to %d (failOnDataLoss=false)", message, info.log_start_offset)
-    return min(info.log_start_offset, spec.end)
+    logger.warning("%s; skipping to %d (failOnDataLoss=false)", message, log_start)
+    return min(log_start, spec.end)
+
+
+def _log_start(
+    connection: ClusterConnection, spec: RangeSpec, offset: int, leader_refusal: OffsetOutOfRangeError | None
+) -> int:
+    """The partition's log start, without asking again where it is known: the leader's refusal
+    carries its current one; else the plan's, if ``offset`` is already below it; else the
+    leader's, described now (a follower's refusal speaks for the follower only)."""
+    refused_at = None if leader_refusal is None else leader_refusal.fields.get("log_start_offset")
+    if isinstance(refused_at, int):
+        return refused_at
+    if spec.log_start_offset is not None and offset < spec.log_start_offset:
+        return spec.log_start_offset
+    return connection.describe(spec.stream).partitions[spec.partition].log_start_offset
 
 
 def _columns_for(target: pa.Schema) -> tuple[str, ...]:

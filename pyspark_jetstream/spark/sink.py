@@ -52,17 +52,16 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.headers import checked_message_ids, with_message_ids
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
-from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+from pyspark_jetstream.protocol.streams import partition_subject
 
-from .hints import unknown_stream
 from .options import SinkOptions
+from .planning import SinkPlan
 
 logger = logging.getLogger(__name__)
 
@@ -105,20 +104,11 @@ def check_input_schema(schema: StructType, options: SinkOptions) -> None:
 class _Publishing:
     """The executor side shared by batch and streaming writers."""
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        check_input_schema(schema, options)
-        self.options = options
-        self.stream_config: StreamConfig | None = None
-        if options.stream is not None:  # on the driver: fail early for an unknown stream
-            broker = ClusterConnection(
-                options.broker, timeout=options.timeout, credentials=options.credentials
-            )
-            try:
-                self.stream_config = StreamConfig.from_json(broker.describe(options.stream).config)
-            except UnknownStreamError as exc:
-                raise unknown_stream(broker, exc, options.stream, writing=True) from None
-            finally:
-                broker.close()
+    def __init__(self, plan: SinkPlan, schema: StructType) -> None:
+        check_input_schema(schema, plan.options)  # again, for a writer made without the data source
+        self.plan = plan
+        self.options = plan.options
+        self.stream_config = plan.stream_config
 
     def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, epoch: int) -> int:
         context = TaskContext.get()
@@ -127,8 +117,8 @@ class _Publishing:
         numbers: dict[str, int] = {}
         rows = 0
         with SyncClient(
-            nats_urls=list(self.options.nats),
-            broker=self.options.broker,
+            nats_urls=list(self.plan.nats),
+            broker=self.plan.broker,
             timeout=self.options.timeout,
             credentials=self.options.credentials,
         ) as client:
@@ -347,8 +337,8 @@ class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):
 class JetStreamBatchWriter(_Publishing, DataSourceArrowWriter):
     """The batch sink: a retried task does not store its rows twice."""
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        super().__init__(options, schema)
+    def __init__(self, plan: SinkPlan, schema: StructType) -> None:
+        super().__init__(plan, schema)
         self.job = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:

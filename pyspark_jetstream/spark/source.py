@@ -40,11 +40,12 @@ from pyspark_jetstream.protocol.flight import ActionType
 
 from .options import (
     Offsets,
-    SourceOptions,
     check_option_names,
+    include_headers,
     parse_sink_options,
     parse_source_options,
 )
+from .planning import SinkPlan, SourcePlan, plan_sink, plan_source
 from .reading import (
     PartitionState,
     RangeSpec,
@@ -62,15 +63,15 @@ _connections: dict[tuple[str, Credentials], ClusterConnection] = {}
 _connections_lock = threading.Lock()
 
 
-def connection(options: SourceOptions) -> ClusterConnection:
+def connection(plan: SourcePlan) -> ClusterConnection:
     """One Flight connection per broker and credentials per process (readers themselves must
     stay picklable): queries of different principals never share one."""
-    key = (options.broker, options.credentials)
+    key = (plan.broker, plan.options.credentials)
     with _connections_lock:
         found = _connections.get(key)
         if found is None:
             found = _connections[key] = ClusterConnection(
-                options.broker, timeout=options.timeout, credentials=options.credentials
+                plan.broker, timeout=plan.options.timeout, credentials=plan.options.credentials
             )
         return found
 
@@ -91,12 +92,11 @@ class JetStreamDataSource(DataSource):
 
     def schema(self) -> str:
         """Rows like Spark's Kafka source, with ``stream`` for ``topic``."""
-        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
-        return spark_schema(include)
+        return spark_schema(include_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader (``spark.read.format("jetstream")``)."""
-        return JetStreamBatchReader(parse_source_options(self.options, streaming=False), schema)
+        return JetStreamBatchReader(plan_source(parse_source_options(self.options, streaming=False)), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A streaming reader (``spark.readStream.format("jetstream")``).
@@ -107,7 +107,9 @@ class JetStreamDataSource(DataSource):
         used give a reader that raises their error at Spark's first call.
         """
         try:
-            return JetStreamStreamReader(parse_source_options(self.options, streaming=True), schema)
+            return JetStreamStreamReader(
+                plan_source(parse_source_options(self.options, streaming=True)), schema
+            )
         except Exception as exc:  # noqa: BLE001 -- raised again by the reader's first method
             return RefusedStreamReader(exc)
 
@@ -120,27 +122,45 @@ class JetStreamDataSource(DataSource):
                 "a stream is an append-only log: mode('overwrite') cannot replace what it holds; "
                 "use mode('append')"
             )
-        return JetStreamBatchWriter(parse_sink_options(self.options), schema)
+        return JetStreamBatchWriter(self._sink_plan(schema), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """A streaming writer (``df.writeStream.format("jetstream")``), exactly once into the log."""
         from .sink import JetStreamStreamWriter
 
-        return JetStreamStreamWriter(parse_sink_options(self.options), schema)
+        return JetStreamStreamWriter(self._sink_plan(schema), schema)
+
+    def _sink_plan(self, schema: StructType) -> SinkPlan:
+        """The writer's options and input columns checked, then its plan (the first network call)."""
+        from .sink import check_input_schema
+
+        options = parse_sink_options(self.options)
+        check_input_schema(schema, options)
+        return plan_sink(options)
 
 
 class _Reading:
     """What batch and stream readers share: the options, the schema and the executor read."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        self.options = options
+    def __init__(self, plan: SourcePlan, schema: StructType) -> None:
+        self.plan = plan
+        self.options = plan.options
         self.schema = schema
+        self._layout: dict[str, dict[str, PartitionState]] = {}
+        """The partitions' offsets as last described on the driver: the ranges planned carry them."""
+
+    def _describe(self, conn: ClusterConnection) -> dict[str, dict[str, PartitionState]]:
+        self._layout = describe(conn, self.options)
+        return self._layout
 
     def _ranges(self, start: Offsets, end: Offsets) -> list[InputPartition]:
-        return [InputPartition(spec) for spec in plan_ranges(self.options, start, end)]
+        return [
+            InputPartition(spec)
+            for spec in plan_ranges(self.plan.broker, self.options, start, end, self._layout)
+        ]
 
     def _cursors(self, layout: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, int | None]]:
-        conn = connection(self.options)
+        conn = connection(self.plan)
         return {
             stream: {
                 p: conn.action(
@@ -185,8 +205,8 @@ class JetStreamBatchReader(_Reading, DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         """One task per partition range (long ranges split so every core works)."""
-        conn = connection(self.options)
-        layout = describe(conn, self.options)
+        conn = connection(self.plan)
+        layout = self._describe(conn)
         start = self._start(conn, layout)
         end = resolve(
             conn,
@@ -202,8 +222,8 @@ class JetStreamBatchReader(_Reading, DataSourceReader):
 class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of committed messages, with admission control and cursors in the log."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        super().__init__(options, schema)
+    def __init__(self, plan: SourcePlan, schema: StructType) -> None:
+        super().__init__(plan, schema)
         self._target: Offsets | None = None
         self._last_batch: float | None = None
         """``time.monotonic()`` when the last micro-batch was planned (the first is never delayed)."""
@@ -214,8 +234,8 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
 
     def initialOffset(self) -> Offsets:
         """Where a new query starts (``startingOffsets`` / ``startingTimestamp``)."""
-        conn = connection(self.options)
-        return self._start(conn, describe(conn, self.options))
+        conn = connection(self.plan)
+        return self._start(conn, self._describe(conn))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxRecordsPerTrigger`` as a read limit, if set."""
@@ -294,7 +314,7 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         broker that cannot take them is logged, not fatal."""
         if position == self._stored or self._cursors_refused:
             return
-        conn = connection(self.options)
+        conn = connection(self.plan)
         try:
             for stream, partitions in position.items():
                 for partition, offset in partitions.items():
@@ -322,7 +342,7 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         self._stored = {stream: dict(parts) for stream, parts in position.items()}
 
     def _latest(self) -> Offsets:
-        layout = describe(connection(self.options), self.options)
+        layout = self._describe(connection(self.plan))
         return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}
 
 

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 from pyspark_jetstream.protocol.errors import UnauthenticatedError
-from pyspark_jetstream.spark.options import credentials_option, resolve_broker
+from pyspark_jetstream.spark.options import parse_source_options
+from pyspark_jetstream.spark.planning import resolve_broker
 
 ATTEMPTS = 12
 
@@ -64,11 +65,13 @@ def test_spark_options_with_a_wrong_token_do_not_advise_another_address(secured)
         "tls.ca": secured.pki.ca,
         "timeout": "5",
     }
+    parsed = parse_source_options({**options, "stream": "orders"}, streaming=True)  # asks no one
     with pytest.raises(UnauthenticatedError) as caught:
-        resolve_broker(options, credentials_option(options))
+        resolve_broker(parsed.addresses, parsed.credentials)
     assert "refused user 'alice': wrong user or token" in str(caught.value)
     assert "servers" not in str(caught.value) and "running there" not in str(caught.value)
     options["tls.ca"] = secured.pki.issue("elsewhere", "127.0.0.1", "other").cert  # not a CA of it
+    parsed = parse_source_options({**options, "stream": "orders"}, streaming=True)
     with pytest.raises(Exception) as caught:
-        resolve_broker(options, credentials_option(options))
+        resolve_broker(parsed.addresses, parsed.credentials)
     assert "TLS problem" in str(caught.value) and "'servers'" not in str(caught.value)

@@ -11,6 +11,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark import offsets_behind
 from pyspark_jetstream.spark.options import parse_source_options
+from pyspark_jetstream.spark.planning import plan_source
 from pyspark_jetstream.spark.source import JetStreamStreamReader
 
 
@@ -105,7 +106,7 @@ def test_min_offsets_per_trigger_waits_for_enough_messages_or_the_delay(deployme
 
     def reader(**extra) -> JetStreamStreamReader:
         options = {"servers": deployment.flight, "stream": name, "minOffsetsPerTrigger": "25", **extra}
-        return JetStreamStreamReader(parse_source_options(options, streaming=True), None)
+        return JetStreamStreamReader(plan_source(parse_source_options(options, streaming=True)), None)
 
     patient = reader(maxTriggerDelay="1h")
     start = {name: {"0": 0}}
