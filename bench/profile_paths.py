@@ -85,7 +85,8 @@ async def run_rf3(seconds: float, out: Path) -> str:
         await nc.close()
         await client.close()
         cluster.stop()
-    return f"RF3 live tail p50 {statistics.median(latencies):.3f} ms, p99 {_percentile(latencies, 0.99):.3f} ms"
+    p50, p99 = statistics.median(latencies), _percentile(latencies, 0.99)
+    return f"RF3 live tail p50 {p50:.3f} ms, p99 {p99:.3f} ms"
 
 
 async def run(path: str, seconds: float, out: Path) -> str:
