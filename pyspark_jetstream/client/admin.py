@@ -39,12 +39,15 @@ class Admin:
         return await asyncio.to_thread(self.cluster.action, action, body)
 
     async def create_stream(self, config: StreamConfig) -> StreamInfo:
+        """See :meth:`.Client.create_stream`."""
         return StreamInfo.from_json(await self.action(ActionType.CREATE_STREAM, config.to_json()))
 
     async def delete_stream(self, name: str) -> None:
+        """See :meth:`.Client.delete_stream`."""
         await self.action(ActionType.DELETE_STREAM, {"name": name})
 
     async def describe_stream(self, name: str) -> StreamInfo:
+        """See :meth:`.Client.describe_stream`."""
         return await asyncio.to_thread(self.cluster.describe, name)
 
     async def leadership(self, name: str) -> StreamInfo:
@@ -53,16 +56,21 @@ class Admin:
         return await asyncio.to_thread(self.cluster.leadership, name, LEADERSHIP_TIMEOUT)
 
     async def list_streams(self) -> list[StreamInfo]:
+        """See :meth:`.Client.list_streams`."""
         return await asyncio.to_thread(self.cluster.list_streams)
 
     async def status(self) -> dict[str, Any]:
+        """See :meth:`.Client.status`."""
         result: dict[str, Any] = await self.action(ActionType.STATUS, {})
         return result
 
     async def metadata(self) -> dict[str, Any]:
+        """See :meth:`.Client.metadata`."""
         return await asyncio.to_thread(self.cluster.refresh)
 
     async def cluster_status(self) -> dict[str, Any]:
+        """See :meth:`.Client.cluster_status`."""
+
         def gather() -> dict[str, Any]:
             out: dict[str, Any] = {}
             for broker_id, address in sorted(self.cluster.brokers().items()):
@@ -76,25 +84,30 @@ class Admin:
         return await asyncio.to_thread(gather)
 
     async def elect_preferred_leaders(self) -> dict[str, Any]:
+        """See :meth:`.Client.elect_preferred_leaders`."""
         result: dict[str, Any] = await self.action(ActionType.ELECT_PREFERRED_LEADERS, {})
         return result
 
     async def health(self) -> dict[str, Any]:
+        """See :meth:`.Client.health`."""
         result: dict[str, Any] = await self.action(ActionType.HEALTH, {})
         return result
 
     async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """See :meth:`.Client.set_cursor`."""
         await self.action(
             ActionType.SET_CURSOR,
             {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset},
         )
 
     async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+        """See :meth:`.Client.delete_cursor`."""
         await self.action(
             ActionType.DELETE_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
         )
 
     async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """See :meth:`.Client.fetch_cursor`."""
         result = await self.action(
             ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
         )

@@ -93,12 +93,7 @@ class Reader:
         max_wait: float = 0.0,
         from_replicas: bool = False,
     ) -> FetchResult:
-        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet.
-
-        Reads go to the partition's leader; with ``from_replicas`` an in-sync
-        follower may answer (up to its own high watermark), which spreads
-        readers over the replicas.  Leadership changes are followed.
-        """
+        """See :meth:`.Client.fetch`."""
         request = ReadRequest(
             stream,
             partition,
@@ -121,16 +116,7 @@ class Reader:
         max_bytes: int | None = None,
         live: bool = True,
     ) -> AsyncIterator[pa.RecordBatch]:
-        """Committed batches from ``start`` on, each as soon as it is committed; runs until you stop.
-
-        Batches are in the log schema, each offset once and in order.  With
-        ``live`` (the default) the history is read over Flight and new batches
-        then come from the partition's live tail on NATS, which the leader
-        publishes once for every consumer (see :mod:`.live`; the result's
-        ``stats`` say where batches came from).  Without it, or when the
-        broker publishes no live tail, one Flight stream stays open (renewed
-        every ``follow`` seconds) and the broker pushes batches down it.
-        """
+        """See :meth:`.Client.tail`."""
         position = start_position(start)
         if live and not stream.startswith(INTERNAL_PREFIX):
 
@@ -258,7 +244,7 @@ class Reader:
         max_records: int = 10_000,
         live: bool = True,
     ) -> AsyncIterator[Message]:
-        """Every message from ``start`` on, then new ones as they are committed (see :meth:`tail`)."""
+        """See :meth:`.Client.subscribe`."""
         batches = self.tail(stream, partition, start=start, follow=follow, max_records=max_records, live=live)
         async for batch in batches:
             for row in batch.to_pylist():
@@ -277,8 +263,7 @@ class Reader:
     async def subscribe_partitions(
         self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True
     ) -> AsyncIterator[Message]:
-        """Messages of several partitions as each arrives: in offset order within a partition,
-        interleaved across them (see :meth:`subscribe`)."""
+        """See :meth:`.Client.subscribe_partitions`."""
         queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(maxsize=FOLLOW_BUFFER * 64)
 
         async def pump(partition: int) -> None:
