@@ -65,14 +65,6 @@ class PublishOptions:
         """Whether the broker acknowledges (any policy but ``NONE``)."""
         return self.ack_policy is not AckPolicy.NONE
 
-    def producer_fields(self) -> dict[str, Any]:
-        """The envelope's producer fields (id, epoch, sequence)."""
-        return {
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-            "sequence": self.sequence,
-        }
-
 
 DEFAULT_OPTIONS = PublishOptions()
 """Every keyword argument at its default (a plain publish to a stream)."""
@@ -132,6 +124,7 @@ def with_ids(batch: pa.RecordBatch, message_ids: Sequence[str] | pa.Array | str)
 
 
 def as_batch(data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+    """``data`` as one record batch (a table's chunks combined; rows as dicts converted)."""
     if isinstance(data, pa.Table):
         batches = data.combine_chunks().to_batches()
         if not batches:

@@ -104,11 +104,6 @@ class Publisher:
                 future.set_exception(UnavailableError("client closed before the ack arrived"))
         self._acks.clear()
 
-    @property
-    def streams(self) -> dict[str, StreamConfig]:
-        """The configurations of the streams known here (published to, created or described)."""
-        return self.routes.streams
-
     def learn(self, info: StreamInfo, config: StreamConfig) -> None:
         """Take a stream just created: its configuration and leader epochs."""
         self.routes.streams[config.name] = config

@@ -41,11 +41,6 @@ def test_a_producer_needs_both_its_id_and_its_sequence(arguments, named):
     assert named in str(refused.value)
 
 
-def test_a_producer_gives_the_envelope_its_fields():
-    options = PublishOptions(producer_id="p", producer_epoch=3, sequence=9)
-    assert options.producer_fields() == {"producer_id": "p", "producer_epoch": 3, "sequence": 9}
-
-
 def test_the_publish_calls_share_one_options_object_at_the_defaults():
     defaults = {
         "partition": None,
