@@ -30,12 +30,14 @@ from .credentials import Credentials
 from .nats_connection import NatsErrors, ask_for_broker, connect_nats, discover_broker
 from .partitioners import Partitioner, key_hash
 from .publish_options import DEFAULT_OPTIONS, PublishOptions
-from .publisher import Publisher, await_ack
+from .publisher import PUBLISH_REFUSED, Publisher, await_ack
 from .reading import FOLLOW_BUFFER, Message, Reader, Start, start_position
 
+# The module's public names before the split stay importable from here.
 __all__ = [
     "FOLLOW_BUFFER",
     "LEADERSHIP_TIMEOUT",
+    "PUBLISH_REFUSED",
     "Client",
     "FetchResult",
     "Message",
