@@ -17,11 +17,12 @@ if TYPE_CHECKING:
     from pyspark_jetstream.protocol.envelope import AckPolicy
     from pyspark_jetstream.protocol.errors import JetStreamError
 
-    from .client import Client, Message
+    from .client import Client
     from .cluster import ClusterConnection
     from .connection import BrokerConnection, FetchResult
     from .credentials import Credentials
     from .partitioners import RoundRobin, key_hash
+    from .reading import Message
     from .sync import SyncClient
 
 _WHERE = {
@@ -29,7 +30,7 @@ _WHERE = {
     "AckPolicy": "pyspark_jetstream.protocol.envelope",
     "JetStreamError": "pyspark_jetstream.protocol.errors",
     "Client": "pyspark_jetstream.client.client",
-    "Message": "pyspark_jetstream.client.client",
+    "Message": "pyspark_jetstream.client.reading",
     "ClusterConnection": "pyspark_jetstream.client.cluster",
     "BrokerConnection": "pyspark_jetstream.client.connection",
     "FetchResult": "pyspark_jetstream.client.connection",

@@ -28,18 +28,18 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from nats.aio.client import Client as NatsClient
 from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from pyspark_jetstream.protocol.flight import StartPosition
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS, decode_delivery, tail_subject
 
-if TYPE_CHECKING:
-    from .client import Client
+from .connection import FetchResult
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,31 @@ SILENT_CHECKS = 3
 PENDING_MESSAGES = 4096
 PENDING_BYTES = 64 * 1024 * 1024
 """Deliveries a consumer may leave unread before NATS drops the newest (it then reads them over Flight)."""
+
+
+class TailSource(Protocol):
+    """What a tail reads from: the client's NATS connection and its Flight fetches
+    (:class:`~.client.Client` is one; so is its reader)."""
+
+    nc: NatsClient
+    timeout: float
+
+    @property
+    def closed(self) -> bool:
+        """Whether the client was closed: a tail then ends instead of going on over Flight."""
+        ...
+
+    async def fetch(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: StartPosition,
+        max_records: int | None,
+        max_bytes: int | None,
+    ) -> FetchResult:
+        """Committed batches from ``start`` (see :meth:`.Client.fetch`)."""
+        ...
 
 
 @dataclass
@@ -78,7 +103,7 @@ class LiveTail:
 
     def __init__(
         self,
-        client: Client,
+        client: TailSource,
         stream: str,
         partition: int,
         start: StartPosition,

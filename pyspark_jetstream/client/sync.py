@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.flight import StreamInfo
 
-from .client import Client, FetchResult, Message, Start
+from .client import Client
+from .connection import FetchResult
 from .credentials import Credentials
+from .reading import Message, Start
 
 T = TypeVar("T")
 

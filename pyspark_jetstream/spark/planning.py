@@ -71,7 +71,7 @@ def resolve_broker(addresses: Addresses, credentials: Credentials | None = None)
     the rest of a cluster is learnt from any of them."""
     if addresses.servers:
         return ",".join(addresses.servers)
-    from pyspark_jetstream.client.client import discover_broker
+    from pyspark_jetstream.client.nats_connection import discover_broker
 
     try:
         return asyncio.run(

@@ -31,7 +31,7 @@ def test_a_failed_connect_says_its_cause_once_and_logs_attempts_only_at_debug(ca
         asyncio.run(connect())
     assert str(failed.value).startswith(f"cannot connect to NATS at nats://127.0.0.1:{free_port}: ")
     assert "Connect call failed" in str(failed.value)
-    attempts = [r for r in caplog.records if r.name == "pyspark_jetstream.client.client"]
+    attempts = [r for r in caplog.records if r.name == "pyspark_jetstream.client.nats_connection"]
     assert attempts, "each failed attempt is still logged, at DEBUG"
     assert all(r.levelno == logging.DEBUG and "Connect call failed" in r.getMessage() for r in attempts)
     assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"

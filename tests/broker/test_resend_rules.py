@@ -6,7 +6,7 @@ import asyncio
 
 import pyarrow as pa
 
-from pyspark_jetstream.client.client import _deduplicated, _with_ids
+from pyspark_jetstream.client.publish_options import deduplicated, with_ids
 from pyspark_jetstream.client.resend import Resender
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import ErrorCode
@@ -43,14 +43,14 @@ def test_an_out_of_order_refusal_behind_a_pending_sequence_waits_for_the_resend(
 
 def test_only_what_the_broker_deduplicates_is_resendable():
     ids = pa.record_batch({"value": [b"a", b"b"]})
-    with_ids = _with_ids(ids, ["o-1", "o-2"])
+    all_ids = with_ids(ids, ["o-1", "o-2"])
     one_id = ids.append_column(
         "headers", pa.array([[{"key": "Nats-Msg-Id", "value": b"o-1"}], None], HEADER_TYPE)
     )
-    assert _deduplicated({"batch": with_ids})  # every row carries an id
-    assert not _deduplicated({"batch": one_id})  # a row without one would be stored twice
-    assert not _deduplicated({"batch": ids})
-    assert _deduplicated({"batch": ids, "producer_id": "p"})
-    assert _deduplicated({"value": b"v", "message_id": "m"})
-    assert _deduplicated({"value": b"v", "headers": (("Nats-Msg-Id", b"m"),)})
-    assert not _deduplicated({"value": b"v", "headers": (("other", b"m"),)})
+    assert deduplicated({"batch": all_ids})  # every row carries an id
+    assert not deduplicated({"batch": one_id})  # a row without one would be stored twice
+    assert not deduplicated({"batch": ids})
+    assert deduplicated({"batch": ids, "producer_id": "p"})
+    assert deduplicated({"value": b"v", "message_id": "m"})
+    assert deduplicated({"value": b"v", "headers": (("Nats-Msg-Id", b"m"),)})
+    assert not deduplicated({"value": b"v", "headers": (("other", b"m"),)})

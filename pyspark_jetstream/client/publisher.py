@@ -1,0 +1,303 @@
+"""Publishing over NATS: envelopes out, acks back on one inbox, matched by correlation id.
+
+A stream is attached to NATS subjects, so a publish is a NATS publish of an
+envelope (:mod:`pyspark_jetstream.protocol.envelope`) to the target
+partition's subject (see :mod:`.routing`).  A publish that wants an ack takes
+a slot of the ack window (``max_pending`` acks outstanding; past it,
+publishing waits for the oldest) and a deadline; its ack arrives on the
+client's inbox, alone or batched with others (one NATS message, many acks),
+and ends its future.  A sweeper fails each future still waiting at its
+deadline, soonest first.  A publish the broker de-duplicates (see
+:func:`.publish_options.deduplicated`) is kept until its ack and resent to a
+new leader after a leadership change (:mod:`.resend`).
+
+Everything here runs on the client's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+
+from pyspark_jetstream.protocol.ack import Ack, decode_acks
+from pyspark_jetstream.protocol.envelope import Envelope, EnvelopeError, encode
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    MessageTooLargeError,
+    PermissionDeniedError,
+    RequestTimeoutError,
+    UnavailableError,
+    error_from_code,
+)
+from pyspark_jetstream.protocol.flight import StreamInfo
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .partitioners import key_hash
+from .publish_options import PublishOptions, as_batch, check_message_id, deduplicated, with_ids
+from .resend import Resender
+from .routing import Routes, Target
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+"""nats-server's error for a publish the user's permissions refuse (nats-py reports it lower-cased)."""
+
+
+class Publisher:
+    """A client's publishes and their acks (see the module docstring); the event loop's thread only."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        timeout: float,
+        max_pending: int,
+        user: str | None,
+        describe: Callable[[str], Awaitable[StreamInfo]],
+        leadership: Callable[[str], Awaitable[StreamInfo]],
+    ) -> None:
+        """``describe(stream)`` reads a stream before its first publish; ``leadership(stream)``
+        reads its leaders when the resender checks for a change; ``user`` is named in refusals."""
+        self.nc = nc
+        self.timeout = timeout
+        self._user = user
+        self._window = asyncio.Semaphore(max_pending)
+        self._publishing = asyncio.Lock()
+        """Held by a publish from its call until NATS has its payload, so publishes leave in the
+        order they were called: a stream's first publish awaits its description, and one called
+        meanwhile must not overtake it (an idempotent producer's sequences must arrive in order,
+        or the broker refuses them).  The lock is FIFO; uncontended, it costs no switch."""
+        # (deadline, correlation id, subject, seconds): a heap, soonest first.
+        self._deadlines: list[tuple[float, str, str, float]] = []
+        self._sweeper: asyncio.Future[None] | None = None
+        self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
+        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._ids = itertools.count()
+        self._inbox = nc.new_inbox()
+        self._ack_sub: Any = None
+        self.resender = Resender(leadership, nc.publish)
+        self.routes = Routes(describe, self.resender.learn, user)
+
+    async def start(self) -> None:
+        """Subscribe to the ack inbox."""
+        self._ack_sub = await self.nc.subscribe(self._inbox, cb=self._on_ack)
+
+    def close(self) -> None:
+        """Stop resending and sweeping; fail the acks still pending (before NATS closes)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self.resender.close()
+        for future in self._acks.values():
+            if not future.done():
+                future.set_exception(UnavailableError("client closed before the ack arrived"))
+        self._acks.clear()
+
+    def learn(self, info: StreamInfo, config: StreamConfig) -> None:
+        """Take a stream just created: its configuration and leader epochs."""
+        self.routes.streams[config.name] = config
+        self.resender.learn(info)
+
+    def forget(self, stream: str) -> None:
+        """Drop a deleted stream's configuration."""
+        self.routes.streams.pop(stream, None)
+
+    async def publish(
+        self,
+        stream: str | None,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: tuple[tuple[str, bytes], ...],
+        message_id: str | None,
+        options: PublishOptions,
+    ) -> asyncio.Future[Ack] | None:
+        """Send one message; a future for its ack, or ``None`` (see :meth:`.Client.publish_async`)."""
+        if message_id is not None:
+            check_message_id(message_id, headers, options.producer_id)
+        async with self._publishing:
+            target = await self.routes.target(
+                stream, key, options.partition, options.partitioner, options.subject
+            )
+            fields = {
+                "value": value,
+                "key": key,
+                "headers": headers,
+                "message_id": message_id,
+                "producer_id": options.producer_id,
+                "producer_epoch": options.producer_epoch,
+                "sequence": options.sequence,
+            }
+            return await self._send(target, options, fields)
+
+    async def publish_batch(
+        self,
+        stream: str | None,
+        data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
+        *,
+        message_ids: Sequence[str] | pa.Array | str | None,
+        options: PublishOptions,
+    ) -> asyncio.Future[Ack] | None:
+        """Send one Arrow batch; a future for its ack, or ``None`` (see :meth:`.Client.publish_batch`)."""
+        batch = as_batch(data)
+        if message_ids is not None:
+            if options.producer_id is not None:
+                raise InvalidArgumentError(
+                    f"message_ids and producer_id {options.producer_id!r} are not combined: a producer's "
+                    "sequence already de-duplicates its batches"
+                )
+            batch = with_ids(batch, message_ids)
+        partition = options.partition
+        if partition is None and options.subject is None:
+            partition = 0
+        async with self._publishing:
+            target = await self.routes.target(stream, None, partition, key_hash, options.subject)
+            fields = {
+                "batch": batch,
+                "producer_id": options.producer_id,
+                "producer_epoch": options.producer_epoch,
+                "sequence": options.sequence,
+            }
+            return await self._send(target, options, fields)
+
+    async def partition_for(self, stream: str, key: bytes | None = None) -> int:
+        """The partition a publish of ``key`` to ``stream`` goes to (the default partitioner)."""
+        target = await self.routes.target(stream, key, None, key_hash, None)
+        assert target.partition is not None
+        return target.partition
+
+    async def _send(
+        self, target: Target, options: PublishOptions, fields: dict[str, Any]
+    ) -> asyncio.Future[Ack] | None:
+        subject = target.subject
+        ack_policy = options.ack_policy
+        wants_ack = options.wants_ack
+        correlation_id = str(next(self._ids)) if wants_ack else ""
+        try:
+            payload = encode(
+                Envelope(
+                    ack_inbox=self._inbox if wants_ack else None,
+                    correlation_id=correlation_id,
+                    ack_policy=ack_policy,
+                    stream=target.stream,
+                    partition=target.partition,
+                    **fields,
+                )
+            )
+        except EnvelopeError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        if len(payload) > self.nc.max_payload:
+            raise MessageTooLargeError(
+                f"the message is {len(payload)} bytes, over the NATS server's max_payload of "
+                f"{self.nc.max_payload}: publish smaller batches or raise max_payload in nats-server"
+            )
+        if not wants_ack:
+            await self.nc.publish(subject, payload)
+            return None
+        await self._window.acquire()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Ack] = loop.create_future()
+        future.add_done_callback(self._release_window)
+        self._acks[correlation_id] = future
+        # Every ack future ends: with the ack, or when the sweeper finds it overdue.
+        seconds = options.timeout or self.timeout
+        heapq.heappush(self._deadlines, (loop.time() + seconds, correlation_id, subject, seconds))
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        elif self._deadlines[0][1] == correlation_id:
+            self._sooner.set()
+        if target.stream is not None and target.partition is not None and deduplicated(fields):
+            producer_id = options.producer_id
+            self.resender.track(
+                correlation_id,
+                subject,
+                payload,
+                stream=target.stream,
+                partition=target.partition,
+                producer=None if producer_id is None else (producer_id, options.producer_epoch),
+                sequence=options.sequence or 0,
+            )
+            future.add_done_callback(lambda _: self.resender.done(correlation_id))
+        try:
+            await self.nc.publish(subject, payload)
+        except NatsError as exc:
+            future.cancel()
+            raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
+        return future
+
+    def _release_window(self, _: asyncio.Future[Ack]) -> None:
+        self._window.release()
+
+    def on_nats_error(self, error: Exception) -> None:
+        """NATS refused a publish (no write permission): fail its pending acks at once, rather
+        than let each wait out its timeout."""
+        refused = PUBLISH_REFUSED.search(str(error))
+        if refused is None:
+            return
+        subject = refused.group(1)  # nats-py lower-cases the server's error, subject included
+        stream = self.routes.stream_of(subject)
+        what = f"stream {stream!r}" if stream is not None else f"subject {subject!r}"
+        who = f"principal {self._user!r}" if self._user else "this client"
+        for _, correlation_id, pending_subject, _ in self._deadlines:
+            future = self._acks.get(correlation_id) if pending_subject.lower() == subject else None
+            if future is not None and not future.done():
+                future.set_exception(
+                    PermissionDeniedError(
+                        f"{who} may not write {what} (NATS refused the publish to {subject!r})",
+                        stream=stream,
+                    )
+                )
+
+    async def _sweep(self) -> None:
+        """Fail acks that are overdue, soonest deadline first."""
+        loop = asyncio.get_running_loop()
+        while self._deadlines:
+            deadline, correlation_id, subject, seconds = self._deadlines[0]
+            if deadline > loop.time():
+                self._sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._sooner.wait(), deadline - loop.time())
+                continue
+            heapq.heappop(self._deadlines)
+            future = self._acks.pop(correlation_id, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    RequestTimeoutError(
+                        f"no ack for message {correlation_id} on {subject!r} within {seconds:g}s: "
+                        "is a broker leading that partition? (A message with a producer id and "
+                        "sequence, or a message id, is resent after a leader change; others are not.)"
+                    )
+                )
+        self._sweeper = None
+
+    async def _on_ack(self, msg: Msg) -> None:
+        try:
+            acks = decode_acks(msg.data)
+        except JetStreamError:
+            logger.warning("ignoring a malformed ack: %r", msg.data[:200])
+            return
+        for ack in acks:
+            if self.resender.holds(ack):
+                continue  # refused behind a lost message: answered after its resend
+            future = self._acks.pop(ack.correlation_id, None)
+            if future is not None and not future.done():
+                future.set_result(ack)
+
+
+async def await_ack(future: asyncio.Future[Ack]) -> Ack:
+    """The ack, or the error it carries (the sweeper fails the future on timeout)."""
+    ack = await future
+    if not ack.ok:
+        raise error_from_code(ack.error.value, f"{ack.stream}/{ack.partition}: {ack.message}")
+    return ack
