@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 from pyarrow import flight
 
+from broker_node.api.actions import ACTION_DESCRIPTIONS, Actions, AdminService
 from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
 from broker_node.log.labels import Labels
@@ -41,13 +42,11 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.flight import (
     ActionType,
     ReadRequest,
-    StreamInfo,
     decode_json_object,
     encode_json,
     error_detail,
     error_message,
     response_metadata,
-    validate_body_int,
 )
 from pyspark_jetstream.protocol.replica import (
     FETCH_SCHEMA,
@@ -59,7 +58,6 @@ from pyspark_jetstream.protocol.replica import (
 )
 from pyspark_jetstream.protocol.replica import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
-from pyspark_jetstream.protocol.streams import StreamConfig, shown
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,26 +76,6 @@ CLIENT_ERRORS = frozenset(
 Not ``not_leader`` (routine: clients follow leaders by it) nor the broker's own failures."""
 LOGGED_MESSAGE_CHARS = 500
 
-ACTION_DESCRIPTIONS = {
-    ActionType.CREATE_STREAM: "Create a stream; body: a stream config object. Idempotent.",
-    ActionType.DELETE_STREAM: 'Delete a stream; body: {"name": ...}.',
-    ActionType.DESCRIBE_STREAM: 'Describe a stream and its partitions; body: {"name": ...}.',
-    ActionType.LIST_STREAMS: "Describe every stream.",
-    ActionType.SET_CURSOR: 'Store a consumer position; body: {"consumer", "stream", "partition", "offset"}.',
-    ActionType.DELETE_CURSOR: 'Forget a consumer position; body: {"consumer", "stream", "partition"}.',
-    ActionType.FETCH_CURSOR: 'Read a consumer position; body: {"consumer", "stream", "partition"}.',
-    ActionType.STATUS: "Broker status: health, streams, partitions, cursors and lag.",
-    ActionType.HEALTH: 'Whether the broker can ingest and serve everything: {"ok", "problems"}.',
-    ActionType.METADATA: "The cluster: brokers, the controller, every partition's leader and ISR.",
-    ActionType.ELECT_PREFERRED_LEADERS: "Lead each partition from its first replica where it is in sync.",
-    ActionType.OFFSETS_FOR_LEADER_EPOCH: (
-        'Where an epoch ends on the leader; body: {"stream", "partition", "epoch"}.'
-    ),
-    ActionType.CONTROLLER_CALL: (
-        'Between brokers: an admin action run by the controller; body: {"action", "body"}.'
-    ),
-}
-
 
 class ReadablePartition(Protocol):
     """What the server needs of a partition."""
@@ -113,27 +91,14 @@ class ReadablePartition(Protocol):
     def wait_for_data(self, offset: int, timeout: float) -> bool: ...
 
 
-class BrokerView(Protocol):
-    """What the server needs of the broker."""
+class BrokerView(AdminService, Protocol):
+    """What the server needs of the broker: reads, replica fetches, and the admin actions."""
 
     @property
     def flight_address(self) -> str: ...
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
     def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]: ...
-    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]: ...
-    def metadata(self) -> dict[str, Any]: ...
-    def elect_preferred_leaders(self) -> dict[str, Any]: ...
-    def controller_call(self, action: str, body: dict[str, Any]) -> object: ...
-    def create_stream(self, config: StreamConfig) -> StreamInfo: ...
-    def delete_stream(self, name: str) -> None: ...
-    def describe_stream(self, name: str) -> StreamInfo: ...
-    def list_streams(self) -> list[StreamInfo]: ...
-    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
-    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None: ...
-    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None: ...
-    def status(self) -> dict[str, Any]: ...
-    def health(self) -> dict[str, Any]: ...
 
 
 class Access(Protocol):
@@ -563,70 +528,7 @@ class FlightApi(flight.FlightServerBase):
                 stream if isinstance(stream, str) else None,
                 partition if isinstance(partition, int) and not isinstance(partition, bool) else None,
             )
-        broker, access = self.broker, self.access
-        if kind is ActionType.CREATE_STREAM:
-            config = StreamConfig.from_json(args)
-            access.check(principal, "admin", stream=config.name)
-            self._check_stream_cap(config.name)
-            return broker.create_stream(config).to_json()
-        if kind is ActionType.LIST_STREAMS:
-            return [info.to_json() for info in broker.list_streams() if self._sees(principal, info)]
-        if kind is ActionType.STATUS:
-            access.check(principal, "admin", stream="*")
-            return broker.status()
-        if kind is ActionType.HEALTH:
-            return broker.health()
-        if kind is ActionType.DELETE_STREAM:
-            name = _arg(args, "name", str)
-            access.check(principal, "admin", stream=name)
-            broker.delete_stream(name)
-            return {}
-        if kind is ActionType.DESCRIBE_STREAM:
-            name = _arg(args, "name", str)
-            if not any(access.allows(principal, a, stream=name) for a in ("read", "write", "admin")):
-                access.check(principal, "read", stream=name)  # raises, naming the principal
-            return broker.describe_stream(name).to_json()
-        if kind is ActionType.METADATA:
-            return broker.metadata()
-        if kind is ActionType.ELECT_PREFERRED_LEADERS:
-            access.check(principal, "admin", stream="*")
-            return broker.elect_preferred_leaders()
-        if kind in (ActionType.CONTROLLER_CALL, ActionType.OFFSETS_FOR_LEADER_EPOCH):
-            access.check_cluster(principal, kind.value)
-        if kind is ActionType.CONTROLLER_CALL:
-            inner = args.get("body")
-            if not isinstance(inner, dict):
-                raise InvalidArgumentError(f"controller_call needs a 'body' object, got {shown(inner)}")
-            return broker.controller_call(_arg(args, "action", str), inner)
-        if kind is ActionType.OFFSETS_FOR_LEADER_EPOCH:
-            return broker.offsets_for_leader_epoch(
-                _arg(args, "stream", str), _arg(args, "partition", int), _arg(args, "epoch", int)
-            )
-        consumer, stream = _arg(args, "consumer", str), _arg(args, "stream", str)
-        partition = _arg(args, "partition", int)
-        access.check(principal, "cursor", consumer=consumer)
-        access.check(principal, "read", stream=stream)
-        if kind is ActionType.SET_CURSOR:
-            broker.set_cursor(consumer, stream, partition, _arg(args, "offset", int))
-            return {}
-        if kind is ActionType.DELETE_CURSOR:
-            broker.delete_cursor(consumer, stream, partition)
-            return {}
-        return {"offset": broker.fetch_cursor(consumer, stream, partition)}
-
-    def _sees(self, principal: str, info: StreamInfo) -> bool:
-        name = info.config["name"]
-        return any(self.access.allows(principal, a, stream=name) for a in ("read", "write", "admin"))
-
-    def _check_stream_cap(self, name: str) -> None:
-        if self.max_streams is None:
-            return
-        names = {info.config["name"] for info in self.broker.list_streams()}
-        if name not in names and len(names) >= self.max_streams:
-            raise LimitExceededError(
-                f"cannot create stream {name!r}: the cluster holds {len(names)} streams, its limit "
-                f"([security] max_streams) is {self.max_streams}"
-            )
+        return Actions(self.broker, self.access, self.max_streams).run(kind, principal, args)
 
 
 class _Cancelled:
@@ -687,16 +589,6 @@ def _projected_schema(request: ReadRequest) -> pa.Schema:
     if request.columns is None:
         return LOG_SCHEMA
     return pa.schema([LOG_SCHEMA.field(name) for name in request.columns])
-
-
-def _arg(args: dict[str, Any], name: str, kind: type[T]) -> T:
-    """Field ``name`` of an action body, of type ``kind``; integers are checked by the protocol's bounds."""
-    value = args.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise InvalidArgumentError(f"{name!r} must be a {kind.__name__}, got {shown(value)}")
-    if isinstance(value, int):
-        validate_body_int(name, value)  # an offset must fit int64, a partition the partition range
-    return value
 
 
 _ACTION_NAMES = {a.value for a in ActionType}
