@@ -1,13 +1,19 @@
 """A broker process: NATS in, logs on disk, Arrow Flight out.  This module is wiring.
 
-Start-up order: lock the data directory, NATS (the embedded server, or the
-configured ones), the Flight server, the coordinator (a metadata file, or a
-cluster's ZooKeeper), the check that metadata and data agree, the partitions
-(:class:`~broker_node.replication.manager.ReplicaManager`), the NATS
-subscriptions of the partitions led here, and last the discovery answer and
-runtime file that let clients find it.  Shutdown runs the other way, after a
-controlled shutdown in a cluster (the controller moves this broker's
-leadership to other in-sync replicas first).
+Start-up runs in named steps (:meth:`Broker._start`): refuse an insecure
+exposure, lock the data directory (:mod:`broker_node.data_dir`), NATS (the
+embedded server, :mod:`broker_node.embedded_nats`, or the configured ones),
+the NATS connection, the Flight server, the metrics, the coordinator (a
+metadata file, or a cluster's ZooKeeper) and the check that metadata and data
+agree, the partitions (:class:`~broker_node.replication.manager.ReplicaManager`)
+and the NATS subscriptions of the partitions led here, and last the discovery
+answer and runtime file that let clients find it.  What the steps make is
+kept in a :class:`~broker_node.runtime.Runtime`, which the service the API
+calls (:class:`~broker_node.service.BrokerService`) and the metrics
+(:class:`~broker_node.counts.BrokerCounts`) read; neither knows the broker.
+Shutdown runs the other way, after a controlled shutdown in a cluster
+(:mod:`broker_node.handover`: the controller moves this broker's leadership
+to other in-sync replicas first).
 
 Threads: the asyncio loop runs NATS ingestion and the background tasks; the
 Flight server runs its calls on its own threads; coordinator callbacks come
@@ -22,14 +28,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
-import json
 import logging
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pyarrow import flight
 
@@ -39,33 +42,28 @@ from broker_node.coordination.base import BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
-from broker_node.durable import atomic_write
+from broker_node.counts import BrokerCounts
+from broker_node.data_dir import RUNTIME_FILE, SESSION_FILE, DataDirLock, write_runtime_files
+from broker_node.embedded_nats import NATS_PID_FILE, EmbeddedNats
+from broker_node.handover import hand_over_leadership
 from broker_node.ingest.ingestor import Ingestor
-from broker_node.log import FsyncPolicy, LogConfig, LogError
+from broker_node.log import FsyncPolicy, LogConfig
 from broker_node.metrics import MetricsServer
-from broker_node.nats_server import NatsServer
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.records import partition_directories, read_record
+from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
 from broker_node.service import BrokerService
 from pyspark_jetstream.client.credentials import Credentials
-from pyspark_jetstream.protocol.errors import JetStreamError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
+
+__all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker", "rebuild"]
 
 logger = logging.getLogger(__name__)
 
-RUNTIME_FILE = "broker.json"
-"""Written in the data directory once the broker serves: its addresses and pid."""
-SESSION_FILE = "zookeeper.session"
-"""In a cluster, the broker's ZooKeeper session (id and password, readable by its user only):
-whoever holds it can expire the session, fencing the broker (operators, fault tests)."""
-LOCK_FILE = "broker.lock"
-NATS_PID_FILE = "nats-server.pid"
-"""The embedded nats-server's pid, so a next start can stop one that outlived its broker."""
-NATS_RESTART_BACKOFF = (0.5, 30.0)
-"""First and longest wait (seconds) before restarting an embedded nats-server that died."""
 SYNC_TIMEOUT = 30.0
 
 
@@ -82,6 +80,8 @@ class Broker:
             else:
                 coordinator = LocalCoordinator(self.data_dir)
         self.coordinator = coordinator
+        self.clustered = isinstance(coordinator, ZooKeeperCoordinator)
+        """Whether the broker is one of a ZooKeeper-coordinated cluster."""
         lease = getattr(coordinator, "lease_valid", None)
         self.manager = ReplicaManager(
             config.broker_id,
@@ -91,43 +91,35 @@ class Broker:
             self.log_config,
             lease=lease if callable(lease) else (lambda: True),
         )
-        security = config.security
         self.access = AccessControl(
-            security.acl_file,
+            config.security.acl_file,
             on_change=self._security_changed,
             publish=coordinator.store_acl if self.clustered else None,
         )
         self.credentials = _own_credentials(config)
         """What this broker presents to NATS and to its peers."""
         self.manager.connect_peer = self._connect_peer
-        self.service = BrokerService(self)
-        self.flight_address = ""
-        self.nats_urls: list[str] = []
-        self.nats_server: NatsServer | None = None
-        self.ingestor: Ingestor | None = None
-        self._flight: FlightApi | None = None
+        self.runtime = Runtime(config.broker_id)
+        self.service = BrokerService(
+            self.runtime,
+            self.manager,
+            coordinator,
+            clustered=self.clustered,
+            wait_for_sync=self.wait_for_sync,
+        )
         self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync_lock: asyncio.Lock | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._lock_file: IO[str] | None = None
+        self._lock: DataDirLock | None = None
         self._started = False
 
-    @property
-    def clustered(self) -> bool:
-        """Whether the broker is one of a ZooKeeper-coordinated cluster."""
-        return isinstance(self.coordinator, ZooKeeperCoordinator)
-
-    # ---- lifecycle ---------------------------------------------------------------------------
-
-    @property
-    def event_loop(self) -> str:
-        """Whose event loop the broker runs on: ``uvloop`` or ``asyncio`` (``""`` before start)."""
-        return type(self._loop).__module__.split(".")[0] if self._loop is not None else ""
+    # ---- start-up ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start everything (see the module docstring); what was started is stopped again on failure."""
         self._loop = asyncio.get_running_loop()
+        self.runtime.event_loop = type(self._loop).__module__.split(".")[0]
         self._sync_lock = asyncio.Lock()
         try:
             await self._start()
@@ -136,45 +128,48 @@ class Broker:
             raise
 
     async def _start(self) -> None:
-        exposed = self.config.exposed_insecurely()
-        if exposed:
-            raise ConfigError(
-                f"refusing to listen on {', '.join(exposed)} without TLS and an ACL: anyone who can reach "
-                "it could read, write and delete every stream. Set [security] tls_cert, tls_key and "
-                "acl_file (see conf/secure/), bind to 127.0.0.1, or set [security] insecure = true"
-            )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_data_dir()
+        self.config.refuse_insecure_exposure()
+        self._lock = DataDirLock.acquire(self.data_dir)
+        await self._start_nats()
+        await self._connect_ingest()
+        self._serve_flight()
+        self._serve_metrics()
+        await self._join_coordination()
+        await self._load_partitions()
+        self._started = True
+        await self._open_to_clients()
+
+    async def _start_nats(self) -> None:
+        """The configured NATS servers, or an embedded nats-server, started and supervised."""
         nats_config = self.config.nats
         if nats_config.servers:
-            self.nats_urls = list(nats_config.servers)
-        else:
-            self.nats_server = NatsServer(
-                host=nats_config.embedded_host,
-                port=nats_config.embedded_port,
-                pid_file=self.data_dir / NATS_PID_FILE,
-                config=self._nats_config(),
-            )
-            self.nats_server.always_config = self.access.enabled
-            # Launched from the loop's thread, which lives as long as the broker:
-            # the server is killed when the thread that started it ends.
-            self.nats_server.launch()
-            await asyncio.to_thread(self.nats_server.wait_ready)
-            self.nats_urls = [self.nats_server.url]
-            self._background.append(asyncio.ensure_future(self._supervise_nats(self.nats_server)))
-        self.ingestor = await Ingestor.connect(
-            self.nats_urls,
-            nats_config,
+            self.runtime.nats_urls = list(nats_config.servers)
+            return
+        nats = EmbeddedNats(
+            nats_config, self.config.security, self.access, self.data_dir, self._stream_subjects
+        )
+        self.runtime.nats = nats
+        await nats.start()
+        self.runtime.nats_urls = [nats.url]
+        self._spawn(nats.supervise())
+
+    async def _connect_ingest(self) -> None:
+        self.runtime.ingestor = await Ingestor.connect(
+            self.runtime.nats_urls,
+            self.config.nats,
             self.config.ingest,
             self.service.discovery,
             name=f"pyspark-jetstream broker {self.broker_id}",
             streams=self._stream_config,
             connect_arguments=self.credentials.nats_arguments(),
         )
+
+    def _serve_flight(self) -> None:
+        """The Flight server, serving from here on (see :meth:`_open_to_clients`)."""
         flight_config = self.config.flight
         security = self.config.security
         scheme = "grpc+tls" if security.tls else "grpc"
-        self._flight = FlightApi(
+        server = FlightApi(
             f"{scheme}://{flight_config.host}:{flight_config.port}",
             self.service,
             access=self.access,
@@ -182,164 +177,74 @@ class Broker:
             max_waiting_readers=flight_config.max_waiting_readers,
             **_flight_tls(security),
         )
+        self.runtime.flight = server
         host = flight_config.advertised_host or flight_config.host
-        self.flight_address = f"{scheme}://{host}:{self._flight.port}"
+        self.runtime.flight_address = f"{scheme}://{host}:{server.port}"
+
+    def _serve_metrics(self) -> None:
         metrics_config = self.config.metrics
         if metrics_config.port >= 0:
-            self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, self)
-        info = BrokerInfo(self.broker_id, self.flight_address, tuple(self.nats_urls))
+            counts = BrokerCounts(self.runtime, self.manager)
+            self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, counts)
+
+    async def _join_coordination(self) -> None:
+        """Register with the coordinator, check that metadata and data agree, listen for changes."""
+        runtime = self.runtime
+        info = BrokerInfo(self.broker_id, runtime.flight_address, tuple(runtime.nats_urls))
         await asyncio.to_thread(self.coordinator.start, info)
         if self.clustered and self.access.enabled:
-            self.coordinator.watch_acl(self._acl_stored)
+            self.coordinator.watch_acl(self.access.adopt_cluster_text)
         self.manager.check_data()
         self.manager.clean_up()
         self.coordinator.add_listener(self._on_metadata_change)
         self.coordinator.add_session_listener(self._on_session)
         if not self.clustered:
             self.coordinator.create_stream(CURSOR_STREAM_CONFIG)
+
+    async def _load_partitions(self) -> None:
+        """Open the partitions the metadata gives this broker, subscribe those led here."""
         await self.sync()
         self.manager.start()
-        self._started = True
-        # Let clients find us only once every partition is loaded.  (The Flight
-        # server has served since it was made; FlightServerBase.serve() is not
+
+    async def _open_to_clients(self) -> None:
+        """Let clients find the broker, once every partition is loaded; start the background work."""
+        # (The Flight server has served since it was made; FlightServerBase.serve() is not
         # called because it installs its own SIGTERM handler, which would wait for
         # every open call to end before the broker even hears of the signal.)
-        await self.ingestor.answer_discovery()
-        self._background.append(
-            asyncio.ensure_future(
-                self._every(self.config.maintenance_interval, Partition.maintain, "maintenance")
-            )
-        )
-        self._background.append(
-            asyncio.ensure_future(
-                self._every(self.config.maintenance_interval, self.manager.repair_leader, "leader repair")
-            )
-        )
+        assert self.runtime.ingestor is not None
+        await self.runtime.ingestor.answer_discovery()
+        interval = self.config.maintenance_interval
+        self._spawn(self._every(interval, Partition.maintain, "maintenance"))
+        self._spawn(self._every(interval, self.manager.repair_leader, "leader repair"))
         if self.config.log.fsync is FsyncPolicy.INTERVAL:
             # Appends fsync when an interval has passed; this covers the end of a burst.
-            self._background.append(
-                asyncio.ensure_future(
-                    self._every(self.config.log.fsync_interval, _sync_if_due, "interval fsync")
-                )
-            )
+            self._spawn(self._every(self.config.log.fsync_interval, _sync_if_due, "interval fsync"))
         self._write_runtime_files()
         logger.info(
             "broker %s serving Flight at %s, NATS %s, metadata in %s",
             self.broker_id,
-            self.flight_address,
-            self.nats_urls,
+            self.runtime.flight_address,
+            self.runtime.nats_urls,
             self.coordinator.describe(),
         )
 
-    def _lock_data_dir(self) -> None:
-        """Refuse to share the data directory with another running broker."""
-        path = self.data_dir / LOCK_FILE
-        handle = open(path, "a+")  # noqa: SIM115 - held for the broker's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise ConfigError(
-                f"the data directory {self.data_dir} is in use by another broker (pid {holder}): "
-                "two brokers cannot share one data directory; give each its own data_dir"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._lock_file = handle
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a coroutine) in the background until the broker closes."""
+        self._background.append(asyncio.ensure_future(work))
 
     def _write_runtime_files(self) -> None:
-        runtime = {
+        runtime: dict[str, object] = {
             "broker_id": self.broker_id,
-            "flight": self.flight_address,
-            "nats": self.nats_urls,
+            "flight": self.runtime.flight_address,
+            "nats": self.runtime.nats_urls,
             "pid": os.getpid(),
         }
         if self._metrics is not None:
             runtime["metrics"] = self._metrics.address
-        atomic_write(self.data_dir / RUNTIME_FILE, json.dumps(runtime).encode())
         session = getattr(self.coordinator, "session", None)
-        if callable(session) and (value := session()) is not None:
-            path = self.data_dir / SESSION_FILE
-            atomic_write(path, json.dumps({"session_id": value[0], "password": value[1].hex()}).encode())
-            path.chmod(0o600)
+        write_runtime_files(self.data_dir, runtime, session() if callable(session) else None)
 
-    async def _supervise_nats(self, server: NatsServer) -> None:
-        """Restart the embedded nats-server on its port whenever it dies; the NATS client reconnects."""
-        wait, longest = NATS_RESTART_BACKOFF
-        while True:
-            await asyncio.sleep(0.2 if server.running else wait)
-            if server.running:
-                wait = NATS_RESTART_BACKOFF[0]
-                continue
-            port = server.port or server.requested_port
-            logger.error("the embedded nats-server died; restarting it on port %s", port)
-            server.stop()  # reap it, remove its files
-            server.requested_port = port
-            try:
-                server.launch()
-                await asyncio.to_thread(server.wait_ready)
-            except Exception:
-                logger.exception("cannot restart the embedded nats-server; retrying in %gs", wait)
-                wait = min(wait * 2, longest)
-
-    # ---- counts for the metrics (read at scrape time, from the metrics thread) -------------
-
-    def flight_requests(self) -> dict[tuple[str, str], int]:
-        """Flight calls served so far, by kind and outcome code."""
-        return dict(self._flight.requests) if self._flight is not None else {}
-
-    def follow_readers(self) -> int:
-        """Flight follow reads open now."""
-        return self._flight.follow_readers if self._flight is not None else 0
-
-    def waiting_readers(self) -> int:
-        """Follow and long-polling reads holding a Flight thread now."""
-        return self._flight.waiting_readers if self._flight is not None else 0
-
-    def live_tail_batches(self) -> dict[tuple[str, int], int]:
-        """Batches each partition led here has published on its live tail."""
-        if self.ingestor is None:
-            return {}
-        return {key: tail.batches for key, tail in self.ingestor.tails.items()}
-
-    def ack_latency(self) -> dict[str, tuple[list[tuple[float, int]], float]]:
-        """Each stream's ack latency: cumulative counts per bucket bound (``inf`` last), and the sum."""
-        if self.ingestor is None:
-            return {}
-        return {stream: h.snapshot() for stream, h in self.ingestor.ack_latency().items()}
-
-    def partition_messages_in(self) -> dict[tuple[str, int], int]:
-        """Messages each partition held here has appended as leader since it was opened."""
-        return {(p.stream, p.number): p.messages_in for p in self.manager.held()}
-
-    def producer_not_stored(self) -> dict[tuple[str, int, str], int]:
-        """Idempotent appends to each partition held here that stored nothing, by verdict."""
-        return {
-            (p.stream, p.number, verdict.value): count
-            for p in self.manager.held()
-            for verdict, count in p.producer_not_stored.items()
-        }
-
-    def nats_connected(self) -> bool:
-        """Whether the NATS connection is up."""
-        return self.ingestor is not None and self.ingestor.connected
-
-    def partition_files(self) -> dict[tuple[str, int], tuple[int, int]]:
-        """Bytes on disk and segment count of every partition held here."""
-        out = {}
-        for partition in self.manager.held():
-            try:
-                out[(partition.stream, partition.number)] = (
-                    partition.log.size_bytes,
-                    len(partition.log.segment_base_offsets),
-                )
-            except LogError:  # closed meanwhile
-                continue
-        return out
+    # ---- shutdown ----------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Hand leadership over (cluster), stop accepting, store what is pending, close everything.
@@ -347,56 +252,36 @@ class Broker:
         What cannot be closed (a full disk, say) is logged and raised at the
         end as one ``MetadataError``, after everything else was closed.
         """
+        runtime = self.runtime
         (self.data_dir / RUNTIME_FILE).unlink(missing_ok=True)
         if self._started and self.clustered:
-            await self._hand_over_leadership()
+            await hand_over_leadership(
+                self.coordinator,
+                self.manager,
+                self.broker_id,
+                self.config.zookeeper.controlled_shutdown_timeout,
+                self.sync,
+            )
         for task in self._background:
             task.cancel()
-        if self.ingestor is not None:
-            await self.ingestor.close()
+        if runtime.ingestor is not None:
+            await runtime.ingestor.close()
         for partition in self.manager.held():
             partition.wake_readers()
-        if self._flight is not None:
-            await asyncio.to_thread(self._flight.shutdown)
+        if runtime.flight is not None:
+            await asyncio.to_thread(runtime.flight.shutdown)
         if self._metrics is not None:
             await asyncio.to_thread(self._metrics.close)
         failures = await asyncio.to_thread(self.manager.close)
         self.coordinator.close()
-        if self.nats_server is not None:
-            await asyncio.to_thread(self.nats_server.stop)
+        if runtime.nats is not None:
+            await asyncio.to_thread(runtime.nats.stop)
         (self.data_dir / SESSION_FILE).unlink(missing_ok=True)
-        if self._lock_file is not None:
-            self._lock_file.close()
+        if self._lock is not None:
+            self._lock.release()
         logger.info("broker %s stopped", self.broker_id)
         if failures:
             raise MetadataError("could not close everything cleanly: " + "; ".join(failures))
-
-    async def _hand_over_leadership(self) -> None:
-        """Controlled shutdown: ask the controller to move our leadership, wait (bounded) for it."""
-        timeout = self.config.zookeeper.controlled_shutdown_timeout
-        try:
-            await asyncio.to_thread(self.coordinator.request_controlled_shutdown, self.broker_id)
-        except JetStreamError as exc:  # the coordinator out of reach: its message says so
-            logger.warning("cannot ask for a controlled shutdown (%s); stopping without it", exc)
-            return
-        except Exception:
-            logger.exception("cannot ask for a controlled shutdown; stopping without it")
-            return
-        deadline = time.monotonic() + timeout
-        while True:
-            await self.sync()
-            movable = [
-                f"{p.stream}/{p.number}"
-                for p in self.manager.leaders().values()
-                if any(r != self.broker_id for r in p.state.isr)
-            ]
-            if not movable:
-                logger.info("controlled shutdown: no partition led here can move to another replica")
-                return
-            if time.monotonic() > deadline:
-                logger.warning("controlled shutdown timed out; still leading %s", ", ".join(movable))
-                return
-            await asyncio.sleep(0.1)
 
     # ---- metadata ------------------------------------------------------------------------
 
@@ -431,68 +316,27 @@ class Broker:
         self.request_sync().result(SYNC_TIMEOUT)
 
     async def sync(self) -> None:
-        """Make partitions and subscriptions fit the coordinator's metadata."""
+        """Make partitions, subscriptions and the embedded NATS's permissions fit the metadata."""
         assert self._sync_lock is not None
         async with self._sync_lock:
-            await asyncio.to_thread(self._reconfigure_nats)
+            if self.runtime.nats is not None:
+                await asyncio.to_thread(self.runtime.nats.reconfigure)
             await asyncio.to_thread(self.manager.apply)
-            if self.ingestor is not None:
+            if self.runtime.ingestor is not None:
                 leading = {
                     key: partition
                     for key, partition in self.manager.leaders().items()
                     if not key[0].startswith(INTERNAL_PREFIX)
                 }
-                await self.ingestor.sync(leading)
+                await self.runtime.ingestor.sync(leading)
 
-    # ---- security ---------------------------------------------------------------------------
-
-    def _nats_config(self) -> str:
-        """The embedded nats-server's configuration: TLS, and users with the ACL's permissions."""
-        security = self.config.security
-        tls: dict[str, object] | None = None
-        if security.tls:
-            tls = {"cert_file": security.tls_cert, "key_file": security.tls_key, "timeout": 5}
-            if security.tls_ca:
-                tls["ca_file"] = security.tls_ca
-            if security.verify_clients:
-                tls["verify"] = True
-        subjects: dict[str, list[str]] = {}
-        with contextlib.suppress(Exception):  # before the coordinator starts: no streams yet
-            subjects = {
-                s.config.name: s.config.partition_subjects()
-                for s in self.coordinator.list_streams()
-                if not s.config.name.startswith(INTERNAL_PREFIX)
-            }
-        return self.access.nats_config(subjects, tls)
-
-    def _reconfigure_nats(self) -> None:
-        """Reload the embedded nats-server if its permissions changed (streams, ACL)."""
-        server = self.nats_server
-        if server is None or not self.access.enabled:
-            return
-        config = self._nats_config()
-        if config != server.config:
-            server.reload(config)
-            logger.info("reloaded the embedded nats-server's permissions")
-
-    def _acl_stored(self, text: str | None) -> None:
-        """The cluster's ACL in ZooKeeper changed (or is first read): every broker enforces it.
-        None stored yet: this broker's file becomes the cluster's."""
-        if text is None:
-            if self.access.text is not None:
-                self.coordinator.store_acl(self.access.text)
-            return
-        self.access.offer_text(text, "the ACL in ZooKeeper")
-
-    def _security_changed(self) -> None:
-        """The ACL changed (any thread): the embedded NATS's permissions follow."""
-        loop = getattr(self, "_loop", None)  # None while the broker is being made
-        if loop is not None and self.nats_server is not None:
-            loop.call_soon_threadsafe(self.request_sync)
-
-    def _connect_peer(self, address: str) -> flight.FlightClient:
-        """A Flight client to another broker, with this broker's TLS trust and credentials."""
-        return flight.connect(address, **self.credentials.flight_arguments())
+    def _stream_subjects(self) -> dict[str, list[str]]:
+        """Each user-visible stream's partition subjects, as the coordinator has them."""
+        return {
+            s.config.name: s.config.partition_subjects()
+            for s in self.coordinator.list_streams()
+            if not s.config.name.startswith(INTERNAL_PREFIX)
+        }
 
     def _stream_config(self, name: str) -> StreamConfig | None:
         """A stream's configuration as the coordinator has it (``None``: no such stream)."""
@@ -513,6 +357,18 @@ class Broker:
             max_message_bytes=config.max_message_bytes,
             compression=config.compression,
         )
+
+    # ---- peers and security ------------------------------------------------------------------
+
+    def _security_changed(self) -> None:
+        """The ACL changed (any thread): the embedded NATS's permissions follow."""
+        loop = getattr(self, "_loop", None)  # None while the broker is being made
+        if loop is not None and self.runtime.nats is not None:
+            loop.call_soon_threadsafe(self.request_sync)
+
+    def _connect_peer(self, address: str) -> flight.FlightClient:
+        """A Flight client to another broker, with this broker's TLS trust and credentials."""
+        return flight.connect(address, **self.credentials.flight_arguments())
 
     async def _every(self, seconds: float, work: Callable[[Partition], object], what: str) -> None:
         """Run ``work`` on every partition (in a worker thread) every ``seconds``."""

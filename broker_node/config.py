@@ -223,6 +223,16 @@ class BrokerConfig:
             listeners.append(("metrics", self.metrics.host))
         return [f"[{name}] {host}" for name, host in listeners if not _loopback(host)]
 
+    def refuse_insecure_exposure(self) -> None:
+        """``ConfigError`` when a listener would be open beyond loopback without TLS and an ACL."""
+        exposed = self.exposed_insecurely()
+        if exposed:
+            raise ConfigError(
+                f"refusing to listen on {', '.join(exposed)} without TLS and an ACL: anyone who can reach "
+                "it could read, write and delete every stream. Set [security] tls_cert, tls_key and "
+                "acl_file (see conf/secure/), bind to 127.0.0.1, or set [security] insecure = true"
+            )
+
 
 def _loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address or name (a name is resolved by nothing: only localhost)."""

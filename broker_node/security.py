@@ -109,6 +109,15 @@ class AccessControl:
         except InvalidArgumentError as exc:
             logger.error("access control: keeping the ACL in force; %s", exc)
 
+    def adopt_cluster_text(self, text: str | None) -> None:
+        """The cluster's stored ACL changed, or is first read (any thread): enforce it, as every
+        broker does.  None stored yet: this broker's document becomes the cluster's (``publish``)."""
+        if text is None:
+            if self._text is not None and self._publish is not None:
+                self._publish(self._text)
+            return
+        self.offer_text(text, "the ACL in ZooKeeper")
+
     def _read_file(self) -> str:
         assert self.acl_file is not None
         try:

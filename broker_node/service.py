@@ -1,10 +1,11 @@
 """What a broker answers over Flight: reads, replica fetches, admin, cursors, status.
 
-:class:`BrokerService` satisfies the API's ``BrokerView``.  Requests that only
-a partition's leader may serve raise ``NotLeaderError`` naming the leader and
-its address elsewhere; stream creation and deletion, which only the controller
-may do, are forwarded to it (``controller_call``), so a client never needs to
-know who the controller is.
+:class:`BrokerService` satisfies the API's ``BrokerView``.  It is built from the
+broker's parts (the runtime, the replica manager, the coordinator), not from
+the broker itself.  Requests that only a partition's leader may serve raise
+``NotLeaderError`` naming the leader and its address elsewhere; stream
+creation and deletion, which only the controller may do, are forwarded to it
+(``controller_call``), so a client never needs to know who the controller is.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from pyarrow import flight
 
-from broker_node.coordination.base import StreamMetadata
+from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
 from broker_node.log import Record, ReplicaFrame
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
+from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition, Role
+from broker_node.runtime import Runtime
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -41,9 +45,6 @@ from pyspark_jetstream.protocol.flight import (
 from pyspark_jetstream.protocol.replica import ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name
 
-if TYPE_CHECKING:
-    from .broker import Broker
-
 logger = logging.getLogger(__name__)
 
 CONTROLLER_DEADLINE = 30.0
@@ -56,28 +57,42 @@ CURSOR_COMMIT_TIMEOUT = 10.0
 class BrokerService:
     """The broker as the Flight API sees it (see the module docstring)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        runtime: Runtime,
+        manager: ReplicaManager,
+        coordinator: Coordinator,
+        *,
+        clustered: bool,
+        wait_for_sync: Callable[[], None],
+    ) -> None:
+        """``runtime``: the broker's addresses and running parts, filled in as it starts;
+        ``wait_for_sync``: from a Flight thread, apply pending metadata changes here first."""
+        self._runtime = runtime
+        self._manager = manager
+        self._coordinator = coordinator
+        self._clustered = clustered
+        self._wait_for_sync = wait_for_sync
         self._cursor_lock = threading.Lock()
 
     @property
     def flight_address(self) -> str:
         """Where this broker serves Flight."""
-        return self.broker.flight_address
+        return self._runtime.flight_address
 
     def discovery(self) -> dict[str, object]:
         """The answer to a discovery request on NATS."""
-        return {"broker_id": self.broker.broker_id, "flight": self.broker.flight_address}
+        return {"broker_id": self._runtime.broker_id, "flight": self._runtime.flight_address}
 
     # ---- reads ---------------------------------------------------------------------------------
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> Partition:
         """The partition to read from here: its leader, or an in-sync follower when allowed."""
-        return self.broker.manager.require(stream, number, leader=False, from_replicas=from_replicas)
+        return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
     def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
         """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replica`)."""
-        manager = self.broker.manager
+        manager = self._manager
         partition = manager.require(request.stream, request.partition, leader=True)
         epoch = partition.state.leader_epoch
         if request.leader_epoch != epoch:
@@ -113,7 +128,7 @@ class BrokerService:
 
     def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]:
         """Where ``epoch`` ends in the leader's log (the largest epoch it has <= ``epoch``)."""
-        leader = self.broker.manager.require(stream, partition, leader=True)
+        leader = self._manager.require(stream, partition, leader=True)
         answer = leader.log.end_offset_for_epoch(epoch)
         return {"epoch": answer.epoch, "end_offset": answer.end_offset}
 
@@ -127,16 +142,15 @@ class BrokerService:
         deleted again and the reason raised: nothing half-made stays behind.
         """
         validate_stream_name(config.name)  # internal names are the broker's own
-        broker = self.broker
-        existed = any(m.config.name == config.name for m in broker.coordinator.list_streams())
+        existed = any(m.config.name == config.name for m in self._coordinator.list_streams())
         self._controller("create_stream", config.to_json())
-        if not broker.clustered:
-            broker.wait_for_sync()
-            problems = {**broker.manager.offline, **self._ingest_failures()}
+        if not self._clustered:
+            self._wait_for_sync()
+            problems = {**self._manager.offline, **self._ingest_failures()}
             refused = [why for (stream, _), why in sorted(problems.items()) if stream == config.name]
             if refused and not existed:
-                broker.coordinator.delete_stream(config.name)
-                broker.wait_for_sync()
+                self._coordinator.delete_stream(config.name)
+                self._wait_for_sync()
                 raise InvalidArgumentError(f"stream {config.name!r} was not created: {refused[0]}")
         else:
             self._wait_until_served(config.name)
@@ -147,17 +161,17 @@ class BrokerService:
         if name.startswith("__"):
             raise InvalidArgumentError(f"stream {name!r} is internal and cannot be deleted")
         self._controller("delete_stream", {"name": name})
-        self.broker.wait_for_sync()
+        self._wait_for_sync()
 
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership back to each partition's preferred (first) replica where it is in sync."""
         result = self._controller("elect_preferred_leaders", {})
-        self.broker.wait_for_sync()
+        self._wait_for_sync()
         return result if isinstance(result, dict) else {}
 
     def controller_call(self, action: str, body: dict[str, Any]) -> object:
         """Run an admin action as the controller (``NotControllerError`` if this broker is not)."""
-        coordinator = self.broker.coordinator
+        coordinator = self._coordinator
         if action == "create_stream":
             created = coordinator.create_stream(StreamConfig.from_json(body))
             return {"name": created.config.name}
@@ -178,12 +192,12 @@ class BrokerService:
             try:
                 return self.controller_call(action, body)
             except NotControllerError as exc:
-                controller = exc.fields.get("controller") or self.broker.coordinator.controller()
-                address = self.broker.manager.peer_address_of(str(controller)) if controller else None
-                if address is not None and controller != self.broker.broker_id:
+                controller = exc.fields.get("controller") or self._coordinator.controller()
+                address = self._manager.peer_address_of(str(controller)) if controller else None
+                if address is not None and controller != self._runtime.broker_id:
                     try:
                         return _call(
-                            self.broker.manager.connect_peer(address),
+                            self._manager.connect_peer(address),
                             address,
                             ActionType.CONTROLLER_CALL,
                             {"action": action, "body": body},
@@ -198,15 +212,14 @@ class BrokerService:
 
     def _wait_until_served(self, name: str) -> None:
         """Wait until every partition of ``name`` is led by a broker that ingests it."""
-        broker = self.broker
         deadline = time.monotonic() + SERVED_DEADLINE
-        refresh = getattr(broker.coordinator, "refresh", None)
+        refresh = getattr(self._coordinator, "refresh", None)
         waiting: list[str] = []
         while time.monotonic() < deadline:
             if callable(refresh):
                 refresh()
             try:
-                metadata = broker.coordinator.get_stream(name)
+                metadata = self._coordinator.get_stream(name)
             except UnknownStreamError:
                 time.sleep(0.05)
                 continue
@@ -224,43 +237,42 @@ class BrokerService:
         )
 
     def _serves(self, leader: str, stream: str, number: int) -> bool:
-        broker = self.broker
         if not leader:
             return False
         key = f"{stream}/{number}"
-        if leader == broker.broker_id:
-            broker.wait_for_sync()
+        if leader == self._runtime.broker_id:
+            self._wait_for_sync()
             return key in self._leading()
-        address = broker.manager.peer_address_of(leader)
+        address = self._manager.peer_address_of(leader)
         if address is None:
             return False
         try:
-            answer = _call(self.broker.manager.connect_peer(address), address, ActionType.METADATA, {})
+            answer = _call(self._manager.connect_peer(address), address, ActionType.METADATA, {})
         except JetStreamError:
             return False
         return isinstance(answer, dict) and key in answer.get("leading", [])
 
     def _leading(self) -> list[str]:
         """Partitions this broker leads and ingests (internal ones need no subscription)."""
-        ingesting = self.broker.ingestor.ingesting() if self.broker.ingestor is not None else set()
+        ingesting = self._runtime.ingestor.ingesting() if self._runtime.ingestor is not None else set()
         return sorted(
             f"{s}/{n}"
-            for (s, n), p in self.broker.manager.leaders().items()
+            for (s, n), p in self._manager.leaders().items()
             if p.is_leader and (s.startswith("__") or (s, n) in ingesting)
         )
 
     def describe_stream(self, name: str) -> StreamInfo:
         """A stream's config, and its partitions' leadership and offsets (-1 where not held here)."""
-        return self._describe(self.broker.coordinator.get_stream(name))
+        return self._describe(self._coordinator.get_stream(name))
 
     def list_streams(self) -> list[StreamInfo]:
         """Every stream (internal ones included), by name."""
-        return [self._describe(m) for m in self.broker.coordinator.list_streams()]
+        return [self._describe(m) for m in self._coordinator.list_streams()]
 
     def _describe(self, metadata: StreamMetadata) -> StreamInfo:
         infos = []
         for number, state in enumerate(metadata.partitions):
-            partition = self.broker.manager.get(metadata.config.name, number)
+            partition = self._manager.get(metadata.config.name, number)
             log = partition.log if partition is not None else None
             infos.append(
                 PartitionInfo(
@@ -278,9 +290,9 @@ class BrokerService:
 
     def metadata(self) -> dict[str, Any]:
         """The cluster as this broker sees it: brokers, controller, leaders; what it leads itself."""
-        coordinator = self.broker.coordinator
+        coordinator = self._coordinator
         return {
-            "broker_id": self.broker.broker_id,
+            "broker_id": self._runtime.broker_id,
             "controller": coordinator.controller(),
             "brokers": [
                 {"broker_id": b.broker_id, "flight": b.flight_address, "nats": list(b.nats_urls)}
@@ -305,7 +317,7 @@ class BrokerService:
     def _write_cursor(self, consumer: str, stream: str, partition: int, offset: int | None) -> None:
         key = cursor_key(consumer, stream, partition)
         self._check_partition(stream, partition)
-        cursors = self.broker.manager.require(CURSOR_STREAM, 0, leader=True)
+        cursors = self._manager.require(CURSOR_STREAM, 0, leader=True)
         committed = threading.Event()
         failure: list[JetStreamError] = []
         with self._cursor_lock:  # the log and the table see cursor writes in one order
@@ -336,11 +348,11 @@ class BrokerService:
         """The stored position, or ``None`` if the consumer never set one."""
         key = cursor_key(consumer, stream, partition)
         self._check_partition(stream, partition)
-        cursors = self.broker.manager.require(CURSOR_STREAM, 0, leader=True)
+        cursors = self._manager.require(CURSOR_STREAM, 0, leader=True)
         return cursors.cursors.get(key) if cursors.cursors is not None else None
 
     def _check_partition(self, stream: str, number: int) -> None:
-        metadata = self.broker.coordinator.get_stream(stream)
+        metadata = self._coordinator.get_stream(stream)
         if not 0 <= number < len(metadata.partitions):
             raise UnknownStreamError(
                 f"stream {stream!r} has partitions 0 to {len(metadata.partitions) - 1}, not {number}",
@@ -352,22 +364,21 @@ class BrokerService:
 
     def status(self) -> dict[str, Any]:
         """Identity, health, streams, the partitions held here, and cursors with their lag."""
-        broker = self.broker
         return {
-            "broker_id": broker.broker_id,
-            "flight": broker.flight_address,
-            "nats": broker.nats_urls,
-            "controller": broker.coordinator.controller(),
-            "event_loop": broker.event_loop,
+            "broker_id": self._runtime.broker_id,
+            "flight": self._runtime.flight_address,
+            "nats": self._runtime.nats_urls,
+            "controller": self._coordinator.controller(),
+            "event_loop": self._runtime.event_loop,
             "health": self.health(),
             "streams": [info.to_json() for info in self.list_streams()],
-            "partitions": [self._partition_status(p) for p in broker.manager.held()],
+            "partitions": [self._partition_status(p) for p in self._manager.held()],
             "cursors": self._cursors(),
         }
 
     def _partition_status(self, partition: Partition) -> dict[str, Any]:
         log = partition.log
-        fetcher = self.broker.manager.fetchers().get((partition.stream, partition.number))
+        fetcher = self._manager.fetchers().get((partition.stream, partition.number))
         return {
             "stream": partition.stream,
             "partition": partition.number,
@@ -384,7 +395,7 @@ class BrokerService:
         }
 
     def _cursors(self) -> list[dict[str, Any]]:
-        manager = self.broker.manager
+        manager = self._manager
         holder = manager.get(CURSOR_STREAM, 0)
         if holder is None or holder.role is not Role.LEADER or holder.cursors is None:
             return []
@@ -413,34 +424,34 @@ class BrokerService:
         NATS refused, a follower that cannot fetch, damaged batches, data the
         metadata does not know.
         """
-        broker = self.broker
         problems = []
-        if broker.nats_server is not None and not broker.nats_server.running:
+        if self._runtime.nats is not None and not self._runtime.nats.running:
             problems.append("the embedded nats-server is not running (restarting it)")
-        if broker.ingestor is None or not broker.ingestor.connected:
-            problems.append(f"not connected to NATS at {', '.join(broker.nats_urls)}: nothing is ingested")
-        lease = getattr(broker.coordinator, "lease_valid", None)
+        if self._runtime.ingestor is None or not self._runtime.ingestor.connected:
+            problems.append(
+                f"not connected to NATS at {', '.join(self._runtime.nats_urls)}: nothing is ingested"
+            )
+        lease = getattr(self._coordinator, "lease_valid", None)
         if callable(lease) and not lease():
-            problems.append(f"out of touch with {broker.coordinator.describe()}: not leading anything")
-        failures = broker.ingestor.failures if broker.ingestor is not None else {}
-        for (stream, number), reason in sorted({**broker.manager.offline, **failures}.items()):
+            problems.append(f"out of touch with {self._coordinator.describe()}: not leading anything")
+        for (stream, number), reason in sorted({**self._manager.offline, **self._ingest_failures()}.items()):
             problems.append(f"{stream}/{number}: {reason}")
-        for key, fetcher in sorted(broker.manager.fetchers().items()):
+        for key, fetcher in sorted(self._manager.fetchers().items()):
             if fetcher.last_error:
                 problems.append(
                     f"{key[0]}/{key[1]}: cannot fetch from leader {fetcher.leader}: {fetcher.last_error}"
                 )
-        for partition in broker.manager.held():
+        for partition in self._manager.held():
             for damaged in partition.log.damaged:
                 problems.append(
                     f"{partition.stream}/{partition.number}: offsets {damaged.first_offset} to "
                     f"{damaged.last_offset} are damaged ({damaged.detail})"
                 )
-        problems += [f"{directory}: {reason}" for directory, reason in sorted(broker.manager.strays.items())]
+        problems += [f"{directory}: {reason}" for directory, reason in sorted(self._manager.strays.items())]
         return {"ok": not problems, "problems": problems}
 
     def _ingest_failures(self) -> dict[tuple[str, int], str]:
-        return self.broker.ingestor.failures if self.broker.ingestor is not None else {}
+        return self._runtime.ingestor.failures if self._runtime.ingestor is not None else {}
 
 
 def _call(client: flight.FlightClient, address: str, action: ActionType, body: dict[str, Any]) -> object:

@@ -1,0 +1,32 @@
+"""What a broker's start-up has made so far: its addresses and the parts that run.
+
+One :class:`Runtime` per broker, filled in by the start-up steps on the event
+loop (before clients can find the broker) and read by the service, the
+metrics and the shutdown from any thread.  The parts are ``None`` until
+started (and stay ``None`` when not used: no embedded nats-server with
+``[nats] servers``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from broker_node.api.server import FlightApi
+from broker_node.embedded_nats import EmbeddedNats
+from broker_node.ingest.ingestor import Ingestor
+
+
+@dataclasses.dataclass
+class Runtime:
+    """One broker's addresses and running parts (see the module docstring)."""
+
+    broker_id: str
+    flight_address: str = ""
+    """Where this broker serves Flight, as clients reach it."""
+    nats_urls: list[str] = dataclasses.field(default_factory=list)
+    """The NATS servers it ingests from."""
+    event_loop: str = ""
+    """Whose event loop the broker runs on: ``uvloop`` or ``asyncio``."""
+    nats: EmbeddedNats | None = None
+    ingestor: Ingestor | None = None
+    flight: FlightApi | None = None
