@@ -1,0 +1,110 @@
+"""``jetstream status``, ``health`` and ``cluster``: a broker's and the cluster's state."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pyspark_jetstream.cli.common import partition_table, table
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.flight import StreamInfo
+
+
+def add_commands(commands: Any) -> None:
+    """``status``, ``health``, ``cluster status`` and ``cluster elect-leaders``."""
+    commands.add_parser("status", help="streams, partitions, cursors and lag").set_defaults(run=_status)
+    commands.add_parser("health", help="problems, if any; exit 1 when there are some").set_defaults(
+        run=_health
+    )
+    cluster = commands.add_parser("cluster", help="brokers, the controller, replicas and lag")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster_commands.add_parser(
+        "status", help="every partition: leader, replicas, ISR, high watermark and each replica's lag"
+    ).set_defaults(run=_cluster_status)
+    cluster_commands.add_parser(
+        "elect-leaders", help="lead each partition from its preferred replica again (after restarts)"
+    ).set_defaults(run=_elect_leaders)
+
+
+def _status(client: SyncClient, args: argparse.Namespace) -> None:
+    status = client.status()
+    print(f"broker {status['broker_id']}  flight {status['flight']}  nats {', '.join(status['nats'])}")
+    print()
+    partition_table([StreamInfo.from_json(s) for s in status["streams"]])
+    print()
+    table(
+        ["consumer", "stream", "partition", "offset", "lag"],
+        [
+            [c["consumer"], c["stream"], str(c["partition"]), str(c["offset"]), str(c["lag"])]
+            for c in status["cursors"]
+        ],
+    )
+
+
+def _health(client: SyncClient, args: argparse.Namespace) -> None:
+    health = client.health()
+    if health["ok"]:
+        print("ok")
+        return
+    for problem in health["problems"]:
+        print(problem)
+    raise SystemExit(1)
+
+
+def _cluster_status(client: SyncClient, args: argparse.Namespace) -> None:
+    metadata = client.metadata()
+    statuses = client.cluster_status()
+    print(f"controller {metadata['controller'] or '(none)'}")
+    table(
+        ["broker", "flight", "health"],
+        [
+            [b["broker_id"], b["flight"], _broker_health(statuses.get(b["broker_id"]))]
+            for b in metadata["brokers"]
+        ],
+    )
+    print()
+    held = {
+        (p["stream"], p["partition"], broker_id): p
+        for broker_id, status in statuses.items()
+        for p in status.get("partitions", [])
+    }
+    rows = []
+    for stream in metadata["streams"]:
+        name = stream["config"]["name"]
+        for p in stream["partitions"]:
+            leader = held.get((name, p["partition"], p["leader"]))
+            ends = [_replica_end(held.get((name, p["partition"], r)), r, leader) for r in p["replicas"]]
+            rows.append(
+                [
+                    name,
+                    str(p["partition"]),
+                    p["leader"] or "(none)",
+                    str(p["leader_epoch"]),
+                    ",".join(p["isr"]),
+                    "?" if leader is None else str(leader["high_watermark"]),
+                    "  ".join(ends),
+                ]
+            )
+    table(["stream", "partition", "leader", "epoch", "isr", "high watermark", "log end offsets"], rows)
+
+
+def _broker_health(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "unreachable"
+    if "error" in status:
+        return f"unreachable: {status['error']}"
+    health = status["health"]
+    return "ok" if health["ok"] else "; ".join(health["problems"])
+
+
+def _replica_end(mine: dict[str, Any] | None, replica: str, leader: dict[str, Any] | None) -> str:
+    if mine is None:
+        return f"{replica}=?"
+    end = mine["log_end_offset"]
+    lag = "" if leader is None else f" (lag {max(leader['log_end_offset'] - end, 0)})"
+    return f"{replica}={end}{lag}"
+
+
+def _elect_leaders(client: SyncClient, args: argparse.Namespace) -> None:
+    moved = client.elect_preferred_leaders().get("moved", [])
+    print("\n".join(moved) if moved else "every partition is led by its preferred replica already")

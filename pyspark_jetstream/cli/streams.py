@@ -1,0 +1,133 @@
+"""``jetstream stream``: create, list, describe and delete streams."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pyspark_jetstream.cli.common import parse_duration, parse_size, partition_table, table
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.schema import COMPRESSIONS
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
+from pyspark_jetstream.protocol.subjects import subjects_overlap
+
+
+def add_commands(commands: Any) -> None:
+    """``stream create``, ``list``, ``describe`` and ``delete``."""
+    stream = commands.add_parser("stream", help="create, list, describe or delete streams")
+    stream_commands = stream.add_subparsers(dest="stream_command", required=True)
+    create = stream_commands.add_parser("create", help="create a stream (idempotent)")
+    create.add_argument("name")
+    create.add_argument("--subject", required=True, help="NATS subject; wildcards * and > allowed")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=1, help="copies on as many brokers")
+    create.add_argument(
+        "--min-insync-replicas", type=int, default=1, help="ALL acks need this many in-sync replicas"
+    )
+    create.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="let an out-of-sync replica lead when no in-sync one is left (may lose committed data)",
+    )
+    create.add_argument("--group", help="load-balance group (shared NATS queue group)")
+    create.add_argument("--retention-age", type=parse_duration, help="seconds, or 90s, 30m, 12h, 7d")
+    create.add_argument("--retention-bytes", type=parse_size, help="bytes, or 512KiB, 64MB, 10GiB")
+    create.add_argument("--retention-messages", type=int)
+    create.add_argument("--compaction", action="store_true", help="keep the newest message per key")
+    create.add_argument("--segment-bytes", type=parse_size, help="bytes, or 512KiB, 64MB, 1GiB")
+    create.add_argument("--max-message-bytes", type=parse_size, help="bytes, or 512KiB, 1MiB")
+    create.add_argument(
+        "--duplicate-window",
+        type=parse_duration,
+        help="drop a repeated message id within this time: seconds, or 90s, 2m (default 120 s; 0: off)",
+    )
+    create.add_argument("--duplicate-max-ids", type=int, help="message ids remembered per partition")
+    create.add_argument(
+        "--compression", choices=COMPRESSIONS, default="none", help="codec for stored batches"
+    )
+    create.add_argument(
+        "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
+    )
+    create.set_defaults(run=_stream_create)
+    listing = stream_commands.add_parser("list", help="list streams")
+    listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
+    listing.add_argument("--json", action="store_true", help="one JSON object per stream")
+    listing.set_defaults(run=_stream_list)
+    describe = stream_commands.add_parser("describe", help="show a stream and its partitions")
+    describe.add_argument("name")
+    describe.set_defaults(run=_stream_describe)
+    delete = stream_commands.add_parser("delete", help="delete a stream and its data")
+    delete.add_argument("name")
+    delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
+
+
+def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
+    options: dict[str, Any] = {
+        "partitions": args.partitions,
+        "replication_factor": args.replication_factor,
+        "group": args.group,
+        "retention_age": args.retention_age,
+        "retention_bytes": args.retention_bytes,
+        "retention_messages": args.retention_messages,
+        "compaction": args.compaction,
+        "compression": args.compression,
+        "ack_reply": not args.no_ack_reply,
+        "min_insync_replicas": args.min_insync_replicas,
+        "unclean_leader_election": args.unclean_leader_election,
+    }
+    if args.segment_bytes is not None:
+        options["segment_bytes"] = args.segment_bytes
+    if args.max_message_bytes is not None:
+        options["max_message_bytes"] = args.max_message_bytes
+    if args.duplicate_window is not None:
+        options["duplicate_window"] = args.duplicate_window
+    if args.duplicate_max_ids is not None:
+        options["duplicate_max_ids"] = args.duplicate_max_ids
+    info = client.create_stream(args.name, args.subject, **options)
+    print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
+    mine = StreamConfig.from_json(info.config).partition_subjects()
+    sharing = sorted(
+        other.config["name"]
+        for other in client.list_streams()
+        if other.config["name"] != args.name
+        and any(
+            subjects_overlap(a, b)
+            for a in mine
+            for b in StreamConfig.from_json(other.config).partition_subjects()
+        )
+    )
+    if sharing:
+        print(
+            f"note: stream(s) {', '.join(sharing)} also listen on subjects that overlap "
+            f"{args.subject!r}: each stores its own copy of those messages (a publish that names "
+            "its stream is acked by it alone)"
+        )
+
+
+def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
+    streams = [
+        s for s in client.list_streams() if args.all or not s.config["name"].startswith(INTERNAL_PREFIX)
+    ]
+    if args.json:
+        for s in streams:
+            print(json.dumps(s.to_json()))
+        return
+    rows = [
+        [
+            s.config["name"],
+            s.config["subject"],
+            str(len(s.partitions)),
+            str(sum(max(p.high_watermark - p.log_start_offset, 0) for p in s.partitions)),
+        ]
+        for s in streams
+    ]
+    table(["stream", "subject", "partitions", "messages"], rows)
+
+
+def _stream_describe(client: SyncClient, args: argparse.Namespace) -> None:
+    info = client.describe_stream(args.name)
+    for key, value in info.config.items():
+        print(f"{key:<20} {value}")
+    print()
+    partition_table([info])
