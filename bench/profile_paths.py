@@ -36,9 +36,12 @@ from pyspark_jetstream.client import Client
 from pyspark_jetstream.local import LocalBroker, LocalCluster
 
 
-def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def record(pid: int, seconds: float, out: Path, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy on ``pid``; ``gil``: only the thread holding the GIL (what the interpreter is busy with)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     command = [spy, "record", "--pid", str(pid), "-d", str(int(seconds)), "-f", "raw", "-o", str(out)]
+    if gil:
+        command.append("--gil")
     return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -62,7 +65,7 @@ def top(raw: Path, n: int = 20) -> str:
     return "\n".join(lines)
 
 
-async def run_rf3(seconds: float, out: Path) -> str:
+async def run_rf3(seconds: float, out: Path, gil: bool) -> str:
     """The live tail at 1,000 msg/s on an RF3 stream: what commits a message, leader and followers."""
     cluster = LocalCluster(3, base_dir=out / "cluster", log_level="WARNING").start()
     client = await Client.connect(nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=60)
@@ -77,7 +80,7 @@ async def run_rf3(seconds: float, out: Path) -> str:
         for broker_id, role in roles.items():
             process = cluster.broker(broker_id).process
             assert process is not None
-            spies.append(record(process.pid, seconds, out / f"{role}_rf3.txt"))
+            spies.append(record(process.pid, seconds, out / f"{role}_rf3.txt", gil=gil))
         latencies = await tail_latencies(client, nc, "l", seconds - 1)
         for spy in spies:
             spy.wait()
@@ -89,9 +92,9 @@ async def run_rf3(seconds: float, out: Path) -> str:
     return f"RF3 live tail p50 {p50:.3f} ms, p99 {p99:.3f} ms"
 
 
-async def run(path: str, seconds: float, out: Path) -> str:
+async def run(path: str, seconds: float, out: Path, gil: bool = False) -> str:
     if path == "rf3":
-        return await run_rf3(seconds, out)
+        return await run_rf3(seconds, out, gil)
     server = NatsServer(jetstream=True, store_dir=out / "jetstream").start()
     broker = LocalBroker(out / "data", nats_url=server.url, log_level="WARNING").start()
     assert broker.process is not None
@@ -102,8 +105,8 @@ async def run(path: str, seconds: float, out: Path) -> str:
         for _ in range(500):  # warm up
             await client.publish("p", b"x" * 100)
         spies = [
-            record(broker.process.pid, seconds, out / f"broker_{path}.txt"),
-            record(os.getpid(), seconds, out / f"client_{path}.txt"),
+            record(broker.process.pid, seconds, out / f"broker_{path}.txt", gil=gil),
+            record(os.getpid(), seconds, out / f"client_{path}.txt", gil=gil),
         ]
         if path == "sync":
             sent, start = 0, time.perf_counter()
@@ -130,9 +133,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", choices=("sync", "tail", "rf3"))
     parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="profile-"))
-    print(asyncio.run(run(args.path, args.seconds, out)))
+    print(asyncio.run(run(args.path, args.seconds, out, args.gil)))
     sides = ("leader", "follower0", "follower1") if args.path == "rf3" else ("broker", "client")
     for side in sides:
         raw = out / f"{side}_{args.path}.txt"
