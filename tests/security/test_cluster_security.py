@@ -15,7 +15,7 @@ from broker_node.security import AccessControl
 from pyspark_jetstream.client import ClusterConnection, SyncClient
 from pyspark_jetstream.local import LocalCluster
 from pyspark_jetstream.protocol.envelope import AckPolicy
-from pyspark_jetstream.protocol.errors import PermissionDeniedError
+from pyspark_jetstream.protocol.errors import JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.flight import ReadRequest
 
 from .conftest import Secured, acl_text
@@ -90,8 +90,26 @@ def test_replication_between_brokers_runs_over_tls_with_their_own_credentials(cl
         assert "denied" not in log and "refused credentials" not in log
 
 
+def orders_on_every_broker(running: LocalCluster, secured: Secured) -> None:
+    """Create ``orders`` (a no-op if an earlier test of the module did) and wait until every
+    broker serves it, so a test needing it runs alone or in any order."""
+    with client(running, secured, "alice") as alice:
+        alice.create_stream("orders", "orders", partitions=2, replication_factor=2)
+    deadline = time.monotonic() + 15
+    for address in running.flights:
+        connection = ClusterConnection(address, credentials=secured.credentials("alice"))
+        while True:
+            try:
+                connection.connection(address).read(ReadRequest("orders", 0, from_replicas=True))
+                break
+            except JetStreamError:
+                assert time.monotonic() < deadline, f"{address} does not serve orders/0"
+                time.sleep(0.1)
+
+
 def test_an_acl_edited_on_one_broker_is_enforced_by_every_broker(cluster) -> None:
     running, secured = cluster
+    orders_on_every_broker(running, secured)
     mallory = [ClusterConnection(a, credentials=secured.credentials("mallory")) for a in running.flights]
     for connection in mallory:
         with pytest.raises(PermissionDeniedError):
