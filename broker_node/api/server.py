@@ -406,14 +406,14 @@ class FlightApi(flight.FlightServerBase):
         call = _Call("do_exchange")
 
         def exchange() -> None:
-            command = descriptor.command if descriptor.descriptor_type == flight.DescriptorType.CMD else b""
-            fetch = parse_replica_ticket(command or b"")
+            is_command = descriptor.descriptor_type == flight.DescriptorType.CMD
+            fetch = parse_replica_ticket(descriptor.command or b"") if is_command else None
             if fetch is None:
                 _not_over_flight("do_exchange")()
                 return
             call.about("replica_stream", fetch.stream, fetch.partition)
             self.access.check_cluster(self._principal(context), "replicate")
-            self._replica_stream(fetch, context, reader, writer)
+            self._replica_stream(fetch, reader, writer)
 
         def outcome(code: str) -> None:
             self._counted(call.kind)(code)
@@ -423,7 +423,6 @@ class FlightApi(flight.FlightServerBase):
     def _replica_stream(
         self,
         request: ReplicaFetch,
-        context: flight.ServerCallContext,
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:

@@ -21,6 +21,7 @@ from broker_node.log import Log, ReplicaFrame
 from broker_node.replication.fetcher import Fetcher
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
+from pyspark_jetstream.protocol.flight import error_message
 from pyspark_jetstream.protocol.replica import ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig
 
@@ -59,7 +60,7 @@ class OlderLeaderApi(FlightApi):
 
     def do_exchange(self, context, descriptor, reader, writer):  # type: ignore[no-untyped-def]
         raise flight.FlightServerError(
-            f"[invalid_argument] {InvalidArgumentError('Flight do_exchange is not supported: ...')}"
+            error_message(InvalidArgumentError("Flight do_exchange is not supported: ..."))
         )
 
 
