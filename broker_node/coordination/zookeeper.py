@@ -646,22 +646,30 @@ class ZooKeeperCoordinator(Coordinator):
             logger.warning("campaigning for controller failed (%s); trying again shortly", _why(exc))
             self._retry_later(self._campaign)
             return
+        controller = None
         try:
             raw, stat = client.get(CONTROLLER_EPOCH)
             epoch = wire.epoch_from_bytes(raw) + 1
             stat = client.set(CONTROLLER_EPOCH, wire.epoch_to_bytes(epoch), version=stat.version)
+            # The role is ours from here: take it up before the znode names us with its epoch,
+            # so nobody who reads "the controller is <me>" finds this broker not ready yet.
+            controller = Controller(self, me, epoch, internal_streams=self._internal)
+            with self._lock:
+                self._controller_epoch_version = stat.version
+                self._controller = controller
+            controller.start()
             client.set(CONTROLLER, wire.controller_to_bytes(me, epoch))
         except KazooException as exc:
             logger.warning("taking up the controller role failed (%s); resigning", _why(exc))
+            if controller is not None:
+                with self._lock:
+                    if self._controller is controller:
+                        self._controller = None
+                controller.stop()
             with contextlib.suppress(KazooException):
                 client.delete(CONTROLLER)
             self._retry_later(self._campaign)
             return
-        controller = Controller(self, me, epoch, internal_streams=self._internal)
-        with self._lock:
-            self._controller_epoch_version = stat.version
-            self._controller = controller
-        controller.start()
         client.exists(CONTROLLER, watch=self._on_controller_gone)
 
     def _on_controller_gone(self, event: Any) -> None:
@@ -789,7 +797,9 @@ class ZooKeeperCoordinator(Coordinator):
                 logger.error("%s", exc)
         try:
             raw, _ = client.get(CONTROLLER, watch=w)
-            controller: str | None = wire.controller_from_bytes(raw)[0]
+            name, epoch = wire.controller_from_bytes(raw)
+            # Epoch -1: a broker won the election but has not taken the role up yet.
+            controller: str | None = name if epoch >= 0 else None
         except NoNodeError:
             controller = None
             client.exists(CONTROLLER, watch=w)

@@ -11,9 +11,10 @@ from kazoo.client import KazooClient
 
 from broker_node.coordination import wire
 from broker_node.coordination.base import BrokerInfo, SessionState
+from broker_node.coordination.controller import Controller
 from broker_node.coordination.errors import CoordinationError, NotControllerError
 from broker_node.coordination.settings import ZooKeeperConfig
-from broker_node.coordination.zookeeper import CONTROLLER_EPOCH, ZooKeeperCoordinator
+from broker_node.coordination.zookeeper import CONTROLLER, CONTROLLER_EPOCH, ZooKeeperCoordinator
 from broker_node.zookeeper_server import ZooKeeperServer, free_port
 from pyspark_jetstream.protocol.streams import StreamConfig
 
@@ -169,6 +170,40 @@ def test_a_controller_node_of_our_own_that_nobody_acts_on_is_given_up(cluster):
     )
     created = coordinator.create_stream(StreamConfig(name="again", subject="again"))
     assert created.partitions[0].leader == "b1"
+
+
+def test_a_won_election_is_not_announced_before_the_controller_runs(cluster, zk_settings, monkeypatch):
+    # Whoever reads "the controller is b1" sends b1 controller work at once: b1 must take it.
+    # So the controller znode names b1 (with its epoch) only after b1's controller started.
+    seen_at_start: list[str | None] = []
+    start = Controller.start
+
+    def start_and_look(controller: Controller) -> None:
+        seen_at_start.append(coordinator._read_snapshot(watch=False).controller)
+        start(controller)
+
+    monkeypatch.setattr(Controller, "start", start_and_look)
+    (coordinator,) = cluster(1)
+    wait_until(lambda: coordinator.controller() == "b1")
+    assert seen_at_start == [None]
+    coordinator.create_stream(StreamConfig(name="at-once", subject="at-once"))
+
+
+def test_a_controller_znode_without_an_epoch_names_no_controller_yet(cluster, zk_settings):
+    # Another broker won the election but has not taken the role up: nobody is controller yet.
+    client = KazooClient(hosts=zk_settings.hosts)
+    client.start()
+    try:
+        client.ensure_path(zk_settings.chroot)
+        client.create(zk_settings.chroot + CONTROLLER, wire.controller_to_bytes("b9", -1), ephemeral=True)
+        (coordinator,) = cluster(1)
+        coordinator.refresh()
+        assert coordinator.controller() is None
+    finally:
+        client.stop()
+        client.close()
+    wait_until(lambda: coordinator.controller() == "b1", message="b1 campaigns once the znode is gone")
+    coordinator.create_stream(StreamConfig(name="after-b9", subject="after-b9"))
 
 
 def test_a_broker_id_in_use_is_refused(cluster, zk_settings):
