@@ -190,7 +190,7 @@ class Broker:
     async def _join_coordination(self) -> None:
         """Register with the coordinator, check that metadata and data agree, listen for changes."""
         runtime = self.runtime
-        info = BrokerInfo(self.broker_id, runtime.flight_address, tuple(runtime.nats_urls))
+        info = BrokerInfo(self.broker_id, runtime.flight_address, tuple(runtime.nats_urls), self.config.rack)
         await asyncio.to_thread(self.coordinator.start, info)
         if self.clustered and self.access.enabled:
             self.coordinator.watch_acl(self.access.adopt_cluster_text)

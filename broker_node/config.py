@@ -192,6 +192,9 @@ class BrokerConfig:
     """Everything a broker process needs."""
 
     broker_id: str = "broker-1"
+    rack: str = ""
+    """Where the broker sits (a rack, a zone): generated reassignment plans and drains spread a
+    partition's replicas over racks.  Empty: not declared."""
     data_dir: Path = Path("data")
     maintenance_interval: float = 30.0
     """Seconds between retention and compaction passes (0.01 to 86400)."""
@@ -207,6 +210,8 @@ class BrokerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rack, str) or len(self.rack) > 64 or not self.rack.isprintable():
+            raise ValueError(f"rack must be a name of at most 64 printable characters, got {self.rack!r}")
         bounded_number(
             "maintenance_interval", self.maintenance_interval, MIN_INTERVAL, MAX_MAINTENANCE_INTERVAL
         )

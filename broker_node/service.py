@@ -19,6 +19,7 @@ from typing import Any
 
 from pyarrow import flight
 
+from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
 from broker_node.log import Record, ReplicaFrame
@@ -169,9 +170,81 @@ class BrokerService:
         self._wait_for_sync()
         return result if isinstance(result, dict) else {}
 
+    def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Partition moves (see ``coordination.reassignment``); ``body["op"]`` says which.
+
+        ``start`` (a ``plan``, a ``throttle`` in bytes/s), ``cancel`` (the
+        ``partitions`` as ``[stream, number]`` pairs, or all), ``drain`` (a
+        ``broker``, a ``throttle``) run on the controller; ``list`` and
+        ``generate`` (``brokers``, optional ``streams``) answer here.
+        """
+        op = body.get("op")
+        if op == "list":
+            return {"partitions": self._reassignments()}
+        if op == "generate":
+            return self._generated_plan(body)
+        if op not in ("start", "cancel", "drain"):
+            raise InvalidArgumentError(f"op must be one of start, cancel, drain, list, generate, got {op!r}")
+        if op == "start":  # the form is checked here, before the controller is asked
+            moves = reassignment.parse_plan(body.get("plan"))
+            body = {**body, "plan": [m.to_json() for m in moves]}
+        reassignment.check_throttle(body.get("throttle", 0))
+        result = self._controller("reassign_partitions", body)
+        self._wait_for_sync()
+        return result if isinstance(result, dict) else {}
+
+    def _reassignments(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "stream": m.config.name,
+                "partition": number,
+                "leader": state.leader,
+                "replicas": list(state.replicas),
+                "target": list(state.target),
+                "adding": list(state.adding),
+                "removing": list(state.removing),
+                "isr": list(state.isr),
+                "throttle": state.throttle,
+            }
+            for m in self._coordinator.list_streams()
+            for number, state in enumerate(m.partitions)
+            if state.reassigning
+        ]
+
+    def _generated_plan(self, body: dict[str, Any]) -> dict[str, Any]:
+        brokers, names = body.get("brokers"), body.get("streams")
+        if not isinstance(brokers, list) or not all(isinstance(b, str) for b in brokers):
+            raise InvalidArgumentError(f"generate needs 'brokers', a list of broker ids, got {brokers!r}")
+        registered = {b.broker_id: b for b in self._coordinator.brokers()}
+        unknown = sorted(set(brokers) - set(registered))
+        if unknown:
+            raise InvalidArgumentError(
+                f"broker(s) {', '.join(unknown)} are not live (live: {', '.join(sorted(registered))})"
+            )
+        streams = [m for m in self._coordinator.list_streams() if not m.config.name.startswith("__")]
+        if names is not None:
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise InvalidArgumentError(f"'streams' must be a list of stream names, got {names!r}")
+            missing = sorted(set(names) - {m.config.name for m in streams})
+            if missing:
+                raise UnknownStreamError(f"no stream(s) named {', '.join(missing)}")
+            streams = [m for m in streams if m.config.name in names]
+        racks = {b: registered[b].rack for b in brokers if registered[b].rack}
+        moves = reassignment.generated_plan(brokers, streams, racks)
+        moved = {(m.stream, m.partition) for m in moves}
+        current = [
+            {"stream": m.config.name, "partition": n, "replicas": list(state.target)}
+            for m in streams
+            for n, state in enumerate(m.partitions)
+            if (m.config.name, n) in moved
+        ]
+        return {"current": current, "proposed": [m.to_json() for m in moves]}
+
     def controller_call(self, action: str, body: dict[str, Any]) -> object:
         """Run an admin action as the controller (``NotControllerError`` if this broker is not)."""
         coordinator = self._coordinator
+        if action == "reassign_partitions":
+            return self._reassign_here(body)
         if action == "create_stream":
             created = coordinator.create_stream(StreamConfig.from_json(body))
             return {"name": created.config.name}
@@ -184,6 +257,33 @@ class BrokerService:
         if action == "elect_preferred_leaders":
             return coordinator.elect_preferred_leaders()
         raise InvalidArgumentError(f"unknown controller action {action!r}")
+
+    def _reassign_here(self, body: dict[str, Any]) -> dict[str, Any]:
+        coordinator = self._coordinator
+        throttle = reassignment.check_throttle(body.get("throttle", 0))
+        op = body.get("op")
+        if op == "start":
+            return coordinator.reassign(reassignment.parse_plan(body.get("plan")), throttle)
+        if op == "drain":
+            broker = body.get("broker")
+            if not isinstance(broker, str) or not broker:
+                raise InvalidArgumentError(f"drain needs the 'broker' to drain, got {broker!r}")
+            infos = coordinator.brokers()
+            racks = {b.broker_id: b.rack for b in infos if b.rack}
+            live = [b.broker_id for b in infos]
+            moves = reassignment.drain_plan(broker, coordinator.list_streams(), live, racks)
+            return {**coordinator.reassign(moves, throttle), "plan": [m.to_json() for m in moves]}
+        partitions = body.get("partitions")
+        if partitions is None:
+            return coordinator.cancel_reassignments(None)
+        if not isinstance(partitions, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int)
+            for p in partitions
+        ):
+            raise InvalidArgumentError(
+                f"cancel takes 'partitions' as [stream, number] pairs, got {partitions!r}"
+            )
+        return coordinator.cancel_reassignments([(p[0], p[1]) for p in partitions])
 
     def _controller(self, action: str, body: dict[str, Any]) -> object:
         """Run ``action`` here if this broker is controller, else on the controller."""
@@ -295,7 +395,12 @@ class BrokerService:
             "broker_id": self._runtime.broker_id,
             "controller": coordinator.controller(),
             "brokers": [
-                {"broker_id": b.broker_id, "flight": b.flight_address, "nats": list(b.nats_urls)}
+                {
+                    "broker_id": b.broker_id,
+                    "flight": b.flight_address,
+                    "nats": list(b.nats_urls),
+                    "rack": b.rack,
+                }
                 for b in coordinator.brokers()
             ],
             "leading": self._leading(),
@@ -388,6 +493,7 @@ class BrokerService:
             "isr": list(partition.state.isr),
             "log_start_offset": log.log_start_offset,
             "log_end_offset": log.log_end_offset,
+            "size_bytes": log.size_bytes,
             "high_watermark": partition.high_watermark,
             "followers": partition.follower_log_ends() if partition.role is Role.LEADER else {},
             "fetch_error": fetcher.last_error if fetcher is not None else None,

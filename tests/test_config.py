@@ -59,6 +59,8 @@ def test_shipped_broker_config_documents_the_defaults():
             r"maintenance_interval must be .* from 0\.01 to 86400, got 0",
         ),
         ("[broker]\nmaintenance_interval = nan\n", r"maintenance_interval must be .*, got nan"),
+        ("[broker]\nrack = 3\n", r"rack must be a name of at most 64 printable characters, got 3"),
+        ('[broker]\nrack = "a\\nb"\n', r"rack must be a name .*, got 'a\\nb'"),
         (
             "[nats]\nembedded_port = 70000\n",
             r"embedded_port must be -1 \(a free port\) or 1 to 65535, got 70000",

@@ -30,6 +30,11 @@ ACTION_DESCRIPTIONS = {
     ActionType.HEALTH: 'Whether the broker can ingest and serve everything: {"ok", "problems"}.',
     ActionType.METADATA: "The cluster: brokers, the controller, every partition's leader and ISR.",
     ActionType.ELECT_PREFERRED_LEADERS: "Lead each partition from its first replica where it is in sync.",
+    ActionType.REASSIGN_PARTITIONS: (
+        'Move partitions between brokers; body: {"op": "start", "plan", "throttle"}, {"op": "cancel", '
+        '"partitions"}, {"op": "drain", "broker", "throttle"}, {"op": "list"} or {"op": "generate", '
+        '"brokers", "streams"}.'
+    ),
     ActionType.OFFSETS_FOR_LEADER_EPOCH: (
         'Where an epoch ends on the leader; body: {"stream", "partition", "epoch"}.'
     ),
@@ -45,6 +50,7 @@ class AdminService(Protocol):
     def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]: ...
     def metadata(self) -> dict[str, Any]: ...
     def elect_preferred_leaders(self) -> dict[str, Any]: ...
+    def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]: ...
     def controller_call(self, action: str, body: dict[str, Any]) -> object: ...
     def create_stream(self, config: StreamConfig) -> StreamInfo: ...
     def delete_stream(self, name: str) -> None: ...
@@ -123,6 +129,10 @@ class Actions:
         self.access.check(principal, "admin", stream="*")
         return self.broker.elect_preferred_leaders()
 
+    def reassign_partitions(self, principal: str, args: dict[str, Any]) -> object:
+        self.access.check(principal, "admin", stream="*")
+        return self.broker.reassign_partitions(args)
+
     def controller_call(self, principal: str, args: dict[str, Any]) -> object:
         self.access.check_cluster(principal, ActionType.CONTROLLER_CALL.value)
         inner = args.get("body")
@@ -183,6 +193,7 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.HEALTH: Actions.health,
     ActionType.METADATA: Actions.metadata,
     ActionType.ELECT_PREFERRED_LEADERS: Actions.elect_preferred_leaders,
+    ActionType.REASSIGN_PARTITIONS: Actions.reassign_partitions,
     ActionType.CONTROLLER_CALL: Actions.controller_call,
     ActionType.OFFSETS_FOR_LEADER_EPOCH: Actions.offsets_for_leader_epoch,
     ActionType.SET_CURSOR: Actions.set_cursor,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .errors import ConflictError
@@ -34,6 +35,7 @@ __all__ = [
     "BrokerInfo",
     "ConflictError",
     "Coordinator",
+    "Move",
     "PartitionState",
     "SessionState",
     "StreamMetadata",
@@ -48,6 +50,8 @@ class BrokerInfo:
     broker_id: str
     flight_address: str
     nats_urls: tuple[str, ...] = ()
+    rack: str = ""
+    """Where it sits, if it says (``[broker] rack``): plans spread replicas over racks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +67,40 @@ class PartitionState:
     isr: tuple[str, ...]
     leader_epoch: int = 0
     version: int = 0
+    adding: tuple[str, ...] = ()
+    """While a reassignment moves the partition: replicas it adds (they catch up, then join the ISR)."""
+    removing: tuple[str, ...] = ()
+    """While a reassignment moves the partition: replicas it drops once every target is in sync."""
+    throttle: int = 0
+    """While a reassignment moves the partition: bytes/s each adding broker may fetch (0: no limit)."""
+
+    @property
+    def reassigning(self) -> bool:
+        """Whether a reassignment is moving this partition."""
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The replicas the partition has once its reassignment (if any) is done."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[str, ...]:
+        """The replicas the partition had before its reassignment (if any): what a cancel restores."""
+        return tuple(r for r in self.replicas if r not in self.adding)
 
     def to_json(self) -> dict[str, Any]:
         """Stored form (the local coordinator's file)."""
-        return {
+        stored: dict[str, Any] = {
             "leader": self.leader,
             "replicas": list(self.replicas),
             "isr": list(self.isr),
             "leader_epoch": self.leader_epoch,
             "version": self.version,
         }
+        if self.reassigning:
+            stored.update(adding=list(self.adding), removing=list(self.removing), throttle=self.throttle)
+        return stored
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PartitionState:
@@ -83,7 +111,23 @@ class PartitionState:
             isr=tuple(data["isr"]),
             leader_epoch=int(data["leader_epoch"]),
             version=int(data["version"]),
+            adding=tuple(data.get("adding", ())),
+            removing=tuple(data.get("removing", ())),
+            throttle=int(data.get("throttle", 0)),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One entry of a reassignment plan: where a partition's replicas go (see :mod:`.reassignment`)."""
+
+    stream: str
+    partition: int
+    replicas: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plan-file form."""
+        return {"stream": self.stream, "partition": self.partition, "replicas": list(self.replicas)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +265,11 @@ class Coordinator(abc.ABC):
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership back to each partition's first replica where it is in sync; on the controller."""
         return {"moved": []}
+
+    def reassign(self, moves: list[Move], throttle: int) -> dict[str, Any]:
+        """Begin moving partitions to other brokers (see :mod:`.reassignment`); on the controller."""
+        raise InvalidArgumentError(f"moving partitions needs a cluster; {self.describe()} holds one broker")
+
+    def cancel_reassignments(self, partitions: list[tuple[str, int]] | None) -> dict[str, Any]:
+        """Put partitions being moved (``None``: all) back on their original replicas; on the controller."""
+        raise InvalidArgumentError(f"moving partitions needs a cluster; {self.describe()} holds one broker")

@@ -26,12 +26,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
     NotEnoughReplicasError,
     StreamExistsError,
     UnknownStreamError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from . import reassignment
 from .assignment import assign_replicas, elect_leader, preferred_leader
 from .base import PartitionState, StreamMetadata, new_stream_id
 from .errors import ConflictError, CoordinationError, NotControllerError
@@ -171,6 +173,17 @@ class Controller:
             unclean = bool(getattr(metadata.config, "unclean_leader_election", False))
             for number, state in enumerate(metadata.partitions):
                 new = self._reconciled(state, staying, leaving, unclean)
+                done = reassignment.completed(new or state, staying)
+                if done is not None:
+                    logger.info(
+                        "%s/%d moved to %s (controller epoch %d)",
+                        metadata.config.name,
+                        number,
+                        ", ".join(done.replicas),
+                        self.epoch,
+                        extra={"stream": metadata.config.name, "partition": number},
+                    )
+                    new = done
                 if new is not None and new != state:
                     changes.append(PartitionChange(metadata.config.name, number, state.version, new))
                     if new.leader != state.leader:
@@ -273,3 +286,47 @@ class Controller:
         if changes:
             self.store.write_partitions(changes)
         return {"moved": [f"{c.stream}/{c.partition} -> {c.state.leader}" for c in changes]}
+
+    def reassign(self, moves: list[reassignment.Move], throttle: int) -> dict[str, Any]:
+        """Begin moving partitions (see :mod:`.reassignment`): every move checked first, then one write."""
+        live = self.store.live_brokers()
+        checked = reassignment.checked_plan(moves, self.store.read_streams(), live)
+        changes = []
+        for metadata, move in checked:
+            state = metadata.partitions[move.partition]
+            new = reassignment.started(state, move.replicas, throttle)
+            if new is not None:
+                changes.append(PartitionChange(move.stream, move.partition, state.version, new))
+        if changes:
+            self.store.write_partitions(changes)
+            for change in changes:
+                logger.info(
+                    "moving %s/%d to %s (throttle %s)",
+                    change.stream,
+                    change.partition,
+                    ", ".join(change.state.target),
+                    f"{throttle} B/s" if throttle else "none",
+                    extra={"stream": change.stream, "partition": change.partition},
+                )
+        return {"started": [f"{c.stream}/{c.partition}" for c in changes]}
+
+    def cancel_reassignments(self, partitions: list[tuple[str, int]] | None) -> dict[str, Any]:
+        """Put partitions being moved (``None``: all of them) back on their original replicas."""
+        live = set(self.store.live_brokers()) - self.store.shutting_down()
+        wanted = None if partitions is None else set(partitions)
+        changes = []
+        for metadata in self.store.read_streams():
+            for number, state in enumerate(metadata.partitions):
+                key = (metadata.config.name, number)
+                if not state.reassigning or (wanted is not None and key not in wanted):
+                    continue
+                try:
+                    new = reassignment.cancelled(state, live)
+                except InvalidArgumentError as exc:
+                    raise InvalidArgumentError(f"{key[0]}/{key[1]}: {exc}") from None
+                changes.append(PartitionChange(key[0], number, state.version, new))
+        if changes:
+            self.store.write_partitions(changes)
+            for change in changes:
+                logger.info("cancelled moving %s/%d", change.stream, change.partition)
+        return {"cancelled": [f"{c.stream}/{c.partition}" for c in changes]}

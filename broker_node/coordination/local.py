@@ -27,6 +27,7 @@ own ``partition.json`` records.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -183,9 +184,7 @@ class LocalCoordinator(Coordinator):
                 raise ConflictError(
                     f"{stream}/{partition} is at version {current.version}, not {expected_version}"
                 )
-            stored = PartitionState(
-                state.leader, state.replicas, state.isr, state.leader_epoch, current.version + 1
-            )
+            stored = dataclasses.replace(state, version=current.version + 1)
             partitions = list(metadata.partitions)
             partitions[partition] = stored
             self._streams[stream] = StreamMetadata(metadata.config, tuple(partitions), metadata.stream_id)

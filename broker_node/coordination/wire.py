@@ -44,8 +44,9 @@ def dumps(fields: dict[str, Any]) -> bytes:
     return json.dumps({"version": WIRE_VERSION, **fields}, separators=(",", ":"), sort_keys=True).encode()
 
 
-def loads(raw: bytes, what: str, known: set[str]) -> dict[str, Any]:
-    """Parse stored bytes of ``what`` whose fields are ``known`` (``version`` implied)."""
+def loads(raw: bytes, what: str, known: set[str], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Parse stored bytes of ``what`` whose fields are ``known`` (``version`` implied), and may be
+    ``optional`` ones."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -55,7 +56,7 @@ def loads(raw: bytes, what: str, known: set[str]) -> dict[str, Any]:
     version = data.pop("version", None)
     if not isinstance(version, int) or version < 1:
         raise WireError(f"{what} has no valid version field: {version!r}")
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known - optional)
     if version > WIRE_VERSION or unknown:
         message = (
             f"{what} has version {version} and unknown field(s) {unknown} (this broker knows {WIRE_VERSION})"
@@ -90,43 +91,58 @@ def _names(what: str, data: dict[str, Any], name: str) -> tuple[str, ...]:
 
 def broker_to_bytes(broker: BrokerInfo) -> bytes:
     """A live broker's registration."""
-    return dumps(
-        {"broker_id": broker.broker_id, "flight": broker.flight_address, "nats": list(broker.nats_urls)}
-    )
+    stored = {"broker_id": broker.broker_id, "flight": broker.flight_address, "nats": list(broker.nats_urls)}
+    if broker.rack:
+        stored["rack"] = broker.rack
+    return dumps(stored)
 
 
 def broker_from_bytes(raw: bytes, what: str = "a broker registration") -> BrokerInfo:
     """Parse a broker registration."""
-    data = loads(raw, what, {"broker_id", "flight", "nats"})
+    data = loads(raw, what, {"broker_id", "flight", "nats"}, frozenset({"rack"}))
     return BrokerInfo(
-        _typed(what, data, "broker_id", str), _typed(what, data, "flight", str), _names(what, data, "nats")
+        _typed(what, data, "broker_id", str),
+        _typed(what, data, "flight", str),
+        _names(what, data, "nats"),
+        _typed(what, data, "rack", str) if "rack" in data else "",
     )
 
 
 # ---- partitions ----------------------------------------------------------------------
 
 
+REASSIGNMENT_FIELDS = frozenset({"adding", "removing", "throttle"})
+"""Stored only while a reassignment moves the partition."""
+
+
 def partition_to_bytes(state: PartitionState) -> bytes:
-    """A partition's leadership; its ``version`` is the znode's, not stored."""
-    return dumps(
-        {
-            "leader": state.leader,
-            "replicas": list(state.replicas),
-            "isr": list(state.isr),
-            "leader_epoch": state.leader_epoch,
-        }
-    )
+    """A partition's leadership (and reassignment, if any); its ``version`` is the znode's, not stored."""
+    stored: dict[str, Any] = {
+        "leader": state.leader,
+        "replicas": list(state.replicas),
+        "isr": list(state.isr),
+        "leader_epoch": state.leader_epoch,
+    }
+    if state.reassigning:
+        stored.update(adding=list(state.adding), removing=list(state.removing), throttle=state.throttle)
+    return dumps(stored)
 
 
 def partition_from_bytes(raw: bytes, version: int, what: str = "a partition state") -> PartitionState:
     """Parse a partition's leadership stored at znode version ``version``."""
-    data = loads(raw, what, {"leader", "replicas", "isr", "leader_epoch"})
+    data = loads(raw, what, {"leader", "replicas", "isr", "leader_epoch"}, REASSIGNMENT_FIELDS)
+    moving = REASSIGNMENT_FIELDS & set(data)
+    if moving and moving != REASSIGNMENT_FIELDS:
+        raise WireError(f"{what} has {sorted(moving)} but not all of {sorted(REASSIGNMENT_FIELDS)}")
     return PartitionState(
         leader=_typed(what, data, "leader", str),
         replicas=_names(what, data, "replicas"),
         isr=_names(what, data, "isr"),
         leader_epoch=_typed(what, data, "leader_epoch", int),
         version=version,
+        adding=_names(what, data, "adding") if moving else (),
+        removing=_names(what, data, "removing") if moving else (),
+        throttle=_typed(what, data, "throttle", int) if moving else 0,
     )
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import queue
 import socket
@@ -88,6 +89,7 @@ from .base import (
     BrokerInfo,
     Coordinator,
     Listener,
+    Move,
     PartitionState,
     SessionListener,
     SessionState,
@@ -358,6 +360,20 @@ class ZooKeeperCoordinator(Coordinator):
         self.refresh()
         return result
 
+    def reassign(self, moves: list[Move], throttle: int) -> dict[str, Any]:
+        """See :meth:`Coordinator.reassign`: only on the controller."""
+        controller = self._active_controller()
+        result = self._await(controller.submit(lambda: controller.reassign(moves, throttle)))
+        self.refresh()
+        return result
+
+    def cancel_reassignments(self, partitions: list[tuple[str, int]] | None) -> dict[str, Any]:
+        """See :meth:`Coordinator.cancel_reassignments`: only on the controller."""
+        controller = self._active_controller()
+        result = self._await(controller.submit(lambda: controller.cancel_reassignments(partitions)))
+        self.refresh()
+        return result
+
     def update_partition(
         self, stream: str, partition: int, expected_version: int, state: PartitionState
     ) -> PartitionState:
@@ -375,7 +391,7 @@ class ZooKeeperCoordinator(Coordinator):
             raise CommitStateUnknownError(
                 f"the write of {stream}/{partition} may or may not have happened: {type(exc).__name__}"
             ) from None
-        return PartitionState(state.leader, state.replicas, state.isr, state.leader_epoch, stat.version)
+        return dataclasses.replace(state, version=stat.version)
 
     def store_acl(self, text: str) -> None:
         """See :meth:`Coordinator.store_acl`: into the ``/acl`` znode of the chroot."""

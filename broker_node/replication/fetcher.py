@@ -52,6 +52,7 @@ from pyspark_jetstream.protocol.replica import (
 )
 
 from .partition import Partition
+from .throttle import Throttle
 from .truncation import truncation_offset
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,13 @@ class Fetcher:
         max_bytes: int = 8 * 1024 * 1024,
         max_wait: float = 0.5,
         connect: Callable[[str], flight.FlightClient] = flight.connect,
+        throttle: Throttle | None = None,
     ) -> None:
         """``address_of(broker_id)`` gives a live broker's Flight address (``None`` if unknown);
-        ``connect`` opens a Flight client to it (with the broker's TLS and credentials)."""
+        ``connect`` opens a Flight client to it (with the broker's TLS and credentials);
+        ``throttle`` holds back fetches of a partition being moved here (its state's ``throttle``)."""
         self._connect_to = connect
+        self._throttle = throttle
         self.partition = partition
         self.leader = leader
         self.leader_epoch = leader_epoch
@@ -196,9 +200,23 @@ class Fetcher:
             partition.broker_id,
             fetch_offset,
             self.leader_epoch,
-            self._max_bytes,
+            Throttle.chunk(self._rate(), self._max_bytes),
             max_wait,
         )
+
+    def _rate(self) -> int:
+        """Bytes/s this partition may fetch: its reassignment's throttle while it is being added here."""
+        state = self.partition.state
+        if self._throttle is None or self.partition.broker_id not in state.adding:
+            return 0
+        return state.throttle
+
+    def _held_back(self, frames: list[pa.Buffer]) -> None:
+        """Wait as the broker's replication throttle says after receiving ``frames``."""
+        if self._throttle is not None and frames:
+            delay = self._throttle.delay(sum(f.size for f in frames), self._rate())
+            if delay > 0:
+                self._stopped.wait(delay)
 
     def _fetch_once(self) -> None:
         table = self._do_get(self._request(self.partition.log.log_end_offset, self._max_wait))
@@ -206,6 +224,7 @@ class Fetcher:
         frames = [frame.as_buffer() for frame in _frames(table)]
         self.partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
         self.fetches += 1
+        self._held_back(frames)
 
     def _stream(self) -> None:
         """One replication stream, for ``STREAM_SECONDS`` or until stopped (see the module docstring)."""
@@ -230,6 +249,7 @@ class Fetcher:
                 frames = [frame.as_buffer() for frame in chunk.data.column("frame")] if chunk.data else []
                 partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
                 self.fetches += 1
+                self._held_back(frames)
                 if self._stopped.is_set() or time.monotonic() >= ends:
                     writer.done_writing()
                     return

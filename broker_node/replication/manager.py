@@ -5,8 +5,8 @@ broker's partitions fit it: it opens the partitions assigned here (checking
 each directory belongs to that very stream), makes them leaders or followers
 (starting a :class:`~.fetcher.Fetcher` for each follower), applies ISR
 changes, and closes partitions no longer here, removing the directories of
-deleted streams (only those: see :mod:`.records`).  It runs on whatever
-thread calls it, one call at a time.
+deleted streams and of partitions moved to other brokers (only those: see
+:mod:`.records`).  It runs on whatever thread calls it, one call at a time.
 
 A thread of its own keeps the ISRs of the partitions led here: it drops
 followers that have not caught up for ``replica_max_lag`` seconds and adds
@@ -43,6 +43,7 @@ from .partition import Partition, Role
 from .records import partition_directories, partition_record, read_record, write_record
 from .repair import repair_leader
 from .settings import ReplicationConfig
+from .throttle import Throttle
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class ReplicaManager:
         self._fetchers: dict[Key, Fetcher] = {}
         self.connect_peer: Callable[[str], flight.FlightClient] = flight.connect
         """Opens a Flight client to another broker (the broker sets its TLS and credentials)."""
+        self.throttle = Throttle()
+        """Holds back the fetches of partitions being moved onto this broker (see ``throttle``)."""
         self.offline: dict[Key, str] = {}
         """Partitions this broker should hold but cannot, and why."""
         self.strays: dict[str, str] = {}
@@ -258,6 +261,7 @@ class ReplicaManager:
                     max_bytes=self.config.fetch_max_bytes,
                     max_wait=self.config.fetch_max_wait,
                     connect=self.connect_peer,
+                    throttle=self.throttle,
                 )
                 with self._lock:
                     self._fetchers[key] = fetcher
@@ -342,10 +346,13 @@ class ReplicaManager:
             )
 
     def clean_up(self) -> None:
-        """Remove partition directories of deleted streams; note any the metadata does not know.
+        """Remove partition directories of deleted streams and of partitions moved to other brokers;
+        note any the metadata does not know.
 
-        Only a directory whose ``partition.json`` names a deleted stream id
-        is removed: absent or unreadable metadata never deletes data.
+        Only a directory whose ``partition.json`` names a deleted stream id,
+        or a partition of a live stream (the very same stream id) whose
+        replicas no longer include this broker, is removed: absent or
+        unreadable metadata never deletes data.
         """
         deleted = self.coordinator.deleted_stream_ids()
         streams = self.coordinator.list_streams()
@@ -355,14 +362,28 @@ class ReplicaManager:
             for n, state in enumerate(m.partitions)
             if self.broker_id in state.replicas
         }
+        moved = {
+            (m.stream_id, n, m.config.name)
+            for m in streams
+            for n, state in enumerate(m.partitions)
+            if self.broker_id not in state.replicas
+        }
         strays = {}
         for directory in partition_directories(self.data_dir / "streams"):
             if (directory.parent.name, directory.name) in known:
                 continue
             record = read_record(directory)
-            if record is not None and record["stream_id"] in deleted:
-                labels = Labels(str(record["stream"]), _number(record["partition"]))
+            labels = Labels(str(record["stream"]), _number(record["partition"])) if record else None
+            if record is not None and labels is not None and record["stream_id"] in deleted:
                 labels.bind(logger).info("removing %s: its stream was deleted", directory)
+                shutil.rmtree(directory)
+            elif (
+                record is not None
+                and labels is not None
+                and (record["stream_id"], record["partition"], record["stream"]) in moved
+                and directory.name == str(record["partition"])
+            ):
+                labels.bind(logger).info("removing %s: the partition was moved to other brokers", directory)
                 shutil.rmtree(directory)
             else:
                 strays[str(directory)] = (

@@ -35,6 +35,7 @@ read back from the log's last ``duplicate_window`` only (see
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -213,13 +214,21 @@ class Partition:
         self._log.info("follower of %s", state.leader or "(nobody yet)")
 
     def update_state(self, state: PartitionState) -> None:
-        """Take a newer version of the same leadership (the ISR changed in the coordinator); an
-        older version than the one held (a snapshot read before our own write) is ignored."""
+        """Take a newer version of the same leadership (the ISR or, in a reassignment, the replicas
+        changed in the coordinator); an older version than the one held (a snapshot read before our
+        own write) is ignored."""
         with self._lock:
             if state.version < self.state.version:
                 return
             self.state = state
             if self.role is Role.LEADER:
+                # A reassignment adds replicas to follow this leader, and drops others.
+                now = self._clock()
+                self._followers = {
+                    r: self._followers.get(r) or FollowerProgress(last_caught_up=now)
+                    for r in state.replicas
+                    if r != self.broker_id
+                }
                 if self._pending_isr is not None and state.isr == self._pending_isr:
                     self._pending_isr = None
                 self._isr = self._merged()
@@ -433,9 +442,7 @@ class Partition:
                 return None
             self._pending_isr = isr
             self._isr = self._merged()
-            return PartitionState(
-                self.state.leader, self.state.replicas, isr, self.state.leader_epoch, self.state.version
-            )
+            return dataclasses.replace(self.state, isr=isr)
 
     def isr_written(self, state: PartitionState | None) -> None:
         """The coordinator stored ``state`` (or refused the proposal: ``None``)."""

@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from pyspark_jetstream.cli.common import partition_table, table
+from pyspark_jetstream.cli.reassign import add_commands as add_reassign_commands
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.flight import StreamInfo
 
 
 def add_commands(commands: Any) -> None:
-    """``status``, ``health``, ``cluster status`` and ``cluster elect-leaders``."""
+    """``status``, ``health``, ``cluster status``, ``cluster elect-leaders``, ``reassign`` and ``drain``."""
     commands.add_parser("status", help="streams, partitions, cursors and lag").set_defaults(run=_status)
     commands.add_parser("health", help="problems, if any; exit 1 when there are some").set_defaults(
         run=_health
@@ -24,6 +25,7 @@ def add_commands(commands: Any) -> None:
     cluster_commands.add_parser(
         "elect-leaders", help="lead each partition from its preferred replica again (after restarts)"
     ).set_defaults(run=_elect_leaders)
+    add_reassign_commands(cluster_commands)
 
 
 def _status(client: SyncClient, args: argparse.Namespace) -> None:

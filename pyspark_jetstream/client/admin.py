@@ -88,6 +88,11 @@ class Admin:
         result: dict[str, Any] = await self.action(ActionType.ELECT_PREFERRED_LEADERS, {})
         return result
 
+    async def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """See :meth:`.Client.reassign_partitions`."""
+        result: dict[str, Any] = await self.action(ActionType.REASSIGN_PARTITIONS, body)
+        return result
+
     async def health(self) -> dict[str, Any]:
         """See :meth:`.Client.health`."""
         result: dict[str, Any] = await self.action(ActionType.HEALTH, {})

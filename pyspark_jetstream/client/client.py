@@ -175,6 +175,39 @@ class Client:
         """Move leadership back to each partition's first replica where it is in sync (after restarts)."""
         return await self._admin.elect_preferred_leaders()
 
+    async def reassign(self, plan: object, *, throttle: int = 0) -> dict[str, Any]:
+        """Begin moving partitions as ``plan`` says (``{"partitions": [{"stream", "partition",
+        "replicas"}, ...]}``): new replicas catch up at ``throttle`` bytes/s per broker (0: no limit),
+        join the ISR, then the old ones are dropped.  Every entry is checked before anything moves."""
+        return await self._admin.reassign_partitions({"op": "start", "plan": plan, "throttle": throttle})
+
+    async def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """Put partitions being moved (all of them by default) back on their original replicas."""
+        body: dict[str, Any] = {"op": "cancel"}
+        if partitions is not None:
+            body["partitions"] = [[stream, number] for stream, number in partitions]
+        return await self._admin.reassign_partitions(body)
+
+    async def drain(self, broker: str, *, throttle: int = 0) -> dict[str, Any]:
+        """Move every replica off ``broker`` (before retiring it); the plan used is in ``"plan"``."""
+        return await self._admin.reassign_partitions({"op": "drain", "broker": broker, "throttle": throttle})
+
+    async def reassignments(self) -> list[dict[str, Any]]:
+        """The partitions being moved: replicas, target, adding, removing, ISR, throttle."""
+        result = await self._admin.reassign_partitions({"op": "list"})
+        partitions: list[dict[str, Any]] = result["partitions"]
+        return partitions
+
+    async def generate_reassignment(
+        self, brokers: list[str], streams: list[str] | None = None
+    ) -> dict[str, Any]:
+        """A plan spreading ``streams`` (all but internal ones by default) evenly over ``brokers``,
+        rack-aware when brokers declare racks: ``{"current": [...], "proposed": [...]}``."""
+        body: dict[str, Any] = {"op": "generate", "brokers": brokers}
+        if streams is not None:
+            body["streams"] = streams
+        return await self._admin.reassign_partitions(body)
+
     async def health(self) -> dict[str, Any]:
         """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""
         return await self._admin.health()

@@ -110,6 +110,26 @@ class SyncClient:
         """See :meth:`Client.elect_preferred_leaders`."""
         return self._run(self._client.elect_preferred_leaders())
 
+    def reassign(self, plan: object, *, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`Client.reassign`."""
+        return self._run(self._client.reassign(plan, throttle=throttle))
+
+    def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """See :meth:`Client.cancel_reassignment`."""
+        return self._run(self._client.cancel_reassignment(partitions))
+
+    def drain(self, broker: str, *, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`Client.drain`."""
+        return self._run(self._client.drain(broker, throttle=throttle))
+
+    def reassignments(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.reassignments`."""
+        return self._run(self._client.reassignments())
+
+    def generate_reassignment(self, brokers: list[str], streams: list[str] | None = None) -> dict[str, Any]:
+        """See :meth:`Client.generate_reassignment`."""
+        return self._run(self._client.generate_reassignment(brokers, streams))
+
     def health(self) -> dict[str, Any]:
         """See :meth:`Client.health`."""
         return self._run(self._client.health())

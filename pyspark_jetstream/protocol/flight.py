@@ -78,6 +78,7 @@ class ActionType(enum.Enum):
     HEALTH = "health"
     METADATA = "metadata"
     ELECT_PREFERRED_LEADERS = "elect_preferred_leaders"
+    REASSIGN_PARTITIONS = "reassign_partitions"
     OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"
     CONTROLLER_CALL = "controller_call"
 

@@ -56,6 +56,7 @@ BODIES = {
     ActionType.DESCRIBE_STREAM: {"name": "s"},
     ActionType.STATUS: {},
     ActionType.ELECT_PREFERRED_LEADERS: {},
+    ActionType.REASSIGN_PARTITIONS: {"op": "list"},
     ActionType.CONTROLLER_CALL: {"action": "delete_stream", "body": {"name": "s"}},
     ActionType.OFFSETS_FOR_LEADER_EPOCH: {"stream": "s", "partition": 0, "epoch": 1},
     ActionType.SET_CURSOR: {"consumer": "c", "stream": "s", "partition": 0, "offset": 1},

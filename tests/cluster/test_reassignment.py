@@ -1,0 +1,205 @@
+"""Moving partitions between brokers in a real cluster: a plan, a drain, kill -9 during a move, bad plans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.local import LocalCluster
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
+
+from ..broker.harness import wait_until
+from .conftest import FAST
+from .helpers import leader_of, publish_all, status
+
+pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+
+
+def values_in(client: SyncClient, stream: str, partition: int = 0) -> list[bytes]:
+    """Every committed value of the partition, read to its high watermark."""
+    values: list[bytes] = []
+    offset = 0
+    while True:
+        result = client.fetch(stream, partition, start=offset, max_records=10_000)
+        values += result.to_table().column("value").to_pylist()
+        if result.next_offset >= result.high_watermark:
+            return values
+        offset = result.next_offset
+
+
+def moved(client: SyncClient, stream: str, target: list[str]) -> bool:
+    return (
+        not client.reassignments() and list(client.describe_stream(stream).partitions[0].replicas) == target
+    )
+
+
+def holds(cluster, broker_id: str, stream: str) -> bool:
+    return (cluster.broker(broker_id).data_dir / "streams" / stream / "0").exists()
+
+
+def test_a_partition_moves_off_its_leader_while_written_and_nothing_acked_is_lost(cluster, client):
+    client.create_stream("mv", "mv", replication_factor=2, min_insync_replicas=2)
+    first = publish_all(client, "mv", [b"a%03d" % i for i in range(150)], "p")
+    leader = leader_of(client, "mv")
+    replicas = list(client.describe_stream("mv").partitions[0].replicas)
+    (spare,) = {"broker-1", "broker-2", "broker-3"} - set(replicas)
+    (kept,) = set(replicas) - {leader}
+    epoch = client.describe_stream("mv").partitions[0].leader_epoch
+    target = [spare, kept]
+    assert client.reassign({"partitions": [{"stream": "mv", "partition": 0, "replicas": target}]}) == {
+        "started": ["mv/0"]
+    }
+    # Written during the move (the leader changes under it: the publisher follows).
+    during = publish_all(client, "mv", [b"b%03d" % i for i in range(100)], "p", first=150)
+    wait_until(lambda: moved(client, "mv", target), timeout=60, message="the move to finish")
+    state = client.describe_stream("mv").partitions[0]
+    assert state.leader == spare and state.leader_epoch == epoch + 1
+    assert sorted(state.isr) == sorted(target)
+    # The old leader closed the partition and deleted its copy; the new one holds it.
+    wait_until(lambda: not holds(cluster, leader, "mv"), timeout=30, message="the old copy deleted")
+    assert holds(cluster, spare, "mv")
+    assert len(first) + len(during) == 250
+    assert values_in(client, "mv") == [b"a%03d" % i for i in range(150)] + [b"b%03d" % i for i in range(100)]
+    assert "partition.json" not in str(status(cluster.broker(leader).flight)["health"])
+
+
+def test_a_throttled_move_survives_kill_9_of_the_controller_and_of_the_new_replica(cluster, client):
+    client.create_stream("big", "big", replication_factor=2)
+    payload = b"x" * 2000
+    acked = publish_all(client, "big", [payload + b"%05d" % i for i in range(1000)], "p")  # ~2 MB
+    replicas = list(client.describe_stream("big").partitions[0].replicas)
+    (spare,) = {"broker-1", "broker-2", "broker-3"} - set(replicas)
+    target = [replicas[0], spare]
+    throttle = 400_000
+    started = time.monotonic()
+    client.reassign(
+        {"partitions": [{"stream": "big", "partition": 0, "replicas": target}]}, throttle=throttle
+    )
+    wait_until(lambda: holds(cluster, spare, "big"), timeout=30, message="the new replica to start")
+    # Throttled: after a second the new replica holds at most the rate's worth (plus one chunk).
+    time.sleep(1.0)
+    elapsed = time.monotonic() - started
+    fetched = next(
+        (p["size_bytes"] for p in status(cluster.broker(spare).flight)["partitions"] if p["stream"] == "big"),
+        0,
+    )
+    assert fetched <= throttle * elapsed + 2 * max(throttle // 4, 64 * 1024), (fetched, elapsed)
+    assert client.reassignments(), "the move finished before the faults"
+    # kill -9 the controller, then the new replica, mid-move; both come back.
+    controller = client.metadata()["controller"]
+    cluster.broker(controller).kill()
+    cluster.broker(controller).start()
+    if spare != controller:
+        cluster.broker(spare).kill()
+        cluster.broker(spare).start()
+    with SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as again:
+        wait_until(
+            lambda: moved(again, "big", target), timeout=90, message="the move to finish after restarts"
+        )
+        wait_until(
+            lambda: not holds(cluster, replicas[1], "big"), timeout=30, message="the dropped copy deleted"
+        )
+        assert len(acked) == 1000
+        assert values_in(again, "big") == [payload + b"%05d" % i for i in range(1000)]
+
+
+def test_a_drained_broker_holds_nothing_and_bad_plans_move_nothing(tmp_path):
+    # Cursors on two of the three brokers, so every partition has somewhere to go.
+    base = tmp_path / "cluster"
+    with (
+        LocalCluster(3, base_dir=base, extra_config=FAST, cursor_replication_factor=2) as cluster,
+        SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as client,
+    ):
+        drain_and_refuse(cluster, client)
+
+
+def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real ``jetstream`` command against the cluster."""
+    return subprocess.run(
+        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", cluster.nats_url, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_command_line_generates_runs_and_verifies_a_plan(cluster, client, tmp_path):
+    client.create_stream("gen", "gen", partitions=3, replication_factor=1)
+    generated = cli(cluster, "cluster", "reassign", "--generate", "--brokers", "broker-2", "--streams", "gen")
+    assert generated.returncode == 0, generated.stderr
+    proposed = json.loads(generated.stdout.splitlines()[3])
+    assert {tuple(e["replicas"]) for e in proposed["partitions"]} == {("broker-2",)}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(proposed))
+    started = cli(cluster, "cluster", "reassign", "--plan", str(plan), "--throttle", "10MB")
+    assert started.returncode == 0 and started.stdout.startswith("moving gen/"), started.stderr
+    entries = [f"{e['stream']}/{e['partition']}: done" for e in proposed["partitions"]]
+
+    def verified() -> bool:
+        answer = cli(cluster, "cluster", "reassign", "--verify", "--plan", str(plan))
+        assert answer.returncode == 0, answer.stderr
+        return all(line in answer.stdout.splitlines() for line in entries)
+
+    wait_until(verified, timeout=60, message="every partition of the plan done")
+    assert all(p.replicas == ("broker-2",) for p in client.describe_stream("gen").partitions)
+    plan.write_text('{"partitions": [{"stream": "gen", "partition": 0, "replicas": ["broker-8"]}]}')
+    refused = cli(cluster, "cluster", "reassign", "--plan", str(plan))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "broker-8, which are not live" in refused.stderr
+
+
+def drain_and_refuse(cluster: LocalCluster, client: SyncClient) -> None:
+    client.create_stream("dr", "dr", partitions=3, replication_factor=2)
+    publish_all(client, "dr", [b"v%d" % i for i in range(30)], "p")
+    before = {n: list(p.replicas) for n, p in enumerate(client.describe_stream("dr").partitions)}
+    refusals = [
+        (
+            [{"stream": "dr", "partition": 0, "replicas": ["broker-1", "broker-9"]}],
+            "broker-9, which are not live",
+        ),
+        ([{"stream": "nope", "partition": 0, "replicas": ["broker-1", "broker-2"]}], "no stream 'nope'"),
+        ([{"stream": "dr", "partition": 5, "replicas": ["broker-1", "broker-2"]}], "has partitions 0 to 2"),
+        ([{"stream": "dr", "partition": 0, "replicas": ["broker-1", "broker-1"]}], "more than once"),
+        ([{"stream": "dr", "partition": 0, "replicas": ["broker-1"]}], "replication factor is 2"),
+        (
+            [
+                {"stream": "dr", "partition": 1, "replicas": ["broker-1", "broker-3"]},
+                {"stream": "dr", "partition": 0, "replicas": ["broker-7", "broker-3"]},
+            ],
+            "broker-7",
+        ),
+    ]
+    for plan, words in refusals:
+        with pytest.raises((InvalidArgumentError, UnknownStreamError)) as refused:
+            client.reassign({"partitions": plan})
+        assert words in str(refused.value) and "\n" not in str(refused.value)
+    # Nothing moved, not even the valid first entry of the last plan.
+    assert not client.reassignments()
+    assert {n: list(p.replicas) for n, p in enumerate(client.describe_stream("dr").partitions)} == before
+    with pytest.raises(InvalidArgumentError, match="holds no replica"):
+        client.drain("broker-9")
+
+    result = client.drain("broker-3")
+    assert result["started"]
+    wait_until(
+        lambda: (
+            not client.reassignments()
+            and all("broker-3" not in p.replicas for p in client.describe_stream("dr").partitions)
+        ),
+        timeout=60,
+        message="broker-3 drained",
+    )
+    wait_until(
+        lambda: not (cluster.broker("broker-3").data_dir / "streams" / "dr").exists(),
+        timeout=30,
+        message="broker-3's copies deleted",
+    )
+    assert all("broker-3" not in p.replicas for s in client.list_streams() for p in s.partitions)
+    stored = sorted(v for n in range(3) for v in values_in(client, "dr", n))
+    assert stored == sorted(b"v%d" % i for i in range(30))
