@@ -54,6 +54,7 @@ ELSEWHERE = {
     "make demo": "tests/test_demo.py runs the demo; `make test` is this suite, run by .ci/run",
     "pip wheel . --no-deps -w dist": "tests/test_packaging.py installs each line's wheel and extra",
     "make cluster": "tests/cluster/test_make_cluster.py runs the block's commands against `make cluster`",
+    "jetstream stream create clicks": "tests/cluster/test_reassignment.py runs the block against a cluster",
 }
 """Blocks run by another test, by their first command."""
 

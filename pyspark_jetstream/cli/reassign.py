@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pyspark_jetstream.cli.common import fail, parse_size, table
 from pyspark_jetstream.client import SyncClient
+
+VERIFY_EVERY = 2.0
+"""Seconds between two looks of ``--verify --wait``."""
 
 
 def add_commands(cluster_commands: Any) -> None:
@@ -26,6 +31,9 @@ def add_commands(cluster_commands: Any) -> None:
         "--generate", action="store_true", help="print a plan spreading --streams over --brokers"
     )
     mode.add_argument("--verify", action="store_true", help="progress of each partition being moved")
+    reassign.add_argument(
+        "--wait", action="store_true", help="with --verify: again every 2 s until nothing moves"
+    )
     mode.add_argument(
         "--cancel", action="store_true", help="put partitions being moved back (--plan's, or all)"
     )
@@ -58,9 +66,13 @@ def _reassign(client: SyncClient, args: argparse.Namespace) -> None:
             raise SystemExit(2)
         streams = args.streams.split(",") if args.streams else None
         generated = client.generate_reassignment(_names(args.brokers), streams)
-        print("Current replicas (keep it to go back):")
-        print(json.dumps({"partitions": generated["current"]}))
-        print("Proposed plan (save it and run: jetstream cluster reassign --plan FILE):")
+        if not generated["proposed"]:
+            print("every partition is where the plan would put it", file=sys.stderr)
+            return
+        print(
+            f"current replicas (to go back): {json.dumps({'partitions': generated['current']})}",
+            file=sys.stderr,
+        )
         print(json.dumps({"partitions": generated["proposed"]}))
         return
     plan = _read_plan(args.plan) if args.plan else None
@@ -78,7 +90,9 @@ def _reassign(client: SyncClient, args: argparse.Namespace) -> None:
         cancelled = client.cancel_reassignment(wanted)["cancelled"]
         print(f"cancelled {', '.join(cancelled)}" if cancelled else "no partition was being moved")
         return
-    _verify(client, plan)
+    while _verify(client, plan) and args.wait:
+        time.sleep(VERIFY_EVERY)
+        print()
 
 
 def _drain(client: SyncClient, args: argparse.Namespace) -> None:
@@ -89,7 +103,8 @@ def _drain(client: SyncClient, args: argparse.Namespace) -> None:
     print(f"moving {moving} partition(s) off {args.broker}; follow it: jetstream cluster reassign --verify")
 
 
-def _verify(client: SyncClient, plan: dict[str, Any] | None) -> None:
+def _verify(client: SyncClient, plan: dict[str, Any] | None) -> bool:
+    """Print each moving partition's progress (and the plan's partitions' state); whether any moves."""
     moving = {(p["stream"], p["partition"]): p for p in client.reassignments()}
     statuses = client.cluster_status()
     held = {
@@ -129,6 +144,7 @@ def _verify(client: SyncClient, plan: dict[str, Any] | None) -> None:
             print(f"{key[0]}/{key[1]}: {state}")
     elif not rows:
         print("no partition is being moved")
+    return bool(moving)
 
 
 def _progress(mine: dict[str, Any] | None, leader: dict[str, Any] | None, throttle: int) -> list[str]:

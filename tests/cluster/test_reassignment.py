@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,8 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStrea
 from ..broker.harness import wait_until
 from .conftest import FAST
 from .helpers import leader_of, publish_all, status
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
@@ -129,29 +133,44 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_command_line_generates_runs_and_verifies_a_plan(cluster, client, tmp_path):
-    client.create_stream("gen", "gen", partitions=3, replication_factor=1)
-    generated = cli(cluster, "cluster", "reassign", "--generate", "--brokers", "broker-2", "--streams", "gen")
-    assert generated.returncode == 0, generated.stderr
-    proposed = json.loads(generated.stdout.splitlines()[3])
-    assert {tuple(e["replicas"]) for e in proposed["partitions"]} == {("broker-2",)}
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(proposed))
-    started = cli(cluster, "cluster", "reassign", "--plan", str(plan), "--throttle", "10MB")
-    assert started.returncode == 0 and started.stdout.startswith("moving gen/"), started.stderr
-    entries = [f"{e['stream']}/{e['partition']}: done" for e in proposed["partitions"]]
+def readme_moving_commands() -> list[str]:
+    """The README's block on moving partitions (tests/test_readme.py leaves it to this test)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("### Moving partitions", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
 
-    def verified() -> bool:
-        answer = cli(cluster, "cluster", "reassign", "--verify", "--plan", str(plan))
-        assert answer.returncode == 0, answer.stderr
-        return all(line in answer.stdout.splitlines() for line in entries)
 
-    wait_until(verified, timeout=60, message="every partition of the plan done")
-    assert all(p.replicas == ("broker-2",) for p in client.describe_stream("gen").partitions)
-    plan.write_text('{"partitions": [{"stream": "gen", "partition": 0, "replicas": ["broker-8"]}]}')
-    refused = cli(cluster, "cluster", "reassign", "--plan", str(plan))
+def test_the_readmes_block_on_moving_partitions_runs_as_written(cluster, client, tmp_path):
+    environment = {**os.environ, "JETSTREAM_NATS": cluster.nats_url}
+    environment.pop("JETSTREAM_BROKER", None)
+    for line in readme_moving_commands():
+        done = subprocess.run(
+            ["bash", "-c", line.replace("jetstream ", f"{sys.executable} -m pyspark_jetstream.cli ", 1)],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+    # The last --verify waited until every partition of the plan was done.
+    assert all(
+        set(p.replicas) == {"broker-1", "broker-2"} for p in client.describe_stream("clicks").partitions
+    )
+    assert not client.reassignments()
+    gone = cluster.broker("broker-3").data_dir / "streams" / "clicks"
+    wait_until(lambda: not gone.exists(), timeout=30, message="broker-3's copies deleted")
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["partitions"] and all(e["stream"] == "clicks" for e in plan["partitions"])
+    # A bad plan: one line on stderr, exit status 1, nothing moved.
+    (tmp_path / "bad.json").write_text(
+        '{"partitions": [{"stream": "clicks", "partition": 0, "replicas": ["b8"]}]}'
+    )
+    refused = cli(cluster, "cluster", "reassign", "--plan", str(tmp_path / "bad.json"))
     assert refused.returncode == 1 and refused.stdout == ""
-    assert refused.stderr.count("\n") == 1 and "broker-8, which are not live" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "b8, which are not live" in refused.stderr
+    assert not client.reassignments()
 
 
 def drain_and_refuse(cluster: LocalCluster, client: SyncClient) -> None:
