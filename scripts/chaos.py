@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             rest=args.rest,
             until=started + args.minutes * 60,
             progress=progress,
+            brokers=4,  # a broker to move replicas to (reassign)
         )
     finally:
         if not args.keep:

@@ -15,7 +15,10 @@ in order or at random, seeded), injected, held, then healed:
 * ``restart-zookeeper``: ZooKeeper killed and started again;
 * ``lose-tail``: a follower killed and its newest segments cut short (lost page cache);
 * ``bit-flip``: a follower killed and one bit of a closed segment flipped;
-* ``full-disk``: no file of a broker may grow any more (EFBIG), then it may again.
+* ``full-disk``: no file of a broker may grow any more (EFBIG), then it may again;
+* ``reassign``: one replica of a partition moved to a broker that lacks it (throttled), and
+  the controller, the old leader or the new replica SIGKILLed during the move, restarted later
+  (only with a fourth broker: ``run_matrix(brokers=4)``).
 
 Checker (``judge``), once everything is healed and caught up: every acknowledged value is
 in the final log exactly once; offsets are contiguous; every value a consumer
@@ -50,6 +53,8 @@ STREAM = "chaos"
 # Followers leave the ISR after 2 s without catching up; sessions expire after 3 s.
 FAST = "[replication]\nreplica_max_lag = 2.0\n"
 PARTITIONS = 2
+REASSIGN_THROTTLE = 200_000
+"""Bytes/s a moved replica is fetched at: slow enough for the kill to land during the move."""
 FAULTS = (
     "kill-leader",
     "kill-follower",
@@ -61,6 +66,7 @@ FAULTS = (
     "lose-tail",
     "bit-flip",
     "full-disk",
+    "reassign",
 )
 
 
@@ -301,6 +307,8 @@ class Nemesis:
             self.injected[fault] += 1
             cluster.zookeeper.kill()
             return cluster.zookeeper.start, hold
+        if fault == "reassign":
+            return self._reassign(busy), hold
         if fault == "kill-controller":
             wanted = self._controller()
         elif fault in ("kill-leader", "pause-leader", "expire-session", "partition-leader"):
@@ -340,6 +348,45 @@ class Nemesis:
                 self.damage["bits flipped"] += flip_a_bit(directory, self.rng) is not None
         return broker.start, hold
 
+    def _reassign(self, busy: set[str]) -> Callable[[], None]:
+        """Move one replica of a partition to a broker without it; kill -9 one broker taking part."""
+        from pyspark_jetstream.client import BrokerConnection
+        from pyspark_jetstream.protocol.flight import ActionType
+
+        cluster = self.cluster
+        number = self.rng.randrange(PARTITIONS)
+        for address in cluster.flights:
+            try:
+                connection = BrokerConnection(address, timeout=5)
+                try:
+                    info = connection.action(ActionType.DESCRIBE_STREAM, {"name": STREAM})
+                    state = info["partitions"][number]
+                    spares = [b for b in cluster.ids if b not in state["replicas"]]
+                    if not spares or not state["leader"]:
+                        return lambda: None
+                    out = self.rng.choice(state["replicas"])
+                    spare = self.rng.choice(spares)
+                    target = [spare if b == out else b for b in state["replicas"]]
+                    plan = [{"stream": STREAM, "partition": number, "replicas": target}]
+                    body = {"op": "start", "plan": plan, "throttle": REASSIGN_THROTTLE}
+                    connection.action(ActionType.REASSIGN_PARTITIONS, body)
+                finally:
+                    connection.close()
+                break
+            except JetStreamError:
+                continue  # a partition already moving (refused), or a broker down: try another
+        else:
+            return lambda: None
+        self.injected["reassign"] += 1
+        # Then kill -9 the controller, the old leader or the new replica in the middle of it.
+        wanted = self.rng.choice([self._controller(), state["leader"], spare])
+        victim = self._pick(wanted, busy)
+        if victim is None:
+            return lambda: None
+        broker = cluster.broker(victim)
+        broker.kill()
+        return broker.start
+
 
 def settle(cluster: FaultCluster, timeout: float = 120) -> None:
     """Wait until every partition is led, every replica in sync and caught up."""
@@ -356,8 +403,16 @@ def settle(cluster: FaultCluster, timeout: float = 120) -> None:
                 connection.close()
             held = [p for s in states for p in s["partitions"] if p["stream"] == STREAM]
             ends = {(p["partition"], p["log_end_offset"], p["high_watermark"]) for p in held}
+            served = {
+                (s["broker_id"], p["partition"])
+                for s in states
+                for p in s["partitions"]
+                if p["stream"] == STREAM
+            }
+            stored = {(b.broker_id, int(d.name)) for b in cluster.brokers for d in partition_dirs(b, STREAM)}
             settled = (
-                len(held) == 3 * PARTITIONS
+                stored == served
+                and len(held) == 3 * PARTITIONS
                 and all(len(p["isr"]) == 3 and not p["damaged"] for p in held)
                 and len(ends) == PARTITIONS
                 and all(e[1] == e[2] for e in ends)
@@ -463,11 +518,15 @@ def run_matrix(
     rest: float,
     until: float | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    brokers: int = 3,
 ) -> Report:
     """Start a cluster and the workload, inject ``faults`` one after the other (each held ``hold``
     seconds, then ``rest`` seconds of calm) until they run out or the clock passes ``until``
-    (``time.monotonic()``), settle, stop, check."""
-    cluster = FaultCluster(base_dir=base_dir, extra_config=FAST, maintenance_interval=1.0, log_level="DEBUG")
+    (``time.monotonic()``), settle, stop, check.  ``brokers``: 4 gives ``reassign`` a broker to
+    move replicas to (the stream has 3)."""
+    cluster = FaultCluster(
+        brokers, base_dir=base_dir, extra_config=FAST, maintenance_interval=1.0, log_level="DEBUG"
+    )
     with cluster:
         workload = Workload(cluster)
         workload.start()

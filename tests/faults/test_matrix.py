@@ -31,8 +31,10 @@ def test_no_acknowledged_write_is_lost_and_no_read_is_stale(tmp_path, fault):
         warm_up=2.0,
         hold=3.0,
         rest=3.0,
+        brokers=4 if fault == "reassign" else 3,
     )
     print(report.table())
+    assert report.faults[fault] == 2, report.table()
     assert report.acked > 50, report.table()
     assert (report.lost, report.duplicates, report.stale_reads, report.gaps, report.divergent_replicas) == (
         0,
