@@ -18,7 +18,14 @@ drives both.
    our ``tail`` against a JetStream pull consumer, RF=3 / R3;
 5. the transport's floor under one replication turn: a bare Flight
    ``do_exchange`` between two Python processes, one message each way per
-   turn, as the replication stream does (no log, no broker code).
+   turn, as the replication stream does (no log, no broker code);
+6. reassignment: an RF=2 partition holding 1 GiB (64 MiB with ``--quick``)
+   moved off its leader to the third broker at a replication throttle
+   (``reassign_seconds``, beside the throttle's own floor, size / rate),
+   while 10,000-row batches are published with ``ALL`` acks into a
+   3-partition RF=2 stream led by every broker; their rows/s during the
+   move against the same publishing just before it
+   (``reassign_produce_ratio``).
 
 Prints a table; the last line is one JSON object.
 
@@ -251,11 +258,70 @@ async def ours_latency(client: Client, nc: nats.NATS, name: str, seconds: float)
     return await tail_latencies(client, nc, name, seconds)
 
 
+async def produce_for(client: Client, name: str, partitions: int, stop: asyncio.Event | float) -> float:
+    """Publish 10,000-row batches with ALL acks, partition after partition, until ``stop`` is set
+    (or for ``stop`` seconds); rows/s."""
+    batch = pa.table({"value": pa.array([b"x" * VALUE] * 10_000, pa.binary())})
+    rows = 0
+    start = time.perf_counter()
+    while not (stop.is_set() if isinstance(stop, asyncio.Event) else time.perf_counter() - start >= stop):
+        partition = (rows // batch.num_rows) % partitions
+        await client.publish_batch(name, batch, partition=partition, ack_policy=AckPolicy.ALL, timeout=60)
+        rows += batch.num_rows
+    return rows / (time.perf_counter() - start)
+
+
+async def ours_reassign(
+    client: Client, name: str, size: int, throttle: int, baseline_s: float
+) -> dict[str, float]:
+    """Fill an RF=2 partition with ``size`` bytes, then move it off its leader while publishing
+    into another stream led by every broker."""
+    await client.create_stream(name, f"bench.{name}", replication_factor=2, segment_bytes=64 << 20)
+    traffic = f"{name}-traffic"
+    await client.create_stream(traffic, f"bench.{traffic}", partitions=3, replication_factor=2)
+    filler = pa.table({"value": pa.array([b"f" * 1000] * 900, pa.binary())})  # under NATS's 1 MiB
+    for _ in range(max(size // (1000 * 900), 1)):
+        await client.publish_batch(name, filler, ack_policy=AckPolicy.ALL, timeout=120)
+    before = await produce_for(client, traffic, 3, baseline_s)
+    state = (await client.describe_stream(name)).partitions[0]
+    brokers = [b["broker_id"] for b in (await client.metadata())["brokers"]]
+    spare = next(b for b in brokers if b not in state.replicas)
+    target = [spare if b == state.leader else b for b in state.replicas]
+    done = asyncio.Event()
+    producing = asyncio.ensure_future(produce_for(client, traffic, 3, done))
+    start = time.perf_counter()
+    plan = {"partitions": [{"stream": name, "partition": 0, "replicas": target}]}
+    await client.reassign(plan, throttle=throttle)
+    deadline = start + 4 * size / throttle + 60
+    while await client.reassignments():
+        if time.perf_counter() > deadline:  # bounded: the publishing would fill the disk
+            done.set()
+            await producing
+            await client.cancel_reassignment()
+            raise RuntimeError(f"the move did not finish within {deadline - start:.0f} s")
+        await asyncio.sleep(0.1)
+    took = time.perf_counter() - start
+    done.set()
+    during = await producing
+    return {
+        "reassign_bytes": float(size),
+        "reassign_throttle_bytes_per_s": float(throttle),
+        "reassign_seconds": took,
+        "reassign_floor_seconds": size / throttle,
+        "produce_rows_per_s_before_move": before,
+        "produce_rows_per_s_during_move": during,
+        "reassign_produce_ratio": during / before,
+    }
+
+
 async def run(size: str) -> dict[str, float]:
     single_n = pick(size, smoke=500, quick=10_000, full=50_000)
     batch_rows = pick(size, smoke=20_000, quick=200_000, full=2_000_000)
     latency_s = pick(size, smoke=0.5, quick=5.0, full=30.0)
     turns = pick(size, smoke=200, quick=3000, full=20_000)
+    move_bytes = pick(size, smoke=20 << 20, quick=64 << 20, full=1 << 30)
+    throttle = pick(size, smoke=32 << 20, quick=32 << 20, full=64 << 20)
+    baseline_s = pick(size, smoke=0.5, quick=2.0, full=5.0)
     workdir = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     results: dict[str, float] = {"flight_exchange_turn_us": exchange_turn_us(turns)}
     cluster = LocalCluster(3, base_dir=workdir / "ours", log_level="WARNING")
@@ -281,6 +347,7 @@ async def run(size: str) -> dict[str, float]:
         results["rf3_p99_latency_ms"] = _percentile(our_lat, 0.99)
         results["js_r3_p50_latency_ms"] = statistics.median(js_lat)
         results["rf3_p50_latency_ms"] = statistics.median(our_lat)
+        results.update(await ours_reassign(client, "moving", move_bytes, throttle, baseline_s))
         await js_nc.close()
         results["js_r3_failover_s"] = await js_failover(js_cluster, "JS_FAILOVER")
         results["failover_s"] = await ours_failover(cluster, client, "failover")
@@ -340,7 +407,25 @@ def main() -> None:
             r["rf3_p99_latency_ratio_to_js_r3"],
             "<= 1.5",
         ),
+        (
+            "produce during a partition move vs before it (rows/s)",
+            r["produce_rows_per_s_during_move"],
+            r["produce_rows_per_s_before_move"],
+            r["reassign_produce_ratio"],
+            ">= 0.7",
+        ),
+        (
+            "move time vs the throttle's floor (s)",
+            r["reassign_seconds"],
+            r["reassign_floor_seconds"],
+            r["reassign_seconds"] / r["reassign_floor_seconds"],
+            "",
+        ),
     ]
+    print(
+        f"partition move: {r['reassign_bytes'] / (1 << 20):,.0f} MiB at a throttle of "
+        f"{r['reassign_throttle_bytes_per_s'] / (1 << 20):,.0f} MiB/s"
+    )
     print(f"ZooKeeper session timeout: {r['session_timeout_s']:g} s")
     print(
         f"transport floor: one turn of a bare Flight exchange between two processes "

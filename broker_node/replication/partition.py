@@ -156,6 +156,10 @@ class Partition:
         self._followers: dict[str, FollowerProgress] = {}
         self._isr: tuple[str, ...] = state.isr
         self._pending_isr: tuple[str, ...] | None = None
+        self._joining: set[str] = set()
+        """Followers that caught up while out of the ISR, until the ISR naming them is stored: the
+        high watermark waits for them already (Kafka's "maximal ISR"), so one that keeps up with a
+        busy partition is not overtaken between catching up and being written in."""
         self._waiters: list[tuple[int, int, Committed]] = []
         self._ids = itertools.count()
         self._listeners: list[Callable[[], None]] = []
@@ -194,6 +198,7 @@ class Partition:
             self.role = Role.LEADER
             self._isr = state.isr
             self._pending_isr = None
+            self._joining = set()
             now = self._clock()
             self._followers = {
                 r: FollowerProgress(last_caught_up=now) for r in state.replicas if r != self.broker_id
@@ -210,6 +215,7 @@ class Partition:
             self._followers = {}
             self._isr = state.isr
             self._pending_isr = None
+            self._joining = set()
             self._fail_waiters(self._not_leader())
         self._log.info("follower of %s", state.leader or "(nobody yet)")
 
@@ -229,6 +235,7 @@ class Partition:
                     for r in state.replicas
                     if r != self.broker_id
                 }
+                self._joining = {r for r in self._joining if r in state.replicas and r not in state.isr}
                 if self._pending_isr is not None and state.isr == self._pending_isr:
                     self._pending_isr = None
                 self._isr = self._merged()
@@ -402,20 +409,24 @@ class Partition:
             return self.expansion(replica) is not None
 
     def expansion(self, replica: str) -> tuple[str, ...] | None:
-        """The ISR with ``replica`` added, if it is out of the ISR and caught up now (it has the
-        high watermark and this leader's whole epoch); else ``None``.  Asked again when the
-        change is about to be written, so a queued request never revives a stale view."""
+        """The ISR with ``replica`` added, if it is out of the ISR and caught up (it had the high
+        watermark and this leader's whole epoch, and the high watermark has waited for it since);
+        else ``None``.  Asked again when the change is about to be written, so a queued request
+        never revives a stale view (a replica dropped meanwhile, another leadership)."""
         with self._lock:
             if self.role is not Role.LEADER:
                 return None
             progress = self._followers.get(replica)
-            wanted = self._pending_isr or self._isr
+            wanted = self._pending_isr or self.state.isr
             if progress is None or replica in wanted:
                 return None
-            epoch_start = self.log.end_offset_for_epoch(self.state.leader_epoch - 1).end_offset
-            if progress.log_end_offset >= max(self.log.high_watermark, epoch_start, 0):
-                return tuple(r for r in self.state.replicas if r in wanted or r == replica)
-            return None
+            if replica not in self._joining:
+                epoch_start = self.log.end_offset_for_epoch(self.state.leader_epoch - 1).end_offset
+                if progress.log_end_offset < max(self.log.high_watermark, epoch_start, 0):
+                    return None
+                self._joining.add(replica)  # the high watermark waits for it from now on
+                self._isr = self._merged()
+            return tuple(r for r in self.state.replicas if r in wanted or r == replica)
 
     def lagging_replicas(self, max_lag: float) -> tuple[str, ...] | None:
         """A proposed ISR without the followers not caught up for ``max_lag`` seconds, or ``None``."""
@@ -423,7 +434,16 @@ class Partition:
             if self.role is not Role.LEADER:
                 return None
             now = self._clock()
-            current = self._pending_isr or self._isr
+            stale = {
+                r
+                for r in self._joining
+                if (progress := self._followers.get(r)) is None or now - progress.last_caught_up > max_lag
+            }
+            if stale:  # caught up once, and fell behind again before being written in
+                self._joining -= stale
+                self._isr = self._merged()
+                self._advance_high_watermark()
+            current = self._pending_isr or self.state.isr
             lagging = {
                 r
                 for r in current
@@ -452,7 +472,8 @@ class Partition:
                 if state.isr != self.state.isr:
                     self._log.info("ISR %s -> %s", self.state.isr, state.isr)
                 self.state = state
-            self._isr = self.state.isr
+            self._joining -= set(self.state.isr)
+            self._isr = self._merged()
             self._advance_high_watermark()
 
     def follower_log_ends(self) -> dict[str, int]:
@@ -656,11 +677,12 @@ class Partition:
         return None
 
     def _merged(self) -> tuple[str, ...]:
-        """The ISR the high watermark waits for: the stored one and a pending proposal together
-        (a replica being added counts at once, one being removed until the removal is stored),
-        so whoever the coordinator may name in sync has everything acknowledged."""
-        stored, pending = self.state.isr, self._pending_isr or ()
-        return tuple(r for r in self.state.replicas if r in stored or r in pending)
+        """The ISR the high watermark waits for: the stored one, a pending proposal and the
+        replicas joining, together (a replica being added counts as soon as it caught up, one
+        being removed until the removal is stored), so whoever the coordinator may name in sync
+        has everything acknowledged."""
+        stored, pending, joining = self.state.isr, self._pending_isr or (), self._joining
+        return tuple(r for r in self.state.replicas if r in stored or r in pending or r in joining)
 
     def _advance_high_watermark(self) -> None:
         """Move the high watermark to the lowest log end offset in the ISR (leader only)."""

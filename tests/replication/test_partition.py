@@ -91,16 +91,43 @@ def test_a_replica_being_added_to_the_isr_counts_before_the_change_is_stored(ope
     assert seen == [None]
 
 
-def test_a_queued_isr_request_is_judged_again_when_written(open_partition):
+def test_a_follower_that_caught_up_holds_the_high_watermark_until_written_into_the_isr(open_partition):
+    # Between catching up and the ISR write, a busy partition moves on: the high watermark waits
+    # for the joining follower (so it never lacks anything acknowledged), instead of overtaking
+    # it and turning the write down (it could then never join while writes go on).
     leader = leading(open_partition, isr=("a", "b"))
     leader.append(values(1))
     leader.record_fetch("b", 1)
     assert leader.record_fetch("c", 1)
-    leader.append(values(3, start=1))  # c falls behind before the ISR thread gets to it
+    leader.append(values(3, start=1))
     leader.record_fetch("b", 4)
-    assert leader.expansion("c") is None
-    leader.record_fetch("c", 4)
+    assert leader.log.high_watermark == 1  # c has not fetched past 1
     assert leader.expansion("c") == REPLICAS
+    leader.record_fetch("c", 4)
+    assert leader.log.high_watermark == 4
+
+
+def test_a_joining_follower_that_falls_behind_is_judged_again(tmp_path):
+    now = [0.0]
+    state = PartitionState("a", REPLICAS, ("a", "b"), 1, version=1)
+    leader = Partition(CONFIG, 0, Log.open(tmp_path / "a"), "a", state, clock=lambda: now[0])
+    try:
+        leader.become_leader(state)
+        leader.append(values(1))
+        leader.record_fetch("b", 1)
+        assert leader.record_fetch("c", 1)
+        leader.append(values(3, start=1))
+        now[0] = 10.0
+        leader.record_fetch("b", 4)
+        assert leader.log.high_watermark == 1
+        # c stalls past replica_max_lag: it stops holding the high watermark, and must catch up again.
+        assert leader.lagging_replicas(max_lag=2.0) is None  # nothing stored to shrink
+        assert leader.log.high_watermark == 4
+        assert leader.expansion("c") is None
+        leader.record_fetch("c", 4)
+        assert leader.expansion("c") == REPLICAS
+    finally:
+        leader.close()
 
 
 def test_an_older_state_than_the_one_held_is_ignored(open_partition):
