@@ -73,6 +73,8 @@ class PartitionState:
     """While a reassignment moves the partition: replicas it drops once every target is in sync."""
     throttle: int = 0
     """While a reassignment moves the partition: bytes/s each adding broker may fetch (0: no limit)."""
+    previous: tuple[str, ...] = ()
+    """While a reassignment moves the partition: the replicas before it, in their order."""
 
     @property
     def reassigning(self) -> bool:
@@ -87,7 +89,7 @@ class PartitionState:
     @property
     def original(self) -> tuple[str, ...]:
         """The replicas the partition had before its reassignment (if any): what a cancel restores."""
-        return tuple(r for r in self.replicas if r not in self.adding)
+        return self.previous or tuple(r for r in self.replicas if r not in self.adding)
 
     def to_json(self) -> dict[str, Any]:
         """Stored form (the local coordinator's file)."""
@@ -99,7 +101,12 @@ class PartitionState:
             "version": self.version,
         }
         if self.reassigning:
-            stored.update(adding=list(self.adding), removing=list(self.removing), throttle=self.throttle)
+            stored.update(
+                adding=list(self.adding),
+                removing=list(self.removing),
+                throttle=self.throttle,
+                previous=list(self.previous),
+            )
         return stored
 
     @classmethod
@@ -114,6 +121,7 @@ class PartitionState:
             adding=tuple(data.get("adding", ())),
             removing=tuple(data.get("removing", ())),
             throttle=int(data.get("throttle", 0)),
+            previous=tuple(data.get("previous", ())),
         )
 
 

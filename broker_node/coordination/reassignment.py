@@ -16,8 +16,8 @@ the controller writes (Kafka's KIP-455 shape):
 
 Everything is stored in the partition's own state, so a new controller or a
 restarted broker carries on from whatever step was written last.  A cancel
-goes back to the original replicas (the added ones delete their copy); their
-order may differ from before the move (``elect-leaders`` follows it).
+goes back to the original replicas, in their order (the added ones delete
+their copy).
 
 A plan is a list of ``{"stream", "partition", "replicas"}``; every entry is
 checked before anything moves (:func:`checked_plan`).
@@ -154,6 +154,7 @@ def started(state: PartitionState, target: Sequence[str], throttle: int) -> Part
         adding=adding,
         removing=removing,
         throttle=throttle,
+        previous=state.replicas,
     )
 
 
@@ -183,6 +184,7 @@ def completed(state: PartitionState, live: Collection[str]) -> PartitionState | 
         adding=(),
         removing=(),
         throttle=0,
+        previous=(),
     )
 
 
@@ -208,6 +210,7 @@ def cancelled(state: PartitionState, live: Collection[str]) -> PartitionState:
         adding=(),
         removing=(),
         throttle=0,
+        previous=(),
     )
 
 

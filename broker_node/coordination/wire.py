@@ -111,7 +111,7 @@ def broker_from_bytes(raw: bytes, what: str = "a broker registration") -> Broker
 # ---- partitions ----------------------------------------------------------------------
 
 
-REASSIGNMENT_FIELDS = frozenset({"adding", "removing", "throttle"})
+REASSIGNMENT_FIELDS = frozenset({"adding", "removing", "throttle", "previous"})
 """Stored only while a reassignment moves the partition."""
 
 
@@ -124,7 +124,12 @@ def partition_to_bytes(state: PartitionState) -> bytes:
         "leader_epoch": state.leader_epoch,
     }
     if state.reassigning:
-        stored.update(adding=list(state.adding), removing=list(state.removing), throttle=state.throttle)
+        stored.update(
+            adding=list(state.adding),
+            removing=list(state.removing),
+            throttle=state.throttle,
+            previous=list(state.previous),
+        )
     return dumps(stored)
 
 
@@ -143,6 +148,7 @@ def partition_from_bytes(raw: bytes, version: int, what: str = "a partition stat
         adding=_names(what, data, "adding") if moving else (),
         removing=_names(what, data, "removing") if moving else (),
         throttle=_typed(what, data, "throttle", int) if moving else 0,
+        previous=_names(what, data, "previous") if moving else (),
     )
 
 

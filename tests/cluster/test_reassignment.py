@@ -222,3 +222,22 @@ def drain_and_refuse(cluster: LocalCluster, client: SyncClient) -> None:
     assert all("broker-3" not in p.replicas for s in client.list_streams() for p in s.partitions)
     stored = sorted(v for n in range(3) for v in values_in(client, "dr", n))
     assert stored == sorted(b"v%d" % i for i in range(30))
+
+
+def test_a_cancelled_move_goes_back_and_the_added_copy_is_deleted(cluster, client):
+    client.create_stream("cx", "cx", replication_factor=2)
+    acked = publish_all(client, "cx", [b"y" * 2000 + b"%04d" % i for i in range(500)], "p")  # ~1 MB
+    before = client.describe_stream("cx").partitions[0]
+    (spare,) = {"broker-1", "broker-2", "broker-3"} - set(before.replicas)
+    target = [spare, before.replicas[1]]
+    # 64 KiB/s: the move takes about 15 s, so the cancel lands in the middle of it.
+    client.reassign({"partitions": [{"stream": "cx", "partition": 0, "replicas": target}]}, throttle=65_536)
+    wait_until(lambda: holds(cluster, spare, "cx"), timeout=30, message="the new replica to start")
+    assert client.cancel_reassignment([("cx", 0)]) == {"cancelled": ["cx/0"]}
+    after = client.describe_stream("cx").partitions[0]
+    assert after.replicas == before.replicas and after.leader == before.leader
+    assert after.leader_epoch == before.leader_epoch  # the leader stayed: no new epoch
+    assert not client.reassignments()
+    wait_until(lambda: not holds(cluster, spare, "cx"), timeout=30, message="the added copy deleted")
+    assert client.cancel_reassignment() == {"cancelled": []}
+    assert len(acked) == 500 and len(values_in(client, "cx")) == 500

@@ -86,9 +86,9 @@ def test_a_move_adds_the_target_replicas_then_drops_the_others_and_moves_leaders
     before = PartitionState("b1", ("b1", "b2"), ("b1", "b2"), leader_epoch=4, version=9)
     moving = reassignment.started(before, ("b3", "b2"), 1000)
     assert moving == PartitionState(
-        "b1", ("b3", "b2", "b1"), ("b1", "b2"), 4, 9, adding=("b3",), removing=("b1",), throttle=1000
+        "b1", ("b3", "b2", "b1"), ("b1", "b2"), 4, 9, ("b3",), ("b1",), throttle=1000, previous=("b1", "b2")
     )
-    assert moving.target == ("b3", "b2") and moving.original == ("b2", "b1")
+    assert moving.target == ("b3", "b2") and moving.original == ("b1", "b2")
     # Not done while b3 is not in sync.
     assert reassignment.completed(moving, LIVE) is None
     in_sync = PartitionState("b1", moving.replicas, ("b1", "b2", "b3"), 4, 10, ("b3",), ("b1",), 1000)
@@ -108,16 +108,16 @@ def test_a_same_set_of_brokers_only_changes_the_preferred_order():
     assert reassignment.started(before, ("b1", "b2"), 0) is None
 
 
-def test_a_cancel_goes_back_to_the_original_replicas():
-    moving = PartitionState("b1", ("b3", "b2", "b1"), ("b1", "b2", "b3"), 4, 10, ("b3",), ("b1",), 1000)
-    assert reassignment.cancelled(moving, LIVE) == PartitionState("b1", ("b2", "b1"), ("b2", "b1"), 4, 10)
+def test_a_cancel_goes_back_to_the_original_replicas_in_their_order():
+    replicas, before = ("b3", "b2", "b1"), ("b1", "b2")
+    moving = PartitionState("b1", replicas, ("b1", "b2", "b3"), 4, 10, ("b3",), ("b1",), 1000, before)
+    assert reassignment.cancelled(moving, LIVE) == PartitionState("b1", before, before, 4, 10)
     # The leader was one of the added replicas (a failover during the move): an original one takes over.
-    led_by_new = PartitionState("b3", moving.replicas, ("b3", "b2"), 5, 11, ("b3",), ("b1",), 0)
-    assert reassignment.cancelled(led_by_new, LIVE) == PartitionState("b2", ("b2", "b1"), ("b2",), 6, 11)
-    with pytest.raises(
-        InvalidArgumentError, match="none of the original replicas b2, b1 is live and in sync"
-    ):
-        reassignment.cancelled(PartitionState("b3", moving.replicas, ("b3",), 5, 11, ("b3",), ("b1",)), LIVE)
+    led_by_new = PartitionState("b3", replicas, ("b3", "b2"), 5, 11, ("b3",), ("b1",), 0, before)
+    assert reassignment.cancelled(led_by_new, LIVE) == PartitionState("b2", before, ("b2",), 6, 11)
+    lost = PartitionState("b3", replicas, ("b3",), 5, 11, ("b3",), ("b1",), 0, before)
+    with pytest.raises(InvalidArgumentError, match="none of the original replicas b1, b2 is live"):
+        reassignment.cancelled(lost, LIVE)
 
 
 def test_the_stored_form_keeps_a_reassignment_and_reads_older_states():
