@@ -117,19 +117,8 @@ REASSIGNMENT_FIELDS = frozenset({"adding", "removing", "throttle", "previous"})
 
 def partition_to_bytes(state: PartitionState) -> bytes:
     """A partition's leadership (and reassignment, if any); its ``version`` is the znode's, not stored."""
-    stored: dict[str, Any] = {
-        "leader": state.leader,
-        "replicas": list(state.replicas),
-        "isr": list(state.isr),
-        "leader_epoch": state.leader_epoch,
-    }
-    if state.reassigning:
-        stored.update(
-            adding=list(state.adding),
-            removing=list(state.removing),
-            throttle=state.throttle,
-            previous=list(state.previous),
-        )
+    stored = state.to_json()
+    del stored["version"]
     return dumps(stored)
 
 
