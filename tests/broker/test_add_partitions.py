@@ -125,3 +125,27 @@ def test_publishers_route_keys_over_the_new_count(broker, client):
             message="the other publisher to route the key over four partitions",
         )
     assert client.fetch("keyed", 3).num_rows >= 2
+
+
+def test_a_grown_stream_outlives_a_restart_and_a_rebuild_of_lost_metadata(broker):
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("orders", "orders", partitions=2)
+        client.add_partitions("orders", 4)
+        for partition in range(4):
+            client.publish("orders", b"%d" % partition, partition=partition)
+    assert broker.stop() == 0
+    # The older partitions' own records still say 2 partitions, the newer ones 4.
+    (broker.data_dir / "metadata.json").write_text("{ damaged")
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "stream 'orders' on 'orders': 4 partition(s)" in rebuilt.stdout
+    broker.start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        assert len(client.describe_stream("orders").partitions) == 4
+        assert [client.fetch("orders", p).num_rows for p in range(4)] == [1, 1, 1, 1]
+        assert client.publish("orders", b"again", partition=3).first_offset == 1
