@@ -174,7 +174,15 @@ class BrokerService:
         """
         if name.startswith(INTERNAL_PREFIX):
             raise InvalidArgumentError(f"stream {name!r} is internal: its partitions are the broker's own")
+        try:
+            # This broker's view may lag behind, never run ahead: if it has the count already,
+            # the controller either changes nothing or refuses (the stream has more).
+            unchanged = len(self._coordinator.get_stream(name).partitions) == partitions
+        except UnknownStreamError:
+            unchanged = False  # not known here yet: the controller answers
         self._controller("add_partitions", {"name": name, "partitions": partitions})
+        if unchanged:
+            return self.describe_stream(name)  # nothing to wait for, even with a partition leaderless
         if not self._clustered:
             self._wait_for_sync()
             problems = {**self._manager.offline, **self._ingest_failures()}
