@@ -44,7 +44,7 @@ from pyspark_jetstream.protocol.flight import (
     error_from_message,
 )
 from pyspark_jetstream.protocol.replica import ReplicaFetch
-from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name
+from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,37 @@ class BrokerService:
         self._controller("delete_stream", {"name": name})
         self._wait_for_sync()
 
+    def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+        """Grow a stream to ``partitions`` partitions (never fewer) and return once each is served.
+
+        On a single broker a new partition that cannot be served (NATS
+        refuses its subscription) is reported; it stays, since partitions are
+        never removed, and is served once the cause is fixed and the broker
+        restarts.
+        """
+        if name.startswith(INTERNAL_PREFIX):
+            raise InvalidArgumentError(f"stream {name!r} is internal: its partitions are the broker's own")
+        try:
+            # This broker's view may lag behind, never run ahead: if it has the count already,
+            # the controller either changes nothing or refuses (the stream has more).
+            unchanged = len(self._coordinator.get_stream(name).partitions) == partitions
+        except UnknownStreamError:
+            unchanged = False  # not known here yet: the controller answers
+        self._controller("add_partitions", {"name": name, "partitions": partitions})
+        if unchanged:
+            return self.describe_stream(name)  # nothing to wait for, even with a partition leaderless
+        if not self._clustered:
+            self._wait_for_sync()
+            problems = {**self._manager.offline, **self._ingest_failures()}
+            refused = [f"{s}/{n}: {why}" for (s, n), why in sorted(problems.items()) if s == name]
+            if refused:
+                raise UnavailableError(
+                    f"stream {name!r} has {partitions} partitions, but not all can be served: {refused[0]}"
+                )
+        else:
+            self._wait_until_served(name, f"grew to {partitions} partitions")
+        return self.describe_stream(name)
+
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership back to each partition's preferred (first) replica where it is in sync."""
         result = self._controller("elect_preferred_leaders", {})
@@ -254,6 +285,12 @@ class BrokerService:
                 raise InvalidArgumentError(f"delete_stream needs a 'name', got {body!r}")
             coordinator.delete_stream(name)
             return {}
+        if action == "add_partitions":
+            name, partitions = body.get("name"), body.get("partitions")
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"add_partitions needs a 'name', got {body!r}")
+            grown = coordinator.add_partitions(name, partitions)  # type: ignore[arg-type] # checked there
+            return {"name": name, "partitions": len(grown.partitions)}
         if action == "elect_preferred_leaders":
             return coordinator.elect_preferred_leaders()
         raise InvalidArgumentError(f"unknown controller action {action!r}")
@@ -310,8 +347,9 @@ class BrokerService:
                     ) from None
                 time.sleep(0.1)
 
-    def _wait_until_served(self, name: str) -> None:
-        """Wait until every partition of ``name`` is led by a broker that ingests it."""
+    def _wait_until_served(self, name: str, done: str = "was created") -> None:
+        """Wait until every partition of ``name`` is led by a broker that ingests it (``done``:
+        what happened to the stream, for the error)."""
         deadline = time.monotonic() + SERVED_DEADLINE
         refresh = getattr(self._coordinator, "refresh", None)
         waiting: list[str] = []
@@ -332,7 +370,7 @@ class BrokerService:
                 return
             time.sleep(0.05)
         raise RequestTimeoutError(
-            f"stream {name!r} was created, but {', '.join(waiting)} had no serving leader within "
+            f"stream {name!r} {done}, but {', '.join(waiting)} had no serving leader within "
             f"{SERVED_DEADLINE:g}s; it will be served once its leader is up"
         )
 

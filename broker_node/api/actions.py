@@ -14,13 +14,16 @@ from typing import Any, Protocol, TypeVar
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
-from pyspark_jetstream.protocol.streams import StreamConfig, shown
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
 
 T = TypeVar("T")
 
 ACTION_DESCRIPTIONS = {
     ActionType.CREATE_STREAM: "Create a stream; body: a stream config object. Idempotent.",
     ActionType.DELETE_STREAM: 'Delete a stream; body: {"name": ...}.',
+    ActionType.ADD_PARTITIONS: (
+        'Grow a stream to more partitions (never fewer); body: {"name", "partitions"}. Idempotent.'
+    ),
     ActionType.DESCRIBE_STREAM: 'Describe a stream and its partitions; body: {"name": ...}.',
     ActionType.LIST_STREAMS: "Describe every stream.",
     ActionType.SET_CURSOR: 'Store a consumer position; body: {"consumer", "stream", "partition", "offset"}.',
@@ -54,6 +57,7 @@ class AdminService(Protocol):
     def controller_call(self, action: str, body: dict[str, Any]) -> object: ...
     def create_stream(self, config: StreamConfig) -> StreamInfo: ...
     def delete_stream(self, name: str) -> None: ...
+    def add_partitions(self, name: str, partitions: int) -> StreamInfo: ...
     def describe_stream(self, name: str) -> StreamInfo: ...
     def list_streams(self) -> list[StreamInfo]: ...
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
@@ -99,6 +103,13 @@ class Actions:
         self.access.check(principal, "admin", stream=name)
         self.broker.delete_stream(name)
         return {}
+
+    def add_partitions(self, principal: str, args: dict[str, Any]) -> object:
+        name = _arg(args, "name", str)
+        self.access.check(principal, "admin", stream=name)
+        # Checked here, naming a bad value whatever its type, before the controller is asked.
+        partitions = bounded_int("partitions", args.get("partitions"), 1, MAX_PARTITIONS)
+        return self.broker.add_partitions(name, partitions).to_json()
 
     def describe_stream(self, principal: str, args: dict[str, Any]) -> object:
         name = _arg(args, "name", str)
@@ -187,6 +198,7 @@ class Actions:
 HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.CREATE_STREAM: Actions.create_stream,
     ActionType.DELETE_STREAM: Actions.delete_stream,
+    ActionType.ADD_PARTITIONS: Actions.add_partitions,
     ActionType.DESCRIBE_STREAM: Actions.describe_stream,
     ActionType.LIST_STREAMS: Actions.list_streams,
     ActionType.STATUS: Actions.status,

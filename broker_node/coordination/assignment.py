@@ -4,15 +4,19 @@ Assignment spreads a new stream's partitions over the live brokers the way
 Kafka does without racks: partition *p*'s replicas are consecutive brokers
 (in a fixed order) starting at ``(start + p) mod n``, and each partition's
 first replica is its preferred leader, so leaders spread evenly.  ``start``
-is chosen to even out the leaders the brokers already have.
+is chosen to even out the leaders the brokers already have.  Partitions added
+to a stream later (:func:`grown_config`) are assigned the same way, as if they
+were a new stream's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotEnoughReplicasError
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
 
 from .base import PartitionState
 
@@ -41,6 +45,30 @@ def assign_replicas(
     start = min(range(len(ordered)), key=lambda i: (load[ordered[i]], i))
     n = len(ordered)
     return [tuple(ordered[(start + p + k) % n] for k in range(replication_factor)) for p in range(partitions)]
+
+
+def grown_config(config: StreamConfig, partitions: object) -> StreamConfig | None:
+    """``config`` with ``partitions`` partitions, or ``None`` if it has that many already.
+
+    Partitions are only ever added: asking for fewer raises
+    ``InvalidArgumentError`` saying why, and so does a count outside the
+    bounds of :class:`StreamConfig` (naming the value) or one the stream's
+    subject cannot take.
+    """
+    count = bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
+    if count == config.partitions:
+        return None
+    if count < config.partitions:
+        raise InvalidArgumentError(
+            f"stream {config.name!r} has {config.partitions} partitions and cannot go down to {count}: "
+            "partitions can only be added (removing one would drop its messages and move its keys)"
+        )
+    return dataclasses.replace(config, partitions=count)
+
+
+def new_partitions(assignment: Iterable[tuple[str, ...]]) -> tuple[PartitionState, ...]:
+    """The states of partitions just assigned: led by their preferred replica, every replica in sync."""
+    return tuple(PartitionState(replicas[0], replicas, replicas, leader_epoch=0) for replicas in assignment)
 
 
 def elect_leader(

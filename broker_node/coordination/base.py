@@ -221,6 +221,19 @@ class Coordinator(abc.ABC):
         """
 
     @abc.abstractmethod
+    def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
+        """Grow stream ``name`` to ``partitions`` partitions; return it as stored.  Only on the controller.
+
+        The new partitions are assigned as a new stream's would be, and the
+        stream's config and their states are stored in one write: nobody
+        reads the new count without every new partition.  The same count
+        again changes nothing.  Raises ``UnknownStreamError``,
+        ``InvalidArgumentError`` for fewer partitions or a bad count, and
+        ``NotEnoughReplicasError`` when the replication factor exceeds the
+        live brokers.
+        """
+
+    @abc.abstractmethod
     def deleted_stream_ids(self) -> frozenset[str]:
         """Ids of deleted streams: data on disk under one of these may be removed, nothing else."""
 

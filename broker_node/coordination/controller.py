@@ -1,6 +1,6 @@
 """The controller: one broker, elected through the coordinator, that changes leadership.
 
-It assigns replicas when a stream is created, deletes streams, elects a new
+It assigns replicas when a stream is created or grows, deletes streams, elects a new
 leader from the in-sync replicas when a leader's broker goes away, moves
 leadership off a broker that is shutting down (controlled shutdown), and back
 to preferred replicas on request.  It never touches data; it only writes
@@ -34,12 +34,15 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from . import reassignment
-from .assignment import assign_replicas, elect_leader, preferred_leader
+from .assignment import assign_replicas, elect_leader, grown_config, new_partitions, preferred_leader
 from .base import PartitionState, StreamMetadata, new_stream_id
 from .errors import ConflictError, CoordinationError, NotControllerError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+_REFUSALS = (StreamExistsError, UnknownStreamError, NotEnoughReplicasError, InvalidArgumentError)
+"""Answers to a request that was wrong, not failures of the controller: logged without a traceback."""
 
 CONFLICT_RETRIES = 20
 """Times one event is retried after losing a race to a leader's ISR write."""
@@ -64,6 +67,7 @@ class ControllerStore(Protocol):
     def write_partitions(self, changes: list[PartitionChange]) -> None: ...
     def write_new_stream(self, metadata: StreamMetadata) -> None: ...
     def write_deletion(self, metadata: StreamMetadata) -> None: ...
+    def write_added_partitions(self, before: StreamMetadata, grown: StreamMetadata) -> None: ...
 
 
 class Controller:
@@ -130,7 +134,7 @@ class Controller:
             except Exception as exc:
                 if isinstance(exc, CoordinationError) and not isinstance(exc, ConflictError):
                     logger.warning("controller event failed: %s", exc)  # ZooKeeper out of reach
-                elif not isinstance(exc, StreamExistsError | UnknownStreamError | NotEnoughReplicasError):
+                elif not isinstance(exc, _REFUSALS):
                     logger.exception("controller event failed")
                 if work == self.reconcile:
                     self.dirty = True
@@ -272,6 +276,34 @@ class Controller:
                 )
                 return
         raise UnknownStreamError(f"no stream named {name!r}")
+
+    def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
+        """Grow a stream: new partitions assigned as a new stream's; config and states in one write."""
+        streams = self.store.read_streams()
+        metadata = next((m for m in streams if m.config.name == name), None)
+        if metadata is None:
+            raise UnknownStreamError(f"no stream named {name!r}")
+        config = grown_config(metadata.config, partitions)
+        if config is None:
+            return metadata
+        leaders = [p.leader for m in streams for p in m.partitions]
+        assignment = assign_replicas(
+            self.store.live_brokers(),
+            config.partitions - len(metadata.partitions),
+            config.replication_factor,
+            leaders,
+        )
+        grown = StreamMetadata(config, metadata.partitions + new_partitions(assignment), metadata.stream_id)
+        self.store.write_added_partitions(metadata, grown)
+        logger.info(
+            "stream %s grew from %d to %d partition(s), new replicas %s",
+            name,
+            len(metadata.partitions),
+            config.partitions,
+            assignment,
+            extra={"stream": name},
+        )
+        return grown
 
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership to each partition's first replica where it is live and in sync."""

@@ -43,6 +43,7 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from .assignment import assign_replicas, grown_config, new_partitions
 from .base import (
     AclWatcher,
     BrokerInfo,
@@ -150,6 +151,29 @@ class LocalCoordinator(Coordinator):
             self._save()
         logger.info("deleted stream %s (%d partition(s))", name, len(gone.partitions), extra={"stream": name})
         self._notify()
+
+    def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
+        """See :meth:`Coordinator.add_partitions`: every new partition is this broker's."""
+        with self._lock:
+            metadata = self.get_stream(name)
+            config = grown_config(metadata.config, partitions)
+            if config is None:
+                return metadata
+            brokers = [b.broker_id for b in self.brokers()]
+            count = config.partitions - len(metadata.partitions)
+            added = new_partitions(assign_replicas(brokers, count, config.replication_factor))
+            grown = StreamMetadata(config, metadata.partitions + added, metadata.stream_id)
+            self._streams[name] = grown
+            self._save()
+        logger.info(
+            "stream %s grew from %d to %d partition(s)",
+            name,
+            len(metadata.partitions),
+            config.partitions,
+            extra={"stream": name},
+        )
+        self._notify()
+        return grown
 
     def deleted_stream_ids(self) -> frozenset[str]:
         """See :meth:`Coordinator.deleted_stream_ids`."""
@@ -317,7 +341,8 @@ def rebuild_metadata(data_dir: Path, records: list[dict[str, Any]], broker_id: s
     streams: dict[str, StreamMetadata] = {}
     report = []
     for stream_id, parts in sorted(by_stream.items()):
-        config = StreamConfig.from_json(parts[0]["config"])
+        # A stream that grew: its older partitions' records name fewer partitions than its newer ones.
+        config = max((StreamConfig.from_json(p["config"]) for p in parts), key=lambda c: c.partitions)
         if config.name in streams:
             raise MetadataError(
                 f"two streams named {config.name!r} ({streams[config.name].stream_id} and {stream_id}) "

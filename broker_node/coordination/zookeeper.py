@@ -19,7 +19,11 @@ values are JSON with a ``version`` field, see :mod:`.wire`)::
     /acl                      persistent  the cluster's ACL text (TOML, UTF-8, opaque here)
 
 A stream and its partition znodes are created, and deleted with its
-tombstone, in one ZooKeeper transaction.
+tombstone, in one ZooKeeper transaction.  A stream grows in one transaction
+too: its new partition znodes are created and its config (with the new
+count) written, the latter a compare-and-set on the stream znode's version;
+a reader reads the stream znode before its partitions, so it never finds a
+count without every partition of it.
 
 Reads come from a snapshot of the whole tree, reloaded (on a thread of its
 own) whenever a watch fires, and at least every ``RELOAD_EVERY`` seconds.
@@ -353,6 +357,13 @@ class ZooKeeperCoordinator(Coordinator):
         self._await(controller.submit(lambda: controller.delete_stream(name)))
         self.refresh()
 
+    def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
+        """See :meth:`Coordinator.add_partitions`: only on the controller."""
+        controller = self._active_controller()
+        result = self._await(controller.submit(lambda: controller.add_partitions(name, partitions)))
+        self.refresh()
+        return result
+
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """See :meth:`Coordinator.elect_preferred_leaders`: only on the controller."""
         controller = self._active_controller()
@@ -506,6 +517,33 @@ class ZooKeeperCoordinator(Coordinator):
             t.create(f"{STREAMS}/{name}", wire.stream_to_bytes(metadata.config, metadata.stream_id))
             for number, state in enumerate(metadata.partitions):
                 t.create(f"{STREAMS}/{name}/{number}", wire.partition_to_bytes(state))
+
+        self._fenced_commit(ops)
+
+    def write_added_partitions(self, before: StreamMetadata, grown: StreamMetadata) -> None:
+        """Create a grown stream's new partition znodes and store its new config, in one fenced
+        transaction; ``ConflictError`` if the stream is not ``before`` any more."""
+        name = before.config.name
+        path = f"{STREAMS}/{name}"
+
+        def read() -> tuple[bytes, Any] | None:
+            try:
+                return self._connected_client().get(path)
+            except NoNodeError:
+                return None
+
+        found = self._reading(read)
+        if found is None:
+            raise ConflictError(f"stream {name!r} was deleted meanwhile")
+        raw, stat = found
+        stored = wire.stream_from_bytes(raw, f"stream znode {name}")
+        if stored != (before.config, before.stream_id):
+            raise ConflictError(f"stream {name!r} changed since it was read")
+
+        def ops(t: Any) -> None:
+            for number in range(len(before.partitions), len(grown.partitions)):
+                t.create(f"{path}/{number}", wire.partition_to_bytes(grown.partitions[number]))
+            t.set_data(path, wire.stream_to_bytes(grown.config, grown.stream_id), version=stat.version)
 
         self._fenced_commit(ops)
 
@@ -833,7 +871,7 @@ class ZooKeeperCoordinator(Coordinator):
         for name in client.get_children(STREAMS, watch=watch):
             path = f"{STREAMS}/{name}"
             try:
-                raw, _ = client.get(path)
+                raw, _ = client.get(path, watch=watch)  # watched: a stream that grows changes it
                 config, stream_id = wire.stream_from_bytes(raw, f"stream znode {name}")
                 states = []
                 for number in range(config.partitions):

@@ -1,4 +1,4 @@
-"""``jetstream stream``: create, list, describe and delete streams."""
+"""``jetstream stream``: create, list, describe, update (add partitions to) and delete streams."""
 
 from __future__ import annotations
 
@@ -8,14 +8,22 @@ from typing import Any
 
 from pyspark_jetstream.cli.common import parse_duration, parse_size, partition_table, table
 from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
-from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
+from pyspark_jetstream.protocol.streams import (
+    INTERNAL_PREFIX,
+    MAX_PARTITIONS,
+    StreamConfig,
+    bounded_int,
+    int_range,
+)
 from pyspark_jetstream.protocol.subjects import subjects_overlap
 
 
 def add_commands(commands: Any) -> None:
-    """``stream create``, ``list``, ``describe`` and ``delete``."""
-    stream = commands.add_parser("stream", help="create, list, describe or delete streams")
+    """``stream create``, ``list``, ``describe``, ``update`` and ``delete``."""
+    stream = commands.add_parser("stream", help="create, list, describe, update or delete streams")
     stream_commands = stream.add_subparsers(dest="stream_command", required=True)
     create = stream_commands.add_parser("create", help="create a stream (idempotent)")
     create.add_argument("name")
@@ -57,6 +65,18 @@ def add_commands(commands: Any) -> None:
     describe = stream_commands.add_parser("describe", help="show a stream and its partitions")
     describe.add_argument("name")
     describe.set_defaults(run=_stream_describe)
+    update = stream_commands.add_parser(
+        "update",
+        help="add partitions to a stream (never fewer); keyed messages then hash over the new count",
+    )
+    update.add_argument("name")
+    update.add_argument(
+        "--partitions",
+        type=_partition_count,
+        required=True,
+        help=f"the new partition count, up to {MAX_PARTITIONS} (more than now; the same changes nothing)",
+    )
+    update.set_defaults(run=_stream_update)
     delete = stream_commands.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
     delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
@@ -86,11 +106,38 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         options["duplicate_max_ids"] = args.duplicate_max_ids
     info = client.create_stream(args.name, args.subject, **options)
     print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
-    mine = StreamConfig.from_json(info.config).partition_subjects()
+    _note_overlaps(client, info)
+
+
+def _partition_count(text: str) -> int:
+    try:
+        return bounded_int("partitions", int(text), 1, MAX_PARTITIONS)
+    except (ValueError, InvalidArgumentError):
+        raise argparse.ArgumentTypeError(f"must be {int_range(1, MAX_PARTITIONS)}, got {text!r}") from None
+
+
+def _stream_update(client: SyncClient, args: argparse.Namespace) -> None:
+    before = len(client.describe_stream(args.name).partitions)
+    info = client.add_partitions(args.name, args.partitions)
+    after = len(info.partitions)
+    if after == before:
+        print(f"stream {args.name} already has {after} partition(s): nothing changed")
+        return
+    print(
+        f"stream {args.name} now has {after} partitions (was {before}); keyed messages published from "
+        "now on hash over all of them, so a key may go to another partition than its earlier messages"
+    )
+    _note_overlaps(client, info)
+
+
+def _note_overlaps(client: SyncClient, info: StreamInfo) -> None:
+    """Say which other streams listen on subjects overlapping this stream's partitions."""
+    config = StreamConfig.from_json(info.config)
+    mine = config.partition_subjects()
     sharing = sorted(
         other.config["name"]
         for other in client.list_streams()
-        if other.config["name"] != args.name
+        if other.config["name"] != config.name
         and any(
             subjects_overlap(a, b)
             for a in mine
@@ -100,8 +147,8 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
     if sharing:
         print(
             f"note: stream(s) {', '.join(sharing)} also listen on subjects that overlap "
-            f"{args.subject!r}: each stores its own copy of those messages (a publish that names "
-            "its stream is acked by it alone)"
+            f"{config.name}'s partitions (on {config.subject!r}): each stores its own copy of those "
+            "messages (a publish that names its stream is acked by it alone)"
         )
 
 

@@ -42,6 +42,11 @@ class Admin:
         """See :meth:`.Client.create_stream`."""
         return StreamInfo.from_json(await self.action(ActionType.CREATE_STREAM, config.to_json()))
 
+    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+        """See :meth:`.Client.add_partitions`."""
+        body = {"name": name, "partitions": partitions}
+        return StreamInfo.from_json(await self.action(ActionType.ADD_PARTITIONS, body))
+
     async def delete_stream(self, name: str) -> None:
         """See :meth:`.Client.delete_stream`."""
         await self.action(ActionType.DELETE_STREAM, {"name": name})

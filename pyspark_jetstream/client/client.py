@@ -21,7 +21,7 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, bounded_number
 
 from .admin import LEADERSHIP_TIMEOUT, Admin, stream_config
 from .cluster import ClusterConnection
@@ -32,6 +32,10 @@ from .partitioners import Partitioner, key_hash
 from .publish_options import DEFAULT_OPTIONS, PublishOptions
 from .publisher import PUBLISH_REFUSED, Publisher, await_ack
 from .reading import FOLLOW_BUFFER, Message, Reader, Start, start_position
+from .routing import METADATA_MAX_AGE
+
+MIN_METADATA_MAX_AGE = 0.1
+MAX_METADATA_MAX_AGE = 24 * 3600.0
 
 # The module's public names before the split stay importable from here.
 __all__ = [
@@ -58,6 +62,8 @@ class Client:
         timeout: float,
         max_pending: int = 4000,
         credentials: Credentials | None = None,
+        *,
+        metadata_max_age: float = METADATA_MAX_AGE,
     ) -> None:
         self.nc = nc
         self.broker = broker
@@ -73,6 +79,7 @@ class Client:
             user=self.credentials.user,
             describe=self._admin.describe_stream,
             leadership=self._admin.leadership,
+            metadata_max_age=metadata_max_age,
         )
 
     @classmethod
@@ -84,6 +91,7 @@ class Client:
         timeout: float = 10.0,
         max_pending: int = 4000,
         credentials: Credentials | None = None,
+        metadata_max_age: float = METADATA_MAX_AGE,
     ) -> Client:
         """Connect to NATS, and to ``broker`` (``grpc://host:port``) or one found through NATS.
 
@@ -92,9 +100,13 @@ class Client:
         ``UnavailableError`` naming the address that cannot be reached, and
         ``InvalidArgumentError`` for a malformed ``broker`` address.  ``credentials``
         (TLS, user and token) are presented to NATS and to every broker.
+        ``metadata_max_age``: seconds a stream's configuration is used for routing
+        publishes before it is read again (a stream that grew is routed over its
+        new partitions within this time).
         """
         if not isinstance(max_pending, int) or max_pending < 1:
             raise InvalidArgumentError(f"max_pending must be a positive integer, got {max_pending!r}")
+        bounded_number("metadata_max_age", metadata_max_age, MIN_METADATA_MAX_AGE, MAX_METADATA_MAX_AGE)
         urls = [nats_urls] if isinstance(nats_urls, str) else list(nats_urls)
         credentials = credentials if credentials is not None else Credentials()
         errors = NatsErrors()
@@ -102,7 +114,7 @@ class Client:
         try:
             if broker is None:
                 broker = await ask_for_broker(nc, urls, timeout)
-            client = cls(nc, broker, timeout, max_pending, credentials)
+            client = cls(nc, broker, timeout, max_pending, credentials, metadata_max_age=metadata_max_age)
             errors.handler = client._publisher.on_nats_error
             await client._publisher.start()
         except BaseException:
@@ -144,6 +156,21 @@ class Client:
         config = stream_config(name, subject, options)
         info = await self._admin.create_stream(config)
         self._publisher.learn(info, config)
+        return info
+
+    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+        """Grow stream ``name`` to ``partitions`` partitions; the same count again changes nothing.
+
+        Partitions are only ever added (``InvalidArgumentError`` for fewer).
+        Returns once every new partition is served.  Keyed messages published
+        from then on hash over the new count, so a key may go to another
+        partition than before (its older messages stay where they are); this
+        client routes by the new count at once, other clients within
+        ``metadata_max_age`` seconds.
+        """
+        bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
+        info = await self._admin.add_partitions(name, partitions)
+        self._publisher.learn(info, StreamConfig.from_json(info.config))
         return info
 
     async def delete_stream(self, name: str) -> None:

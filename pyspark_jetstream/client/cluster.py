@@ -152,7 +152,7 @@ class ClusterConnection:
         """An admin action on any broker (cursors go to the cursor stream's leader)."""
         if action in (ActionType.SET_CURSOR, ActionType.FETCH_CURSOR, ActionType.DELETE_CURSOR):
             return self._routed(CURSOR_STREAM, 0, False, lambda c: c.action(action, body))
-        if action is ActionType.CREATE_STREAM:
+        if action in (ActionType.CREATE_STREAM, ActionType.ADD_PARTITIONS):
             # Too few live brokers for the replication factor is an answer, not a state to wait out
             # (Kafka's topic creation answers the same at once).
             return self._any(lambda c: c.action(action, body), final=NotEnoughReplicasError)

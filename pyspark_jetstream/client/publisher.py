@@ -47,7 +47,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 from .partitioners import key_hash
 from .publish_options import PublishOptions, as_batch, check_message_id, deduplicated, with_ids
 from .resend import Resender
-from .routing import Routes, Target
+from .routing import METADATA_MAX_AGE, Routes, Target
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,11 @@ class Publisher:
         user: str | None,
         describe: Callable[[str], Awaitable[StreamInfo]],
         leadership: Callable[[str], Awaitable[StreamInfo]],
+        metadata_max_age: float = METADATA_MAX_AGE,
     ) -> None:
         """``describe(stream)`` reads a stream before its first publish; ``leadership(stream)``
-        reads its leaders when the resender checks for a change; ``user`` is named in refusals."""
+        reads its leaders when the resender checks for a change, and its configuration again
+        after ``metadata_max_age`` seconds; ``user`` is named in refusals."""
         self.nc = nc
         self.timeout = timeout
         self._user = user
@@ -88,7 +90,7 @@ class Publisher:
         self._inbox = nc.new_inbox()
         self._ack_sub: Any = None
         self.resender = Resender(leadership, nc.publish)
-        self.routes = Routes(describe, self.resender.learn, user)
+        self.routes = Routes(describe, self.resender.learn, user, reread=leadership, max_age=metadata_max_age)
 
     async def start(self) -> None:
         """Subscribe to the ack inbox."""
@@ -99,6 +101,7 @@ class Publisher:
         if self._sweeper is not None:
             self._sweeper.cancel()
         self.resender.close()
+        self.routes.close()
         for future in self._acks.values():
             if not future.done():
                 future.set_exception(UnavailableError("client closed before the ack arrived"))
@@ -106,7 +109,7 @@ class Publisher:
 
     def learn(self, info: StreamInfo, config: StreamConfig) -> None:
         """Take a stream just created: its configuration and leader epochs."""
-        self.routes.streams[config.name] = config
+        self.routes.remember(config)
         self.resender.learn(info)
 
     def forget(self, stream: str) -> None:

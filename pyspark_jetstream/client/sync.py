@@ -19,6 +19,7 @@ from .client import Client
 from .connection import FetchResult
 from .credentials import Credentials
 from .reading import Message, Start
+from .routing import METADATA_MAX_AGE
 
 T = TypeVar("T")
 
@@ -34,6 +35,7 @@ class SyncClient:
         timeout: float = 10.0,
         max_pending: int = 4000,
         credentials: Credentials | None = None,
+        metadata_max_age: float = METADATA_MAX_AGE,
     ) -> None:
         self._loop = _new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-client", daemon=True)
@@ -46,6 +48,7 @@ class SyncClient:
                     timeout=timeout,
                     max_pending=max_pending,
                     credentials=credentials,
+                    metadata_max_age=metadata_max_age,
                 )
             )
         except BaseException:
@@ -81,6 +84,10 @@ class SyncClient:
     def create_stream(self, name: str, subject: str, **options: Any) -> StreamInfo:
         """See :meth:`Client.create_stream`."""
         return self._run(self._client.create_stream(name, subject, **options))
+
+    def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+        """See :meth:`Client.add_partitions`."""
+        return self._run(self._client.add_partitions(name, partitions))
 
     def delete_stream(self, name: str) -> None:
         """See :meth:`Client.delete_stream`."""

@@ -69,6 +69,7 @@ class ActionType(enum.Enum):
 
     CREATE_STREAM = "create_stream"
     DELETE_STREAM = "delete_stream"
+    ADD_PARTITIONS = "add_partitions"
     DESCRIBE_STREAM = "describe_stream"
     LIST_STREAMS = "list_streams"
     SET_CURSOR = "set_cursor"

@@ -53,6 +53,7 @@ def test_every_action_has_a_handler_and_a_description():
 BODIES = {
     ActionType.CREATE_STREAM: {"name": "s", "subject": "s"},
     ActionType.DELETE_STREAM: {"name": "s"},
+    ActionType.ADD_PARTITIONS: {"name": "s", "partitions": 2},
     ActionType.DESCRIBE_STREAM: {"name": "s"},
     ActionType.STATUS: {},
     ActionType.ELECT_PREFERRED_LEADERS: {},

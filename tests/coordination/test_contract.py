@@ -10,7 +10,12 @@ from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionStat
 from broker_node.coordination.errors import ConflictError
 from broker_node.coordination.local import LocalCoordinator
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
-from pyspark_jetstream.protocol.errors import NotEnoughReplicasError, StreamExistsError, UnknownStreamError
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    NotEnoughReplicasError,
+    StreamExistsError,
+    UnknownStreamError,
+)
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..broker.harness import wait_until
@@ -116,3 +121,34 @@ def test_metadata_outlives_the_coordinator(make):
     first.close()
     second = make()
     wait_until(lambda: second.list_streams() == [created], message="the stream after a restart")
+
+
+def test_a_stream_grows_in_one_write_and_never_shrinks(make):
+    coordinator = make()
+    heard = threading.Semaphore(0)
+    coordinator.add_listener(heard.release)
+    created = coordinator.create_stream(StreamConfig(name="grow", subject="grow", partitions=2))
+    assert heard.acquire(timeout=10)
+    grown = coordinator.add_partitions("grow", 5)
+    assert heard.acquire(timeout=10)
+    assert grown.config == StreamConfig(name="grow", subject="grow", partitions=5)
+    assert grown.stream_id == created.stream_id and grown.partitions[:2] == created.partitions
+    assert [(p.leader, p.replicas, p.isr) for p in grown.partitions[2:]] == [("b1", ("b1",), ("b1",))] * 3
+    wait_until(lambda: coordinator.get_stream("grow") == grown, message="the grown stream")
+    assert coordinator.add_partitions("grow", 5) == grown  # the same count: nothing changes
+    shrink = r"^stream 'grow' has 5 partitions and cannot go down to 3: partitions can only be added"
+    with pytest.raises(InvalidArgumentError, match=shrink):
+        coordinator.add_partitions("grow", 3)
+    for bad, shown in ((0, "0"), (-2, "-2"), (1025, "1025"), ("7", "'7'"), (2.5, "2.5"), (True, "True")):
+        with pytest.raises(InvalidArgumentError, match=rf"partitions must be .* up to 1024, got {shown}$"):
+            coordinator.add_partitions("grow", bad)
+    with pytest.raises(UnknownStreamError, match="no stream named 'nope'"):
+        coordinator.add_partitions("nope", 2)
+    coordinator.create_stream(StreamConfig(name="all", subject="all.>"))
+    with pytest.raises(InvalidArgumentError, match="already matches every partition subject"):
+        coordinator.add_partitions("all", 2)
+    assert coordinator.get_stream("grow") == grown and len(coordinator.get_stream("all").partitions) == 1
+    assert coordinator.create_stream(grown.config) == grown  # the grown config is the stream's config
+    coordinator.close()
+    again = make()
+    wait_until(lambda: grown in again.list_streams(), message="the grown stream after a restart")

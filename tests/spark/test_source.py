@@ -320,3 +320,58 @@ def test_assign_reads_only_the_chosen_partitions(spark, deployment, client, name
     assert sorted({r.partition for r in rows}) == [0, 2] and len(rows) == 8
     with pytest.raises(Exception, match=f"stream '{name}' has partitions 0 to 2, not 7"):
         read(spark, deployment, assign=json.dumps({name: [7]})).collect()
+
+
+def test_partitions_added_to_a_stream_are_read_from_their_earliest(spark, deployment, client, name, tmp_path):
+    fill(client, name, 2, 5)
+    table = f"grown_{name}"
+
+    def start():
+        return (
+            spark.readStream.format("jetstream")
+            .option("servers", deployment.flight)
+            .option("stream", name)
+            .option("startingOffsets", "latest")  # new partitions still start at their earliest
+            .option("consumerId", table)
+            .load()
+            .writeStream.format("parquet")  # a sink that resumes from its checkpoint (memory does not)
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+
+    def rows():
+        stored = spark.read.parquet(str(tmp_path / "out")).collect()
+        return sorted((r.partition, r.offset, bytes(r.value)) for r in stored)
+
+    query = start()
+    try:
+        query.processAllAvailable()
+        client.publish(name, b"late", partition=0)
+        query.processAllAvailable()
+        assert rows() == [(0, 5, b"late")]
+        client.add_partitions(name, 4)  # while the query runs
+        client.publish_batch(name, pa.table({"value": [b"two-0", b"two-1", b"two-2"]}), partition=2)
+        client.publish_batch(name, pa.table({"value": [b"three-0", b"three-1"]}), partition=3)
+        query.processAllAvailable()
+        assert rows() == [
+            (0, 5, b"late"),
+            (2, 0, b"two-0"),
+            (2, 1, b"two-1"),
+            (2, 2, b"two-2"),
+            (3, 0, b"three-0"),
+            (3, 1, b"three-1"),
+        ]
+        end = json.loads(query.lastProgress["sources"][0]["endOffset"])
+        assert end[name] == {"0": 6, "1": 5, "2": 3, "3": 2}
+        wait_until(lambda: client.fetch_cursor(table, name, 3) == 2, message="the new partition's cursor")
+    finally:
+        query.stop()
+    # Restarted from its checkpoint, the query goes on where it was in every partition, new ones too.
+    client.publish(name, b"three-2", partition=3)
+    query = start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert rows()[-1] == (3, 2, b"three-2") and len(rows()) == 7
