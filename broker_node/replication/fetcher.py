@@ -250,6 +250,7 @@ class Fetcher:
                 partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
                 self.fetches += 1
                 self._held_back(frames)
+                self.last_error = None  # the stream works: an earlier failure is over (health shows it)
                 if self._stopped.is_set() or time.monotonic() >= ends:
                     writer.done_writing()
                     return
