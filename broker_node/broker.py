@@ -49,6 +49,7 @@ from broker_node.handover import hand_over_leadership
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import FsyncPolicy, LogConfig
 from broker_node.metrics import MetricsServer
+from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
@@ -100,12 +101,19 @@ class Broker:
         """What this broker presents to NATS and to its peers."""
         self.manager.connect_peer = self._connect_peer
         self.runtime = Runtime(config.broker_id)
+        self.reachability = (
+            Reachability(config.broker_id, coordinator.brokers, self._connect_peer)
+            if self.clustered
+            else None
+        )
+        """Probes of every broker's advertised Flight address (in a cluster)."""
         self.service = BrokerService(
             self.runtime,
             self.manager,
             coordinator,
             clustered=self.clustered,
             wait_for_sync=self.wait_for_sync,
+            reachability=self.reachability,
         )
         self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,6 +247,8 @@ class Broker:
             "nats": self.runtime.nats_urls,
             "pid": os.getpid(),
         }
+        if self.reachability is not None:
+            self._spawn(self.reachability.run())
         if self._metrics is not None:
             runtime["metrics"] = self._metrics.address
         session = getattr(self.coordinator, "session", None)

@@ -90,7 +90,9 @@ class FlightConfig:
     port: int = 9292
     """0 to 65535; 0 picks a free port."""
     advertised_host: str | None = None
-    """Host name clients should use, if not ``host`` (e.g. behind NAT)."""
+    """Host name clients should use, if not ``host`` (e.g. behind NAT): the only address of this
+    broker that clients, followers and the controller are given, so all of them must reach it
+    (each broker of a cluster checks that it does, see :mod:`broker_node.reachability`)."""
     max_waiting_readers: int = 256
     """Follow reads and long-polling reads that may wait for data at once, every principal
     together: each holds a Flight thread while it waits.  Past it a read is refused with

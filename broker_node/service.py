@@ -23,6 +23,7 @@ from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
 from broker_node.log import Record, ReplicaFrame
+from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition, Role
@@ -66,14 +67,17 @@ class BrokerService:
         *,
         clustered: bool,
         wait_for_sync: Callable[[], None],
+        reachability: Reachability | None = None,
     ) -> None:
         """``runtime``: the broker's addresses and running parts, filled in as it starts;
-        ``wait_for_sync``: from a Flight thread, apply pending metadata changes here first."""
+        ``wait_for_sync``: from a Flight thread, apply pending metadata changes here first;
+        ``reachability``: this broker's probes of the brokers' advertised addresses (a cluster's)."""
         self._runtime = runtime
         self._manager = manager
         self._coordinator = coordinator
         self._clustered = clustered
         self._wait_for_sync = wait_for_sync
+        self._reachability = reachability
         self._cursor_lock = threading.Lock()
 
     @property
@@ -84,6 +88,10 @@ class BrokerService:
     def discovery(self) -> dict[str, object]:
         """The answer to a discovery request on NATS."""
         return {"broker_id": self._runtime.broker_id, "flight": self._runtime.flight_address}
+
+    def identify(self) -> dict[str, object]:
+        """Which broker answers here (a peer's probe of the address it advertises checks it)."""
+        return self.discovery()
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -514,6 +522,9 @@ class BrokerService:
             "controller": self._coordinator.controller(),
             "event_loop": self._runtime.event_loop,
             "health": self.health(),
+            "reachability": (
+                [p.to_json() for p in self._reachability.results()] if self._reachability else []
+            ),
             "streams": [info.to_json() for info in self.list_streams()],
             "partitions": [self._partition_status(p) for p in self._manager.held()],
             "cursors": self._cursors(),
@@ -564,9 +575,10 @@ class BrokerService:
 
         A problem is anything that stops it ingesting, replicating or serving
         some data: the embedded nats-server or the NATS connection down, the
-        coordinator out of reach, a partition it cannot open, a subscription
-        NATS refused, a follower that cannot fetch, damaged batches, data the
-        metadata does not know.
+        coordinator out of reach, a broker whose advertised Flight address it
+        cannot reach, a partition it cannot open, a subscription NATS refused,
+        a follower that cannot fetch, damaged batches, data the metadata does
+        not know.
         """
         problems = []
         if self._runtime.nats is not None and not self._runtime.nats.running:
@@ -578,6 +590,8 @@ class BrokerService:
         lease = getattr(self._coordinator, "lease_valid", None)
         if callable(lease) and not lease():
             problems.append(f"out of touch with {self._coordinator.describe()}: not leading anything")
+        if self._reachability is not None:
+            problems += self._reachability.problems()
         for (stream, number), reason in sorted({**self._manager.offline, **self._ingest_failures()}.items()):
             problems.append(f"{stream}/{number}: {reason}")
         for key, fetcher in sorted(self._manager.fetchers().items()):

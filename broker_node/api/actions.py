@@ -44,6 +44,7 @@ ACTION_DESCRIPTIONS = {
     ActionType.CONTROLLER_CALL: (
         'Between brokers: an admin action run by the controller; body: {"action", "body"}.'
     ),
+    ActionType.IDENTIFY: 'Which broker answers at this address: {"broker_id", "flight"}.',
 }
 
 
@@ -55,6 +56,7 @@ class AdminService(Protocol):
     def elect_preferred_leaders(self) -> dict[str, Any]: ...
     def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]: ...
     def controller_call(self, action: str, body: dict[str, Any]) -> object: ...
+    def identify(self) -> dict[str, object]: ...
     def create_stream(self, config: StreamConfig) -> StreamInfo: ...
     def delete_stream(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> StreamInfo: ...
@@ -136,6 +138,9 @@ class Actions:
     def metadata(self, principal: str, args: dict[str, Any]) -> object:
         return self.broker.metadata()
 
+    def identify(self, principal: str, args: dict[str, Any]) -> object:
+        return self.broker.identify()
+
     def elect_preferred_leaders(self, principal: str, args: dict[str, Any]) -> object:
         self.access.check(principal, "admin", stream="*")
         return self.broker.elect_preferred_leaders()
@@ -204,6 +209,7 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.STATUS: Actions.status,
     ActionType.HEALTH: Actions.health,
     ActionType.METADATA: Actions.metadata,
+    ActionType.IDENTIFY: Actions.identify,
     ActionType.ELECT_PREFERRED_LEADERS: Actions.elect_preferred_leaders,
     ActionType.REASSIGN_PARTITIONS: Actions.reassign_partitions,
     ActionType.CONTROLLER_CALL: Actions.controller_call,

@@ -82,6 +82,7 @@ class ActionType(enum.Enum):
     REASSIGN_PARTITIONS = "reassign_partitions"
     OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"
     CONTROLLER_CALL = "controller_call"
+    IDENTIFY = "identify"
 
 
 @dataclass(frozen=True, slots=True)

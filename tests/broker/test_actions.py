@@ -79,6 +79,7 @@ def test_open_actions_need_no_grant_and_list_streams_hides_what_is_not_granted()
     actions = Actions(broker, _Deny(), None)
     assert actions.run(ActionType.HEALTH, "anyone", {}) == {}
     assert actions.run(ActionType.METADATA, "anyone", {}) == {}
+    assert actions.run(ActionType.IDENTIFY, "anyone", {}) == {}
     assert actions.run(ActionType.LIST_STREAMS, "anyone", {}) == []
 
 
