@@ -152,6 +152,7 @@ class Broker:
         nats_config = self.config.nats
         if nats_config.servers:
             self.runtime.nats_urls = list(nats_config.servers)
+            self.runtime.advertised_nats = list(nats_config.servers)
             return
         nats = EmbeddedNats(
             nats_config, self.config.security, self.access, self.data_dir, self._stream_subjects
@@ -159,7 +160,23 @@ class Broker:
         self.runtime.nats = nats
         await nats.start()
         self.runtime.nats_urls = [nats.url]
+        self.runtime.advertised_nats = [self._advertised_nats_url(nats)]
         self._spawn(nats.supervise())
+
+    def _advertised_nats_url(self, nats: EmbeddedNats) -> str:
+        """The embedded server's URL for clients: its host, or -- when it listens on every
+        address -- ``[flight] advertised_host`` (the broker connects to it over loopback)."""
+        if not _wildcard(self.config.nats.embedded_host):
+            return nats.url
+        advertised = self.config.flight.advertised_host
+        if advertised is None:
+            logger.warning(
+                "the embedded nats-server listens on every address, but clients are told %s: set "
+                "[flight] advertised_host to a name other machines reach this broker at",
+                nats.url,
+            )
+            return nats.url
+        return f"nats://{advertised}:{nats.url.rsplit(':', 1)[1]}"
 
     async def _connect_ingest(self) -> None:
         self.runtime.ingestor = await Ingestor.connect(
@@ -188,6 +205,12 @@ class Broker:
         self.runtime.flight = server
         host = flight_config.advertised_host or flight_config.host
         self.runtime.flight_address = f"{scheme}://{host}:{server.port}"
+        if flight_config.advertised_host is None and _wildcard(flight_config.host):
+            logger.warning(
+                "Flight listens on every address, but clients, followers and the controller are told "
+                "%s, which only this machine reaches: set [flight] advertised_host",
+                self.runtime.flight_address,
+            )
 
     def _serve_metrics(self) -> None:
         metrics_config = self.config.metrics
@@ -198,7 +221,9 @@ class Broker:
     async def _join_coordination(self) -> None:
         """Register with the coordinator, check that metadata and data agree, listen for changes."""
         runtime = self.runtime
-        info = BrokerInfo(self.broker_id, runtime.flight_address, tuple(runtime.nats_urls), self.config.rack)
+        info = BrokerInfo(
+            self.broker_id, runtime.flight_address, tuple(runtime.advertised_nats), self.config.rack
+        )
         await asyncio.to_thread(self.coordinator.start, info)
         if self.clustered and self.access.enabled:
             self.coordinator.watch_acl(self.access.adopt_cluster_text)
@@ -224,6 +249,8 @@ class Broker:
         interval = self.config.maintenance_interval
         self._spawn(self._every(interval, Partition.maintain, "maintenance"))
         self._spawn(self._every(interval, self.manager.repair_leader, "leader repair"))
+        if self.reachability is not None:
+            self._spawn(self.reachability.run())
         if self.config.log.fsync is FsyncPolicy.INTERVAL:
             # Appends fsync when an interval has passed; this covers the end of a burst.
             self._spawn(self._every(self.config.log.fsync_interval, _sync_if_due, "interval fsync"))
@@ -232,7 +259,7 @@ class Broker:
             "broker %s serving Flight at %s, NATS %s, metadata in %s",
             self.broker_id,
             self.runtime.flight_address,
-            self.runtime.nats_urls,
+            self.runtime.advertised_nats,
             self.coordinator.describe(),
         )
 
@@ -244,11 +271,9 @@ class Broker:
         runtime: dict[str, object] = {
             "broker_id": self.broker_id,
             "flight": self.runtime.flight_address,
-            "nats": self.runtime.nats_urls,
+            "nats": self.runtime.advertised_nats,
             "pid": os.getpid(),
         }
-        if self.reachability is not None:
-            self._spawn(self.reachability.run())
         if self._metrics is not None:
             runtime["metrics"] = self._metrics.address
         session = getattr(self.coordinator, "session", None)
@@ -417,6 +442,11 @@ def _log_failure(future: concurrent.futures.Future[None]) -> None:
 
 def _sync_if_due(partition: Partition) -> None:
     partition.log.sync_if_due()
+
+
+def _wildcard(host: str) -> bool:
+    """Whether a listener on ``host`` listens on every address."""
+    return host in ("0.0.0.0", "::", "")
 
 
 def _flight_tls(security: SecurityConfig) -> dict[str, Any]:

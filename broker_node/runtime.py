@@ -24,7 +24,10 @@ class Runtime:
     flight_address: str = ""
     """Where this broker serves Flight, as clients reach it."""
     nats_urls: list[str] = dataclasses.field(default_factory=list)
-    """The NATS servers it ingests from."""
+    """The NATS servers it ingests from, as it connects to them."""
+    advertised_nats: list[str] = dataclasses.field(default_factory=list)
+    """The NATS servers clients are told of: the configured ones, or the embedded server at an
+    address clients reach (not the loopback address the broker itself may use)."""
     event_loop: str = ""
     """Whose event loop the broker runs on: ``uvloop`` or ``asyncio``."""
     nats: EmbeddedNats | None = None

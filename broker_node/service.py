@@ -518,7 +518,7 @@ class BrokerService:
         return {
             "broker_id": self._runtime.broker_id,
             "flight": self._runtime.flight_address,
-            "nats": self._runtime.nats_urls,
+            "nats": self._runtime.advertised_nats,
             "controller": self._coordinator.controller(),
             "event_loop": self._runtime.event_loop,
             "health": self.health(),
