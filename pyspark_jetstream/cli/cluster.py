@@ -57,13 +57,28 @@ def _cluster_status(client: SyncClient, args: argparse.Namespace) -> None:
     metadata = client.metadata()
     statuses = client.cluster_status()
     print(f"controller {metadata['controller'] or '(none)'}")
+    probes = _probes(statuses)
+    unreachable = [
+        f"advertised address {address} of {broker_id} is unreachable from {prober}: {error}"
+        for broker_id, seen in sorted(probes.items())
+        for prober, (address, error) in sorted(seen.items())
+        if error is not None
+    ]
     table(
-        ["broker", "flight", "health"],
+        ["broker", "flight", "reached by brokers", "health"],
         [
-            [b["broker_id"], b["flight"], _broker_health(statuses.get(b["broker_id"]))]
+            [
+                b["broker_id"],
+                b["flight"],
+                _reached_by(probes.get(b["broker_id"], {})),
+                _broker_health(statuses.get(b["broker_id"]), shown=unreachable),
+            ]
             for b in metadata["brokers"]
         ],
     )
+    if unreachable:
+        print()
+        print("\n".join(unreachable))
     print()
     held = {
         (p["stream"], p["partition"], broker_id): p
@@ -90,13 +105,38 @@ def _cluster_status(client: SyncClient, args: argparse.Namespace) -> None:
     table(["stream", "partition", "leader", "epoch", "isr", "high watermark", "log end offsets"], rows)
 
 
-def _broker_health(status: dict[str, Any] | None) -> str:
+def _probes(statuses: dict[str, Any]) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """``{broker: {prober: (advertised address, error or None)}}``: what each broker that answered
+    found when it probed the others' advertised Flight addresses (its own included)."""
+    probes: dict[str, dict[str, tuple[str, str | None]]] = {}
+    for prober, status in statuses.items():
+        for probe in status.get("reachability", []):
+            probes.setdefault(probe["broker_id"], {})[prober] = (probe["flight"], probe["error"])
+    return probes
+
+
+def _reached_by(seen: dict[str, tuple[str, str | None]]) -> str:
+    """Which brokers reached a broker at its advertised address, and which did not."""
+    if not seen:
+        return "?"
+    reached = [prober for prober, (_, error) in sorted(seen.items()) if error is None]
+    missed = [prober for prober, (_, error) in sorted(seen.items()) if error is not None]
+    if not missed:
+        return ",".join(reached)
+    return f"{','.join(reached) or 'none'} (NOT {','.join(missed)})"
+
+
+def _broker_health(status: dict[str, Any] | None, *, shown: list[str]) -> str:
+    """A broker's own health, as this command reached it; problems in ``shown`` (the unreachable
+    addresses, listed under the table) are left out."""
     if status is None:
-        return "unreachable"
+        return "unreachable from here"
     if "error" in status:
-        return f"unreachable: {status['error']}"
-    health = status["health"]
-    return "ok" if health["ok"] else "; ".join(health["problems"])
+        return f"unreachable from here: {status['error']}"
+    problems = [p for p in status["health"]["problems"] if p not in shown]
+    if not problems:
+        return "ok" if status["health"]["ok"] else "see below"
+    return "; ".join(problems)
 
 
 def _replica_end(mine: dict[str, Any] | None, replica: str, leader: dict[str, Any] | None) -> str:

@@ -76,17 +76,20 @@ class Admin:
     async def cluster_status(self) -> dict[str, Any]:
         """See :meth:`.Client.cluster_status`."""
 
-        def gather() -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            for broker_id, address in sorted(self.cluster.brokers().items()):
-                try:
-                    out[broker_id] = self.cluster.connection(address).action(ActionType.STATUS, {})
-                except JetStreamError as exc:
-                    out[broker_id] = {"error": str(exc)}
-            return out
+        def ask(address: str) -> dict[str, Any]:
+            try:
+                status: dict[str, Any] = self.cluster.connection(address).action(
+                    ActionType.STATUS, {}, self.cluster.timeout
+                )
+                return status
+            except JetStreamError as exc:
+                return {"error": str(exc)}
 
         await asyncio.to_thread(self.cluster.refresh)
-        return await asyncio.to_thread(gather)
+        brokers = sorted(self.cluster.brokers().items())
+        # All at once: a broker whose advertised address does not answer costs one timeout, not one each.
+        answers = await asyncio.gather(*(asyncio.to_thread(ask, address) for _, address in brokers))
+        return {broker_id: answer for (broker_id, _), answer in zip(brokers, answers, strict=True)}
 
     async def elect_preferred_leaders(self) -> dict[str, Any]:
         """See :meth:`.Client.elect_preferred_leaders`."""
