@@ -22,11 +22,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark_jetstream.protocol.errors import UnavailableError
 
 RUNTIME_FILE = "broker.json"
+
+
+@dataclass(frozen=True, slots=True)
+class FlightPlace:
+    """Where a local broker serves Flight: the ``[flight]`` options ``host``, ``port`` (0: a free
+    one) and ``advertised_host`` (``None``: ``host``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertised_host: str | None = None
+
+    def toml(self) -> str:
+        """The options as lines of a ``[flight]`` table."""
+        lines = f'host = "{self.host}"\nport = {self.port}\n'
+        if self.advertised_host is not None:
+            lines += f'advertised_host = "{self.advertised_host}"\n'
+        return lines
 
 
 class LocalBroker:
@@ -40,6 +59,7 @@ class LocalBroker:
         embedded_nats_port: int = -1,
         broker_id: str = "broker-1",
         flight_port: int = 0,
+        flight: FlightPlace | None = None,
         extra_config: str = "",
         maintenance_interval: float = 30.0,
         log_level: str = "INFO",
@@ -61,7 +81,8 @@ class LocalBroker:
         self.config_path.write_text(
             f'[broker]\nid = "{broker_id}"\ndata_dir = "{self.data_dir}"\n'
             f"maintenance_interval = {maintenance_interval}\n"
-            f"[nats]\n{nats_table}\n[flight]\nport = {flight_port}\n{extra_config}"
+            f"[nats]\n{nats_table}\n[flight]\n{(flight or FlightPlace(port=flight_port)).toml()}"
+            f"{extra_config}"
         )
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -151,7 +172,9 @@ class LocalCluster:
 
     Broker ids are ``broker-1`` ... ``broker-N``.  ``extra_config`` is TOML
     appended to every broker's configuration (``[replication]``, ``[log]``
-    ...); ``session_timeout`` is the brokers' ZooKeeper session timeout.
+    ...); ``session_timeout`` is the brokers' ZooKeeper session timeout;
+    ``flight``, one :class:`FlightPlace` per broker, where each serves Flight
+    (by default 127.0.0.1 and a free port).
     """
 
     def __init__(
@@ -166,6 +189,7 @@ class LocalCluster:
         log_level: str = "INFO",
         maintenance_interval: float = 30.0,
         nats_config: str = "",
+        flight: Sequence[FlightPlace] = (),
     ) -> None:
         from broker_node.nats_server import NatsServer
         from broker_node.zookeeper_server import ZooKeeperServer
@@ -180,6 +204,9 @@ class LocalCluster:
         self.chroot = chroot
         self.log_level = log_level
         self.maintenance_interval = maintenance_interval
+        if flight and len(flight) != brokers:
+            raise ValueError(f"give one FlightPlace per broker ({brokers}), not {len(flight)}")
+        self.places = list(flight) or [FlightPlace()] * brokers
         self.brokers: list[LocalBroker] = []
 
     @property
@@ -211,6 +238,7 @@ class LocalCluster:
                     self.base_dir / f"broker-{n}",
                     nats_url=self.nats.url,
                     broker_id=f"broker-{n}",
+                    flight=self.places[n - 1],
                     extra_config=zookeeper_table + self.extra_config.replace("{broker_id}", f"broker-{n}"),
                     log_level=self.log_level,
                     maintenance_interval=self.maintenance_interval,
