@@ -136,8 +136,14 @@ class Reachability:
         return [broker for broker in self._brokers() if _due(results.get(broker.broker_id), broker, now)]
 
     def _record(self, probes: list[Probe]) -> None:
-        for probe in probes:
-            if probe.error is not None:
+        with self._lock:
+            before = {p.broker_id: self._results.get(p.broker_id) for p in probes}
+            self._results.update((p.broker_id, p) for p in probes)
+        for probe in probes:  # logged when it changes, not at every probe
+            last = before[probe.broker_id]
+            if probe.error is not None and (
+                last is None or (last.address, last.error) != (probe.address, probe.error)
+            ):
                 logger.warning(
                     "broker %s advertises Flight at %s, which is unreachable from %s: %s",
                     probe.broker_id,
@@ -145,8 +151,8 @@ class Reachability:
                     self.broker_id,
                     probe.error,
                 )
-        with self._lock:
-            self._results.update((p.broker_id, p) for p in probes)
+            elif probe.error is None and last is not None and last.error is not None:
+                logger.info("broker %s answers at %s again", probe.broker_id, probe.address)
 
     def results(self) -> list[Probe]:
         """The last probe of each broker still registered at the address probed, by broker id."""

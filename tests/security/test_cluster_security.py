@@ -88,6 +88,8 @@ def test_replication_between_brokers_runs_over_tls_with_their_own_credentials(cl
     for broker in running.brokers:
         log = broker.log_path.read_text()
         assert "denied" not in log and "refused credentials" not in log
+        # Each broker probes both brokers' advertised addresses from its start, over TLS as "broker".
+        assert "unreachable from" not in log
 
 
 def orders_on_every_broker(running: LocalCluster, secured: Secured) -> None:
