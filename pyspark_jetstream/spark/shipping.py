@@ -9,6 +9,7 @@ Spark copies to every executor and puts on its Python path.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import logging
 import os
@@ -32,7 +33,8 @@ def package_zip(directory: Path | None = None) -> Path:
     Its name carries a digest of the sources (``pyspark_jetstream-<digest>.zip``),
     so a changed package never reuses an older zip; an existing zip of the
     same sources is returned as it is.  ``directory`` defaults to
-    ``<temp dir>/pyspark-jetstream``.
+    ``<temp dir>/pyspark-jetstream-<user>``, readable by its user only (a zip
+    found there is shipped as it is, so nobody else may put one there).
     """
     root = PACKAGE_ROOT
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
@@ -40,8 +42,10 @@ def package_zip(directory: Path | None = None) -> Path:
     for path in files:
         digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
-    directory = directory or Path(tempfile.gettempdir()) / "pyspark-jetstream"
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = directory or Path(tempfile.gettempdir()) / f"pyspark-jetstream-{getpass.getuser()}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if hasattr(os, "getuid") and directory.stat().st_uid != os.getuid():
+        raise PermissionError(f"{directory} belongs to another user: pass package_zip(directory=...)")
     target = directory / f"{root.name}-{digest.hexdigest()[:16]}.zip"
     if target.exists():
         return target

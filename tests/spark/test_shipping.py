@@ -7,6 +7,9 @@ that cannot import the package, as an executor without it does.
 
 from __future__ import annotations
 
+import getpass
+import os
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +35,13 @@ def test_the_zip_holds_the_package_sources_only_and_depends_only_on_them(tmp_pat
     second = package_zip(tmp_path / "b")
     assert second.name == first.name and second.read_bytes() == first.read_bytes()
     assert package_zip(tmp_path / "a") == first
+
+
+def test_the_default_zip_is_in_a_directory_of_the_users_own():
+    """A zip found there is shipped as it is: nobody else may write there."""
+    directory = package_zip().parent
+    assert directory.name == f"pyspark-jetstream-{getpass.getuser()}"
+    assert directory.stat().st_uid == os.getuid() and stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize(
