@@ -31,18 +31,30 @@ def missing_message() -> str:
     )
 
 
+def dependency_message(name: str) -> str:
+    """The one line an executor that has the package but not its dependency ``name`` fails with."""
+    return (
+        f"{PACKAGE} on this Spark executor (Python {sys.executable} on {socket.gethostname()}) "
+        f"cannot import {name}: install pyspark-jetstream's dependencies there (pyarrow, nats-py)"
+    )
+
+
 def rebuild(module: str, qualname: str) -> Any:
     """An uninitialised instance of ``module.qualname`` (pickle then restores its state).
 
     Raises ``ModuleNotFoundError`` with :func:`missing_message` if the
-    package cannot be imported here.
+    package cannot be imported here, or :func:`dependency_message` if a
+    module it imports cannot.
     """
     try:
         cls = getattr(importlib.import_module(module), qualname)
     except ModuleNotFoundError as exc:
-        if exc.name != PACKAGE and not (exc.name or "").startswith(PACKAGE + "."):
-            raise
-        raise ModuleNotFoundError(missing_message(), name=PACKAGE) from None
+        missing = exc.name or ""
+        if missing == PACKAGE or missing.startswith(PACKAGE + "."):
+            raise ModuleNotFoundError(missing_message(), name=PACKAGE) from None
+        if module.startswith(PACKAGE + ".") and missing and missing != module:
+            raise ModuleNotFoundError(dependency_message(missing), name=missing) from None
+        raise
     return cls.__new__(cls)
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
@@ -21,7 +22,7 @@ from pyspark import cloudpickle
 from pyspark_jetstream.spark import package_zip
 from pyspark_jetstream.spark.shipping import ships_by_default
 from pyspark_jetstream.spark.source import JetStreamDataSource
-from pyspark_jetstream.spark.unpickle import missing_message, rebuild
+from pyspark_jetstream.spark.unpickle import dependency_message, missing_message, rebuild
 
 
 def test_the_zip_holds_the_package_sources_only_and_depends_only_on_them(tmp_path):
@@ -59,22 +60,36 @@ def test_jetstream_session_ships_to_every_master_but_a_local_one(master, ships):
     assert ships_by_default(master) is ships
 
 
-def test_an_executor_without_the_package_fails_unpickling_with_the_one_line():
-    """A Python without ``site`` (so without the editable install) and the package's directory."""
+def unpickle_elsewhere(python_path: str) -> str:
+    """Unpickle a data source in a Python without ``site`` (so without the editable install) whose
+    path is ``python_path`` only: what it wrote to stderr (it must fail)."""
     pickled = cloudpickle.dumps(JetStreamDataSource({"stream": "s", "servers": "grpc://127.0.0.1:1"}))
     bare = subprocess.run(
         [sys.executable, "-S", "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
         input=pickled,
-        env={"PYTHONPATH": sysconfig.get_paths()["purelib"]},
+        env={"PYTHONPATH": python_path},
         cwd="/",
         capture_output=True,
         timeout=60,
         check=False,
     )
-    error = bare.stderr.decode().strip().splitlines()
     assert bare.returncode == 1
-    assert error[-1] == f"ModuleNotFoundError: {missing_message()}"
-    assert "No module named" not in bare.stderr.decode()
+    return bare.stderr.decode()
+
+
+def test_an_executor_without_the_package_fails_unpickling_with_the_one_line():
+    error = unpickle_elsewhere(sysconfig.get_paths()["purelib"])
+    assert error.strip().splitlines()[-1] == f"ModuleNotFoundError: {missing_message()}"
+    assert "No module named" not in error
+
+
+def test_an_executor_with_the_package_but_without_pyarrow_names_the_dependency(tmp_path):
+    """The shipped zip, pyspark and py4j (linked from this environment), no pyarrow."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    for name in ("pyspark", "py4j"):
+        (tmp_path / name).symlink_to(site / name)
+    error = unpickle_elsewhere(f"{package_zip(tmp_path / 'zip')}:{tmp_path}")
+    assert error.strip().splitlines()[-1] == f"ModuleNotFoundError: {dependency_message('pyarrow')}"
 
 
 def test_other_missing_modules_are_raised_as_they_are():
