@@ -3,7 +3,9 @@
 Spark runs Python workers with ``PYSPARK_PYTHON``; if that interpreter lacks
 pyspark-jetstream, tasks fail with "Python worker failed to connect back".
 The helper points it at the interpreter running this code (which has the
-project installed) unless the user set it.
+project installed) unless the user set it.  On a cluster the executors'
+Python is another machine's: the helper ships the package to them (see
+``shipping.py``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,25 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
+from .shipping import ship_to_executors, ships_by_default
 from .source import JetStreamDataSource
 
 
 def jetstream_session(
-    app_name: str = "pyspark-jetstream", master: str = "local[2]", **conf: Any
+    app_name: str = "pyspark-jetstream",
+    master: str = "local[2]",
+    *,
+    ship_package: bool | None = None,
+    **conf: Any,
 ) -> SparkSession:
-    """A Spark session (local by default) with the ``jetstream`` data source registered."""
+    """A Spark session (local by default) with the ``jetstream`` data source registered.
+
+    ``ship_package``: send a zip of the installed package to the executors
+    (:func:`~pyspark_jetstream.spark.ship_to_executors`), so that they need
+    only its dependencies (pyarrow, nats-py) installed.  The default ships
+    to every master but a local one; ``False`` where every executor has
+    pyspark-jetstream installed.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master)
@@ -34,7 +48,10 @@ def jetstream_session(
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    register(spark)
+    if ships_by_default(spark.sparkContext.master or "") if ship_package is None else ship_package:
+        ship_to_executors(spark)  # registers the source too
+    else:
+        register(spark)
     return spark
 
 

@@ -60,6 +60,7 @@ from pyspark_jetstream.protocol.headers import checked_message_ids, with_message
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import partition_subject
 
+from . import unpickle
 from .options import SinkOptions
 from .planning import SinkPlan
 
@@ -101,7 +102,7 @@ def check_input_schema(schema: StructType, options: SinkOptions) -> None:
         raise InvalidArgumentError("set the option 'stream' or give a 'subject' column to say where rows go")
 
 
-class _Publishing:
+class _Publishing(unpickle.ByName):
     """The executor side shared by batch and streaming writers."""
 
     def __init__(self, plan: SinkPlan, schema: StructType) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn
 
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -38,6 +39,7 @@ from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.flight import ActionType
 
+from . import unpickle
 from .options import (
     Offsets,
     check_option_names,
@@ -59,6 +61,9 @@ from .reading import (
 
 logger = logging.getLogger(__name__)
 
+# Executors load the source's objects through this module, sent with them: see its docstring.
+cloudpickle.register_pickle_by_value(unpickle)
+
 _connections: dict[tuple[str, Credentials], ClusterConnection] = {}
 _connections_lock = threading.Lock()
 
@@ -76,7 +81,7 @@ def connection(plan: SourcePlan) -> ClusterConnection:
         return found
 
 
-class JetStreamDataSource(DataSource):
+class JetStreamDataSource(unpickle.ByName, DataSource):
     """Streams of a pyspark-jetstream deployment as a Spark source and sink."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -139,7 +144,7 @@ class JetStreamDataSource(DataSource):
         return plan_sink(options)
 
 
-class _Reading:
+class _Reading(unpickle.ByName):
     """What batch and stream readers share: the options, the schema and the executor read."""
 
     def __init__(self, plan: SourcePlan, schema: StructType) -> None:
@@ -346,7 +351,7 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}
 
 
-class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class RefusedStreamReader(unpickle.ByName, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A streaming reader that could not be made: every call Spark makes raises why."""
 
     def __init__(self, error: Exception) -> None:
