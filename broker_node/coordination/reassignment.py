@@ -36,6 +36,9 @@ from .base import Move, PartitionState, StreamMetadata
 
 MAX_THROTTLE = 1 << 40
 """Largest replication throttle accepted (bytes/s); 0 means no limit."""
+MIN_THROTTLE = 64 * 1024
+"""Smallest replication throttle accepted (bytes/s): below it a move of any real partition
+would take days (``--throttle 50`` is 50 bytes/s, likely meant as 50MB)."""
 
 
 def parse_plan(plan: object) -> list[Move]:
@@ -92,8 +95,8 @@ def checked_plan(
 
     Refused: an unknown stream or partition, a partition named twice, a
     broker that is not live, fewer replicas than the stream's
-    ``min_insync_replicas`` or another count than its replication factor,
-    and a partition already being moved elsewhere (cancel that first).
+    ``min_insync_replicas`` or another count than its replication factor.
+    A partition being moved already takes the new target (see :func:`started`).
     """
     by_name = {m.config.name: m for m in streams}
     seen: set[tuple[str, int]] = set()
@@ -126,11 +129,6 @@ def checked_plan(
                 f"the plan gives {name} {len(move.replicas)} replica(s), but its stream's replication "
                 f"factor is {config.replication_factor} (a reassignment moves replicas, it does not add any)"
             )
-        state = metadata.partitions[move.partition]
-        if state.reassigning and set(state.target) != set(move.replicas):
-            raise InvalidArgumentError(
-                f"{name} is being moved to {', '.join(state.target)} already: cancel that first"
-            )
         checked.append((metadata, move))
     return checked
 
@@ -139,10 +137,24 @@ def started(state: PartitionState, target: Sequence[str], throttle: int) -> Part
     """The state that begins moving ``state`` to ``target`` (``None``: nothing to do)."""
     target = tuple(target)
     if state.reassigning:
-        # The same move again (checked already): keep it, with the new throttle and order.
+        # A new plan for a partition being moved replaces its move (Kafka's KIP-455): what the
+        # new target lacks is dropped once the target is in sync, and a cancel still goes back
+        # to the replicas from before the first move.
         if throttle == state.throttle and state.target == target:
             return None
-        return replace(state, replicas=target + state.removing, throttle=throttle)
+        previous = state.original
+        removing = tuple(b for b in state.replicas if b not in target)
+        adding = tuple(b for b in target if b not in previous)
+        if not adding and not removing:  # back where it started, nothing added to drop
+            return replace(state, replicas=target, adding=(), removing=(), throttle=0, previous=())
+        return replace(
+            state,
+            replicas=target + removing,
+            adding=adding,
+            removing=removing,
+            throttle=throttle,
+            previous=previous,
+        )
     if set(target) == set(state.replicas):
         # Same brokers: only the preferred order changes, at once (no data moves).
         return replace(state, replicas=target) if target != state.replicas else None
@@ -305,9 +317,14 @@ def generated_plan(
 
 def check_throttle(throttle: object) -> int:
     """A replication throttle in bytes/s (0: none), or ``InvalidArgumentError`` naming the value."""
-    if not isinstance(throttle, int) or isinstance(throttle, bool) or not 0 <= throttle <= MAX_THROTTLE:
+    if (
+        not isinstance(throttle, int)
+        or isinstance(throttle, bool)
+        or not (throttle == 0 or MIN_THROTTLE <= throttle <= MAX_THROTTLE)
+    ):
         raise InvalidArgumentError(
-            f"throttle must be bytes per second from 0 (no limit) to {MAX_THROTTLE}, got {_shown(throttle)}"
+            f"throttle must be 0 (no limit) or {MIN_THROTTLE} to {MAX_THROTTLE} bytes per second "
+            f"(64KiB to 1TiB; sizes take units: 50MB), got {_shown(throttle)}"
         )
     return throttle
 

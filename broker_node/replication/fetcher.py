@@ -205,18 +205,20 @@ class Fetcher:
         )
 
     def _rate(self) -> int:
-        """Bytes/s this partition may fetch: its reassignment's throttle while it is being added here."""
+        """Bytes/s this partition may fetch: its reassignment's throttle while it is being added
+        here and is not in sync yet (once in sync, acks wait for its fetches: no throttle)."""
         state = self.partition.state
-        if self._throttle is None or self.partition.broker_id not in state.adding:
+        me = self.partition.broker_id
+        if self._throttle is None or me not in state.adding or me in state.isr:
             return 0
         return state.throttle
 
     def _held_back(self, frames: list[pa.Buffer]) -> None:
         """Wait as the broker's replication throttle says after receiving ``frames``."""
-        if self._throttle is not None and frames:
-            delay = self._throttle.delay(sum(f.size for f in frames), self._rate())
-            if delay > 0:
-                self._stopped.wait(delay)
+        rate = self._rate()
+        if self._throttle is not None and frames and rate > 0:
+            self._throttle.add(sum(f.size for f in frames), rate)
+            self._throttle.wait(self._rate, self._stopped)
 
     def _fetch_once(self) -> None:
         table = self._do_get(self._request(self.partition.log.log_end_offset, self._max_wait))

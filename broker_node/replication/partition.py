@@ -468,7 +468,9 @@ class Partition:
         """The coordinator stored ``state`` (or refused the proposal: ``None``)."""
         with self._lock:
             self._pending_isr = None
-            if state is not None and self.role is Role.LEADER:
+            # A newer state may have arrived first (the controller completing a move that this
+            # very write let finish): the stored answer to our write must not roll it back.
+            if state is not None and self.role is Role.LEADER and state.version > self.state.version:
                 if state.isr != self.state.isr:
                     self._log.info("ISR %s -> %s", self.state.isr, state.isr)
                 self.state = state

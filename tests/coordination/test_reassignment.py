@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -72,14 +76,36 @@ def test_a_plan_that_does_not_fit_the_cluster_is_refused_before_anything_moves(e
     assert words in str(refused.value)
 
 
-def test_a_partition_being_moved_elsewhere_must_be_cancelled_first():
-    state = reassignment.started(PartitionState("b1", ("b1", "b2"), ("b1", "b2")), ("b3", "b4"), 0)
-    assert state is not None
-    metadata = StreamMetadata(stream("s", ("b1", "b2")).config, (state,), "id")
-    with pytest.raises(InvalidArgumentError, match="being moved to b3, b4 already: cancel that first"):
-        reassignment.checked_plan(plan(("s", 0, ["b2", "b4"])), [metadata], LIVE)
-    # The same target again is accepted (a new throttle, say).
-    assert reassignment.checked_plan(plan(("s", 0, ["b4", "b3"])), [metadata], LIVE)
+def test_a_new_plan_replaces_a_move_under_way():
+    first = reassignment.started(PartitionState("b1", ("b1", "b2"), ("b1", "b2")), ("b3", "b4"), 0)
+    assert first is not None and first.replicas == ("b3", "b4", "b1", "b2")
+    metadata = StreamMetadata(stream("s", ("b1", "b2")).config, (first,), "id")
+    assert reassignment.checked_plan(plan(("s", 0, ["b2", "b4"])), [metadata], LIVE)
+    second = reassignment.started(first, ("b2", "b4"), 5000)
+    # b3 (added by the first move) is dropped with b1; b4 is still added; a cancel goes back to b1, b2.
+    assert second == replace(
+        first, replicas=("b2", "b4", "b3", "b1"), removing=("b3", "b1"), adding=("b4",), throttle=5000
+    )
+    assert second.original == ("b1", "b2")
+    # Back to the replicas from before: the added ones are dropped once those are in sync.
+    back = reassignment.started(second, ("b1", "b2"), 0)
+    assert back is not None and back.adding == () and back.removing == ("b4", "b3")
+    # The same target again changes nothing (nor does it restart anything).
+    assert reassignment.started(second, ("b2", "b4"), 5000) is None
+
+
+def test_a_move_whose_original_replicas_are_all_lost_can_still_be_sent_elsewhere():
+    # {b1, b2} -> {b3, b4}: b3 caught up, then b4, b1 and b2 died for good, and b3 leads.
+    moving = PartitionState(
+        "b3", ("b3", "b4", "b1", "b2"), ("b3",), 2, 9, ("b3", "b4"), ("b1", "b2"), 0, ("b1", "b2")
+    )
+    live = {"b3", "b5"}
+    with pytest.raises(InvalidArgumentError, match="cannot cancel"):
+        reassignment.cancelled(moving, live)
+    again = reassignment.started(moving, ("b3", "b5"), 0)
+    assert again is not None and again.adding == ("b3", "b5") and set(again.removing) == {"b4", "b1", "b2"}
+    in_sync = replace(again, isr=("b3", "b5"))
+    assert reassignment.completed(in_sync, live) == PartitionState("b3", ("b3", "b5"), ("b3", "b5"), 2, 9)
 
 
 def test_a_move_adds_the_target_replicas_then_drops_the_others_and_moves_leadership_off_them():
@@ -167,15 +193,35 @@ def test_a_generated_plan_spreads_replicas_and_leaders_and_alternates_racks():
 
 
 def test_the_throttle_holds_every_fetch_of_a_broker_to_its_rate():
-    throttle = Throttle()
-    assert throttle.delay(1000, 0) == 0
-    first = throttle.delay(100_000, 1_000_000)
-    second = throttle.delay(100_000, 1_000_000)
-    # Together the two fetches reserve 0.2 s: the second waits for the first's share too.
-    assert 0.09 < first <= 0.1 and 0.19 < second <= 0.2
+    now = [0.0]
+    throttle = Throttle(clock=lambda: now[0])
+    assert throttle.delay(0) == 0
+    throttle.add(500_000, 1_000_000)
+    throttle.add(500_000, 1_000_000)
+    # A million bytes owed at 1 MB/s: wait until a quarter second's worth is left.
+    assert throttle.delay(1_000_000) == pytest.approx(0.75)
+    now[0] = 0.5
+    assert throttle.delay(1_000_000) == pytest.approx(0.25)
+    # A new rate applies at once to what is owed (a move started again at 50 MB/s).
+    assert throttle.delay(50_000_000) == pytest.approx(0.0)
     assert Throttle.chunk(0, 8 << 20) == 8 << 20
     assert Throttle.chunk(1_000_000, 8 << 20) == 250_000
-    assert Throttle.chunk(1000, 8 << 20) == 64 * 1024
+    assert Throttle.chunk(65_536, 8 << 20) == 64 * 1024
+
+
+def test_a_throttled_wait_ends_when_the_partition_is_no_longer_throttled():
+    throttle = Throttle()
+    throttle.add(10_000_000, 65_536)  # about 150 s owed at 64 KiB/s
+    rates = iter([65_536, 0])
+    started = time.monotonic()
+    throttle.wait(lambda: next(rates), threading.Event())  # the move was cancelled: rate 0
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("bad", [-1, 50, 65_535, 1 << 41, 1.5, True, "50MB"])
+def test_a_throttle_outside_its_range_is_refused_naming_it(bad):
+    with pytest.raises(InvalidArgumentError, match=f"throttle must be 0 .* got {re.escape(repr(bad))}"):
+        reassignment.check_throttle(bad)
 
 
 def test_one_broker_says_moving_partitions_needs_a_cluster(tmp_path):

@@ -6,6 +6,8 @@ cluster can only hit by chance is set up step by step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from broker_node.coordination.base import BrokerInfo, PartitionState
@@ -182,3 +184,21 @@ def test_a_stream_deleted_and_created_again_between_two_applies_starts_empty(tmp
     finally:
         manager.close()
         coordinator.close()
+
+
+def test_the_answer_to_an_isr_write_does_not_roll_back_a_newer_state(open_partition):
+    # The write that brings d in sync lets the controller complete a move (c dropped, v7); the
+    # metadata may bring v7 before the ISR thread hears its own write (v6) was stored.
+    moving = PartitionState("a", ("a", "b", "d", "c"), ("a", "b", "c"), 1, 5, ("d",), ("c",), 0, REPLICAS)
+    leader = open_partition("a", moving)
+    leader.become_leader(moving)
+    leader.append(values(2))
+    proposal = leader.propose_isr(("a", "b", "c", "d"))
+    assert proposal is not None
+    done = PartitionState("a", ("a", "b", "d"), ("a", "b", "d"), 1, 7)
+    leader.update_state(done)
+    leader.isr_written(replace(proposal, version=6))
+    assert leader.state == done
+    leader.record_fetch("b", 2)
+    leader.record_fetch("d", 2)
+    assert leader.log.high_watermark == 2  # c, gone, is not waited for
