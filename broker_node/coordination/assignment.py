@@ -87,7 +87,8 @@ def elect_leader(
         if candidate in isr:
             return candidate, tuple(b for b in state.replicas if b in isr)
     if unclean:
-        for candidate in state.replicas:
+        # A replica being added by a move may hold little yet: the others first.
+        for candidate in (*[r for r in state.replicas if r not in state.adding], *state.adding):
             if candidate in live and candidate not in exclude:
                 return candidate, (candidate,)
     return None

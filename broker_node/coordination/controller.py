@@ -324,11 +324,14 @@ class Controller:
         live = self.store.live_brokers()
         checked = reassignment.checked_plan(moves, self.store.read_streams(), live)
         changes = []
+        under_way = []
         for metadata, move in checked:
             state = metadata.partitions[move.partition]
             new = reassignment.started(state, move.replicas, throttle)
             if new is not None:
                 changes.append(PartitionChange(move.stream, move.partition, state.version, new))
+            elif state.reassigning:
+                under_way.append(f"{move.stream}/{move.partition}")
         if changes:
             self.store.write_partitions(changes)
             for change in changes:
@@ -340,7 +343,7 @@ class Controller:
                     f"{throttle} B/s" if throttle else "none",
                     extra={"stream": change.stream, "partition": change.partition},
                 )
-        return {"started": [f"{c.stream}/{c.partition}" for c in changes]}
+        return {"started": [f"{c.stream}/{c.partition}" for c in changes], "under_way": under_way}
 
     def cancel_reassignments(self, partitions: list[tuple[str, int]] | None) -> dict[str, Any]:
         """Put partitions being moved (``None``: all of them) back on their original replicas."""

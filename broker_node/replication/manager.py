@@ -77,6 +77,9 @@ class ReplicaManager:
         self._fetchers: dict[Key, Fetcher] = {}
         self.connect_peer: Callable[[str], flight.FlightClient] = flight.connect
         """Opens a Flight client to another broker (the broker sets its TLS and credentials)."""
+        self._released: dict[Key, int] = {}
+        """The last partition state version each partition closed here held: a moved copy is
+        deleted only on a newer state that leaves this broker out (not on a stale snapshot)."""
         self.throttle = Throttle()
         """Holds back the fetches of partitions being moved onto this broker (see ``throttle``)."""
         self.offline: dict[Key, str] = {}
@@ -219,8 +222,9 @@ class ReplicaManager:
             gone = [k for k in self.held_keys() if k not in wanted]
             for key in gone:
                 self._close_partition(key)
-            if gone:
-                self.clean_up()
+            lingering = [k for k in self._released if k not in wanted and self.partition_dir(*k).exists()]
+            if gone or lingering:
+                self.clean_up(streams)
 
     def held_keys(self) -> list[Key]:
         """The partitions open here."""
@@ -231,6 +235,7 @@ class ReplicaManager:
         with self._lock:
             partition = self._partitions.pop(key)
             self._stream_ids.pop(key, None)
+            self._released[key] = partition.state.version
         self._stop_fetcher(key)
         partition.close()
         logger.info("%s/%d: closed here", *key, extra=Labels(*key).fields)
@@ -345,28 +350,34 @@ class ReplicaManager:
                 f"{self.data_dir / 'streams'} holds partitions of {', '.join(sorted(names))}. {RECOVERY_HINT}"
             )
 
-    def clean_up(self) -> None:
+    def clean_up(self, streams: list[StreamMetadata] | None = None) -> None:
         """Remove partition directories of deleted streams and of partitions moved to other brokers;
         note any the metadata does not know.
 
         Only a directory whose ``partition.json`` names a deleted stream id,
         or a partition of a live stream (the very same stream id) whose
         replicas no longer include this broker, is removed: absent or
-        unreadable metadata never deletes data.
+        unreadable metadata never deletes data.  ``streams`` is the metadata
+        ``apply`` acted on (by default a fresh read); a partition open here is
+        never removed, nor a moved one on a state no newer than the one it
+        was closed under.
         """
         deleted = self.coordinator.deleted_stream_ids()
-        streams = self.coordinator.list_streams()
+        if streams is None:
+            streams = self.coordinator.list_streams()
         known = {
             (m.config.name, str(n))
             for m in streams
             for n, state in enumerate(m.partitions)
             if self.broker_id in state.replicas
         }
+        known |= {(name, str(n)) for name, n in self.held_keys()}
         moved = {
             (m.stream_id, n, m.config.name)
             for m in streams
             for n, state in enumerate(m.partitions)
             if self.broker_id not in state.replicas
+            and state.version > self._released.get((m.config.name, n), -1)
         }
         strays = {}
         for directory in partition_directories(self.data_dir / "streams"):

@@ -80,19 +80,26 @@ def _reassign(client: SyncClient, args: argparse.Namespace) -> None:
         if plan is None:
             fail("say what to do: --plan FILE (start moving), --generate, --verify or --cancel")
             raise SystemExit(2)
-        started = client.reassign(plan, throttle=args.throttle)["started"]
-        print(
-            f"moving {', '.join(started)}" if started else "every partition is where the plan puts it already"
-        )
+        result = client.reassign(plan, throttle=args.throttle)
+        if result["started"]:
+            print(f"moving {', '.join(result['started'])}")
+        if result.get("under_way"):
+            print(f"moving already as the plan says: {', '.join(result['under_way'])}")
+        if not result["started"] and not result.get("under_way"):
+            print("every partition is where the plan puts it already")
         return
     if args.cancel:
         wanted = None if plan is None else [(e["stream"], e["partition"]) for e in plan["partitions"]]
         cancelled = client.cancel_reassignment(wanted)["cancelled"]
         print(f"cancelled {', '.join(cancelled)}" if cancelled else "no partition was being moved")
         return
-    while _verify(client, plan) and args.wait:
+    while (moving := _verify(client, plan)) and args.wait:
         time.sleep(VERIFY_EVERY)
         print()
+    if plan is not None and not args.wait and moving:
+        return  # in progress: not a failure
+    if plan is not None and _not_done(client, plan):
+        raise SystemExit(1)  # some partition of the plan is not where the plan puts it
 
 
 def _drain(client: SyncClient, args: argparse.Namespace) -> None:
@@ -103,8 +110,21 @@ def _drain(client: SyncClient, args: argparse.Namespace) -> None:
     print(f"moving {moving} partition(s) off {args.broker}; follow it: jetstream cluster reassign --verify")
 
 
+def _not_done(client: SyncClient, plan: dict[str, Any]) -> bool:
+    """Whether a partition of ``plan`` is not on the plan's replicas (in their order)."""
+    described = {s.config["name"]: s for s in client.list_streams()}
+    for entry in plan["partitions"]:
+        info = described.get(entry["stream"])
+        if info is None or entry["partition"] >= len(info.partitions):
+            return True
+        if list(info.partitions[entry["partition"]].replicas) != entry["replicas"]:
+            return True
+    return False
+
+
 def _verify(client: SyncClient, plan: dict[str, Any] | None) -> bool:
-    """Print each moving partition's progress (and the plan's partitions' state); whether any moves."""
+    """Print each moving partition's progress (and the plan's partitions' state); whether any of
+    them (of the plan's, with a plan) is still moving."""
     moving = {(p["stream"], p["partition"]): p for p in client.reassignments()}
     statuses = client.cluster_status()
     held = {
@@ -144,6 +164,8 @@ def _verify(client: SyncClient, plan: dict[str, Any] | None) -> bool:
             print(f"{key[0]}/{key[1]}: {state}")
     elif not rows:
         print("no partition is being moved")
+    if plan is not None:
+        return any((e["stream"], e["partition"]) in moving for e in plan["partitions"])
     return bool(moving)
 
 

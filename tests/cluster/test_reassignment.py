@@ -55,9 +55,8 @@ def test_a_partition_moves_off_its_leader_while_written_and_nothing_acked_is_los
     (kept,) = set(replicas) - {leader}
     epoch = client.describe_stream("mv").partitions[0].leader_epoch
     target = [spare, kept]
-    assert client.reassign({"partitions": [{"stream": "mv", "partition": 0, "replicas": target}]}) == {
-        "started": ["mv/0"]
-    }
+    plan = {"partitions": [{"stream": "mv", "partition": 0, "replicas": target}]}
+    assert client.reassign(plan) == {"started": ["mv/0"], "under_way": []}
     # Written during the move (the leader changes under it: the publisher follows).
     during = publish_all(client, "mv", [b"b%03d" % i for i in range(100)], "p", first=150)
     wait_until(lambda: moved(client, "mv", target), timeout=60, message="the move to finish")
@@ -171,6 +170,9 @@ def test_the_readmes_block_on_moving_partitions_runs_as_written(cluster, client,
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.count("\n") == 1 and "b8, which are not live" in refused.stderr
     assert not client.reassignments()
+    # --verify of a plan that did not happen says so, and fails (a script must not go on).
+    unverified = cli(cluster, "cluster", "reassign", "--verify", "--plan", str(tmp_path / "bad.json"))
+    assert unverified.returncode == 1 and "clicks/0: not moved" in unverified.stdout
 
 
 def drain_and_refuse(cluster: LocalCluster, client: SyncClient) -> None:

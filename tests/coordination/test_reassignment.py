@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from broker_node.coordination import reassignment, wire
+from broker_node.coordination.assignment import elect_leader
 from broker_node.coordination.base import Move, PartitionState, StreamMetadata
 from broker_node.coordination.local import LocalCoordinator
 from broker_node.replication.throttle import Throttle
@@ -228,3 +229,9 @@ def test_one_broker_says_moving_partitions_needs_a_cluster(tmp_path):
     coordinator = LocalCoordinator(tmp_path)
     with pytest.raises(InvalidArgumentError, match="moving partitions needs a cluster"):
         coordinator.reassign([Move("s", 0, ("b1",))], 0)
+
+
+def test_an_unclean_election_during_a_move_prefers_the_replicas_not_being_added():
+    # a and b (in sync) are dead; c is being dropped but holds nearly everything, d was just added.
+    moving = PartitionState("a", ("a", "b", "d", "c"), ("a", "b"), 3, 4, ("d",), ("c",), 0, ("a", "b", "c"))
+    assert elect_leader(moving, {"c", "d"}, unclean=True) == ("c", ("c",))
