@@ -38,7 +38,7 @@ from pyarrow import flight
 
 from broker_node.api.server import FlightApi
 from broker_node.config import BrokerConfig, ConfigError, SecurityConfig
-from broker_node.coordination.base import BrokerInfo, Coordinator, SessionState
+from broker_node.coordination.base import FEATURES, BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
@@ -222,7 +222,7 @@ class Broker:
         """Register with the coordinator, check that metadata and data agree, listen for changes."""
         runtime = self.runtime
         info = BrokerInfo(
-            self.broker_id, runtime.flight_address, tuple(runtime.advertised_nats), self.config.rack
+            self.broker_id, runtime.flight_address, tuple(runtime.advertised_nats), self.config.rack, FEATURES
         )
         await asyncio.to_thread(self.coordinator.start, info)
         if self.clustered and self.access.enabled:

@@ -52,6 +52,9 @@ class BrokerInfo:
     nats_urls: tuple[str, ...] = ()
     rack: str = ""
     """Where it sits, if it says (``[broker] rack``): plans spread replicas over racks."""
+    features: tuple[str, ...] = ()
+    """What this broker's version can do that older ones cannot (``FEATURES``): a partition move
+    is refused while a live broker lacks it (its writes would drop the move's fields)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,10 @@ class StreamMetadata:
     config: StreamConfig
     partitions: tuple[PartitionState, ...]
     stream_id: str
+
+
+FEATURES = ("reassign",)
+"""The features this version registers with."""
 
 
 def new_stream_id() -> str:

@@ -94,17 +94,20 @@ def broker_to_bytes(broker: BrokerInfo) -> bytes:
     stored = {"broker_id": broker.broker_id, "flight": broker.flight_address, "nats": list(broker.nats_urls)}
     if broker.rack:
         stored["rack"] = broker.rack
+    if broker.features:
+        stored["features"] = list(broker.features)
     return dumps(stored)
 
 
 def broker_from_bytes(raw: bytes, what: str = "a broker registration") -> BrokerInfo:
     """Parse a broker registration."""
-    data = loads(raw, what, {"broker_id", "flight", "nats"}, frozenset({"rack"}))
+    data = loads(raw, what, {"broker_id", "flight", "nats"}, frozenset({"rack", "features"}))
     return BrokerInfo(
         _typed(what, data, "broker_id", str),
         _typed(what, data, "flight", str),
         _names(what, data, "nats"),
         _typed(what, data, "rack", str) if "rack" in data else "",
+        _names(what, data, "features") if "features" in data else (),
     )
 
 

@@ -84,7 +84,7 @@ from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
-from pyspark_jetstream.protocol.errors import UnknownStreamError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from . import wire
@@ -372,8 +372,15 @@ class ZooKeeperCoordinator(Coordinator):
         return result
 
     def reassign(self, moves: list[Move], throttle: int) -> dict[str, Any]:
-        """See :meth:`Coordinator.reassign`: only on the controller."""
+        """See :meth:`Coordinator.reassign`: only on the controller, and only when every live
+        broker can keep a move (an older one's writes would drop it)."""
         controller = self._active_controller()
+        older = [b.broker_id for b in self.brokers() if "reassign" not in b.features]
+        if older:
+            raise InvalidArgumentError(
+                f"broker(s) {', '.join(older)} run a version that cannot move partitions: upgrade "
+                "every broker first"
+            )
         result = self._await(controller.submit(lambda: controller.reassign(moves, throttle)))
         self.refresh()
         return result

@@ -10,12 +10,13 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker_node.coordination import wire
-from broker_node.coordination.base import BrokerInfo, SessionState
+from broker_node.coordination.base import FEATURES, BrokerInfo, Move, SessionState
 from broker_node.coordination.controller import Controller
 from broker_node.coordination.errors import CoordinationError, NotControllerError
 from broker_node.coordination.settings import ZooKeeperConfig
 from broker_node.coordination.zookeeper import CONTROLLER, CONTROLLER_EPOCH, ZooKeeperCoordinator
 from broker_node.zookeeper_server import ZooKeeperServer, free_port
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..broker.harness import wait_until
@@ -250,3 +251,24 @@ def test_a_server_whose_chosen_port_is_taken_before_it_binds_chooses_another(tmp
         with server:
             assert server.port != taken
             assert server.four_letter("ruok") == "imok"
+
+
+def test_a_move_is_refused_while_a_live_broker_cannot_keep_it(cluster, zk_settings):
+    # An older broker's writes would drop the move's fields from a partition's state.
+    first = ZooKeeperCoordinator(zk_settings)
+    first.start(BrokerInfo("b1", "grpc://127.0.0.1:1001", (), "", FEATURES))
+    older = ZooKeeperCoordinator(zk_settings)
+    older.start(broker(2))  # registers without features
+    try:
+        wait_until(lambda: first.controller() == "b1" and len(first.brokers()) == 2)
+        first.create_stream(StreamConfig(name="old", subject="old"))
+        moves = [Move("old", 0, ("b2",))]
+        with pytest.raises(InvalidArgumentError, match="broker.s. b2 run a version that cannot move"):
+            first.reassign(moves, 0)
+        older.close()
+        wait_until(lambda: len(first.brokers()) == 1)
+        with pytest.raises(InvalidArgumentError, match="b2, which are not live"):
+            first.reassign(moves, 0)  # checked by the controller now: b2 is gone
+    finally:
+        first.close()
+        older.close()
