@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pyspark_jetstream.client import ClusterConnection, Credentials
-from pyspark_jetstream.local import LocalBroker
+from pyspark_jetstream.local import FlightPlace, LocalBroker
 from pyspark_jetstream.protocol.acl import parse_acl
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
@@ -76,10 +76,7 @@ def test_a_refused_publish_fails_at_once_naming_the_principal(mutual: Secured) -
 
 
 def test_a_broker_refuses_to_listen_beyond_loopback_insecurely(tmp_path) -> None:
-    broker = LocalBroker(tmp_path / "open", extra_config="", start_timeout=20)
-    broker.config_path.write_text(
-        broker.config_path.read_text().replace("[flight]\n", '[flight]\nhost = "0.0.0.0"\n')
-    )
+    broker = LocalBroker(tmp_path / "open", flight=FlightPlace(host="0.0.0.0"), start_timeout=20)
     with pytest.raises(
         UnavailableError, match=r"refusing to listen on \[flight\] 0.0.0.0 without TLS and an ACL"
     ):
