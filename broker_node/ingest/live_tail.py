@@ -129,6 +129,9 @@ class TailPublisher:
                 continue
             if not frames:
                 return
+            # The read went up to the high watermark of its own moment, which may be past the
+            # one this pass started from: the header names one its last batch is below.
+            hw = max(hw, partition.high_watermark)
             for frame in frames:
                 if frame.data.size > budget:  # NATS would refuse it: consumers read it over Flight
                     payload = encode_delivery(frame.base_offset, frame.last_offset, frame.leader_epoch, hw)

@@ -19,12 +19,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from broker_node.ingest.live_tail import TailPublisher
+from broker_node.log.reads import ReplicaFrame
 from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.client.live import LiveTail
 from pyspark_jetstream.protocol.flight import StartPosition
-from pyspark_jetstream.protocol.tail import decode_delivery, tail_subject
+from pyspark_jetstream.protocol.tail import _HEADER, HEADER_BYTES, decode_delivery, tail_subject
 
 from .harness import BrokerProcess, wait_until
 
@@ -434,3 +436,51 @@ def test_a_batch_too_large_for_nats_reaches_consumers_over_flight(tmp_path):
     assert any(d.batch is None and (d.first_offset, d.last_offset) == (1, 1) for d in deliveries), deliveries
     assert not any(d.batch is not None and d.first_offset == 1 for d in deliveries)
     assert tail.stats.gaps >= 1, tail.stats
+
+
+class _Growing:
+    """A partition whose high watermark moves on between the publisher's look and its read, as
+    a leader's does under a steady publisher: batch n is offsets 2n and 2n + 1."""
+
+    stream, number, leader_epoch = "grow", 0, 3
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.listener = None
+
+    @property
+    def high_watermark(self) -> int:
+        self.looks += 1
+        return 2 * min(self.looks, 10)  # one more batch committed at every look, ten in all
+
+    def on_commit(self, listener):
+        self.listener = listener
+        return lambda: None
+
+    def committed_frames(self, offset: int, max_bytes: int, *, wait: bool = True):
+        upper = self.high_watermark  # the read goes up to the high watermark of its moment
+        return [ReplicaFrame(o, o + 1, 3, pa.py_buffer(b"f")) for o in range(offset, upper, 2)]
+
+
+class _Sent:
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.payloads: list[bytes] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.payloads.append(payload)
+
+
+def test_a_delivery_never_names_a_high_watermark_its_batch_is_not_below():
+    async def run() -> list[bytes]:
+        sent = _Sent()
+        publisher = TailPublisher(_Growing(), lambda: sent)
+        await publisher._publish()
+        await publisher.close()
+        return sent.payloads
+
+    headers = [_HEADER.unpack_from(p)[1:] for p in asyncio.run(run()) if len(p) > HEADER_BYTES]
+    assert headers
+    for first, last, _, hw in headers:
+        assert last < hw, (first, last, hw)

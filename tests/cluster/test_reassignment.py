@@ -71,13 +71,17 @@ def test_a_partition_moves_off_its_leader_while_written_and_nothing_acked_is_los
     assert "partition.json" not in str(status(cluster.broker(leader).flight)["health"])
 
 
-def test_a_throttled_move_survives_kill_9_of_the_controller_and_of_the_new_replica(cluster, client):
+def test_a_throttled_move_survives_kill_9_of_the_controller_the_old_leader_and_the_new_replica(
+    cluster, client
+):
     client.create_stream("big", "big", replication_factor=2)
     payload = b"x" * 2000
     acked = publish_all(client, "big", [payload + b"%05d" % i for i in range(1000)], "p")  # ~2 MB
     replicas = list(client.describe_stream("big").partitions[0].replicas)
+    leader = leader_of(client, "big")
     (spare,) = {"broker-1", "broker-2", "broker-3"} - set(replicas)
-    target = [replicas[0], spare]
+    (kept,) = set(replicas) - {leader}
+    target = [kept, spare]  # the leader is dropped
     throttle = 400_000
     started = time.monotonic()
     client.reassign(
@@ -93,20 +97,16 @@ def test_a_throttled_move_survives_kill_9_of_the_controller_and_of_the_new_repli
     )
     assert fetched <= throttle * elapsed + 2 * max(throttle // 4, 64 * 1024), (fetched, elapsed)
     assert client.reassignments(), "the move finished before the faults"
-    # kill -9 the controller, then the new replica, mid-move; both come back.
+    # kill -9 the controller, the old leader and the new replica, one after the other, mid-move.
     controller = client.metadata()["controller"]
-    cluster.broker(controller).kill()
-    cluster.broker(controller).start()
-    if spare != controller:
-        cluster.broker(spare).kill()
-        cluster.broker(spare).start()
+    for victim in dict.fromkeys([controller, leader, spare]):
+        cluster.broker(victim).kill()
+        cluster.broker(victim).start()
     with SyncClient(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=20) as again:
         wait_until(
             lambda: moved(again, "big", target), timeout=90, message="the move to finish after restarts"
         )
-        wait_until(
-            lambda: not holds(cluster, replicas[1], "big"), timeout=30, message="the dropped copy deleted"
-        )
+        wait_until(lambda: not holds(cluster, leader, "big"), timeout=30, message="the dropped copy deleted")
         assert len(acked) == 1000
         assert values_in(again, "big") == [payload + b"%05d" % i for i in range(1000)]
 
