@@ -405,6 +405,21 @@ class Partition:
             progress.previous_fetch_leader_end = leader_end
             progress.previous_fetch_time = now
             progress.log_end_offset = fetch_offset
+            if fetch_offset < self.log.high_watermark and replica in self._isr:
+                # An in-sync replica holds everything below the high watermark: one that fetches
+                # from below it lost committed data (a crash that cut its unsynced tail, and a
+                # restart quick enough to stay in the ISR). It leaves the ISR at the next pass,
+                # so it is never elected with less than was acknowledged.
+                self._joining.discard(replica)
+                self._isr = self._merged()
+                progress.last_caught_up = float("-inf")
+                self._log.warning(
+                    "%s fetched from %d, below the high watermark %d: it lost committed data and "
+                    "leaves the ISR",
+                    replica,
+                    fetch_offset,
+                    self.log.high_watermark,
+                )
             self._advance_high_watermark()
             return self.expansion(replica) is not None
 

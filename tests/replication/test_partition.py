@@ -202,3 +202,16 @@ def test_the_answer_to_an_isr_write_does_not_roll_back_a_newer_state(open_partit
     leader.record_fetch("b", 2)
     leader.record_fetch("d", 2)
     assert leader.log.high_watermark == 2  # c, gone, is not waited for
+
+
+def test_an_in_sync_follower_that_fetches_below_the_high_watermark_leaves_the_isr(open_partition):
+    # c crashed, its unsynced tail was cut, and it came back before leaving the ISR: it now lacks
+    # acknowledged messages and must not stay electable.
+    leader = leading(open_partition)
+    leader.append(values(4))
+    leader.record_fetch("b", 4)
+    leader.record_fetch("c", 4)
+    assert leader.log.high_watermark == 4
+    leader.record_fetch("c", 2)
+    assert leader.lagging_replicas(max_lag=60.0) == ("a", "b")
+    assert leader.log.high_watermark == 4  # never backwards
