@@ -811,7 +811,9 @@ class ZooKeeperCoordinator(Coordinator):
                 stat = client.exists(f"{BROKERS}/{broker.broker_id}")
             except KazooException:
                 continue
-            if stat is not None and stat.ephemeralOwner == self._session_id == client.client_id[0]:
+            session = client.client_id  # None once the connection is closed (a lost session)
+            owner = None if stat is None else stat.ephemeralOwner
+            if session is not None and owner == self._session_id == session[0]:
                 self._lease_until = started + self.settings.session_timeout * 2 / 3
 
     def _run_reloads(self) -> None:
