@@ -136,37 +136,25 @@ def checked_plan(
 def started(state: PartitionState, target: Sequence[str], throttle: int) -> PartitionState | None:
     """The state that begins moving ``state`` to ``target`` (``None``: nothing to do)."""
     target = tuple(target)
-    if state.reassigning:
-        # A new plan for a partition being moved replaces its move (Kafka's KIP-455): what the
-        # new target lacks is dropped once the target is in sync, and a cancel still goes back
-        # to the replicas from before the first move.
-        if throttle == state.throttle and state.target == target:
-            return None
-        previous = state.original
-        removing = tuple(b for b in state.replicas if b not in target)
-        adding = tuple(b for b in target if b not in previous)
-        if not adding and not removing:  # back where it started, nothing added to drop
-            return replace(state, replicas=target, adding=(), removing=(), throttle=0, previous=())
-        return replace(
-            state,
-            replicas=target + removing,
-            adding=adding,
-            removing=removing,
-            throttle=throttle,
-            previous=previous,
-        )
-    if set(target) == set(state.replicas):
-        # Same brokers: only the preferred order changes, at once (no data moves).
-        return replace(state, replicas=target) if target != state.replicas else None
-    adding = tuple(b for b in target if b not in state.replicas)
+    if state.reassigning and throttle == state.throttle and state.target == target:
+        return None  # the same move again
+    # A new plan for a partition being moved replaces its move (Kafka's KIP-455): what the new
+    # target lacks is dropped once the target is in sync, and a cancel still goes back to the
+    # replicas from before the first move.
+    previous = state.original
     removing = tuple(b for b in state.replicas if b not in target)
+    adding = tuple(b for b in target if b not in previous)
+    if not adding and not removing:
+        # The same brokers: only the preferred order changes, at once (no data moves).
+        same = replace(state, replicas=target, adding=(), removing=(), throttle=0, previous=())
+        return same if same != state else None
     return replace(
         state,
         replicas=target + removing,
         adding=adding,
         removing=removing,
         throttle=throttle,
-        previous=state.replicas,
+        previous=previous,
     )
 
 
