@@ -62,6 +62,7 @@ class ControllerStore(Protocol):
     """What the controller reads and writes; every write is fenced by the controller epoch."""
 
     def live_brokers(self) -> list[str]: ...
+    def registrations(self) -> dict[str, int]: ...
     def read_streams(self) -> list[StreamMetadata]: ...
     def shutting_down(self) -> set[str]: ...
     def write_partitions(self, changes: list[PartitionChange]) -> None: ...
@@ -91,6 +92,8 @@ class Controller:
         )
         self._thread = threading.Thread(target=self._run, name=f"controller-{epoch}", daemon=True)
         self._stopped = False
+        self._registered: dict[str, int] = {}
+        """Each live broker's registration as the last successful reconciliation saw it."""
         self.dirty = False
         """The last reconciliation failed (ZooKeeper unreachable, say): run it again even if
         the metadata did not change meanwhile."""
@@ -166,8 +169,21 @@ class Controller:
         ``replica_max_lag`` anyway); a partition without a leader gets one as
         soon as an in-sync replica is back.  Internal streams are created
         once enough brokers are live.
+
+        A broker that registered again since the last reconciliation
+        restarted, perhaps quicker than anyone saw it gone, and perhaps with
+        less than it had acknowledged (a crash loses what was not yet
+        synced): it is handled as dead once, so it leaves every ISR and
+        leadership, and rejoins an ISR only by catching up again.
         """
-        live = set(self.store.live_brokers())
+        registrations = self.store.registrations()
+        bounced = {b for b, r in registrations.items() if self._registered.get(b, r) != r}
+        if bounced:
+            logger.warning(
+                "broker(s) %s registered again (restarted): they leave every ISR until they catch up",
+                ", ".join(sorted(bounced)),
+            )
+        live = set(registrations) - bounced
         leaving = self.store.shutting_down() & live
         staying = live - leaving
         changes = []
@@ -197,8 +213,9 @@ class Controller:
             self.store.write_partitions(changes)
             for line in moved:
                 logger.info("leadership %s (controller epoch %d)", line, self.epoch)
+        self._registered = registrations
         existing = {m.config.name for m in streams}
-        for config in self._internal(len(live)):
+        for config in self._internal(len(registrations)):
             if config.name not in existing:
                 self._create(config, streams)
         return moved

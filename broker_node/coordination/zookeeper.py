@@ -180,6 +180,8 @@ class _Snapshot:
     streams: dict[str, StreamMetadata] = field(default_factory=dict)
     deleted: frozenset[str] = frozenset()
     shutting_down: frozenset[str] = frozenset()
+    registrations: dict[str, int] = field(default_factory=dict)
+    """Each broker znode's creation id: a broker that restarted differs here alone."""
 
 
 class ZooKeeperCoordinator(Coordinator):
@@ -487,6 +489,20 @@ class ZooKeeperCoordinator(Coordinator):
     def live_brokers(self) -> list[str]:
         """Fresh read of the registered brokers."""
         return sorted(self._reading(lambda: self._connected_client().get_children(BROKERS)))
+
+    def registrations(self) -> dict[str, int]:
+        """Fresh read of each registered broker's znode creation id (czxid): a restart changes it."""
+
+        def read() -> dict[str, int]:
+            client = self._connected_client()
+            found = {}
+            for broker_id in client.get_children(BROKERS):
+                stat = client.exists(f"{BROKERS}/{broker_id}")
+                if stat is not None:
+                    found[broker_id] = stat.czxid
+            return found
+
+        return self._reading(read)
 
     def shutting_down(self) -> set[str]:
         """Fresh read of the brokers that asked to be relieved of leadership."""
@@ -850,9 +866,11 @@ class ZooKeeperCoordinator(Coordinator):
         client = self._connected_client()
         w = self._on_watch if watch else None
         brokers = {}
+        registrations = {}
         for broker_id in client.get_children(BROKERS, watch=w):
             try:
-                raw, _ = client.get(f"{BROKERS}/{broker_id}")
+                raw, stat = client.get(f"{BROKERS}/{broker_id}")
+                registrations[broker_id] = stat.czxid
                 brokers[broker_id] = wire.broker_from_bytes(raw, f"broker znode {broker_id}")
             except NoNodeError:
                 continue
@@ -872,6 +890,7 @@ class ZooKeeperCoordinator(Coordinator):
             streams=self._read_streams(watch=w),
             deleted=frozenset(client.get_children(DELETED, watch=w)),
             shutting_down=frozenset(client.get_children(SHUTDOWN, watch=w)),
+            registrations=registrations,
         )
 
     def _read_streams(self, watch: Callable[[Any], None] | None) -> dict[str, StreamMetadata]:

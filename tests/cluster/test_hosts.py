@@ -99,11 +99,17 @@ def test_clients_followers_and_the_controller_use_only_advertised_addresses(spre
                 assert answers_as(f"grpc://{other.host}:{port}", timeout=2) != f"broker-{n}"
 
     # What every broker tells clients: the advertised Flight addresses, the NATS servers used.
+    # (A broker learns of the others through ZooKeeper's watches: a moment after it started.)
     for address in advertised.values():
         with SyncClient(nats_urls=spread.nats_url, broker=address, timeout=20) as asking:
-            metadata = asking.metadata()
-        assert {b["broker_id"]: b["flight"] for b in metadata["brokers"]} == advertised
-        assert all(b["nats"] == [spread.nats_url] for b in metadata["brokers"])
+
+            def every_broker(asking: SyncClient = asking) -> list[dict] | None:
+                brokers = asking.metadata()["brokers"]
+                return brokers if len(brokers) == len(advertised) else None
+
+            brokers = wait_until(every_broker, timeout=30, message=f"{address} to know every broker")
+        assert {b["broker_id"]: b["flight"] for b in brokers} == advertised
+        assert all(b["nats"] == [spread.nats_url] for b in brokers)
 
     # A client that starts from a broker other than the controller: creation is forwarded to it.
     controller = status(advertised["broker-1"])["controller"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from broker_node.coordination.base import PartitionState, StreamMetadata
 from broker_node.coordination.controller import Controller
 from broker_node.coordination.errors import CommitStateUnknownError
@@ -18,11 +20,15 @@ class Store:
         state = PartitionState("b1", ("b1", "b2"), ("b1", "b2"), 1, 1)
         self.streams = [StreamMetadata(config, (state,), "id-1")]
         self.live = {"b2"}  # b1, the leader, is gone
+        self.registered = {"b1": 1, "b2": 1}  # each broker's registration; a restart changes it
         self.failures = failures
         self.writes = 0
 
     def live_brokers(self):
         return sorted(self.live)
+
+    def registrations(self):
+        return {b: self.registered[b] for b in self.live}
 
     def read_streams(self):
         return self.streams
@@ -60,3 +66,40 @@ def test_a_failed_reconciliation_leaves_the_controller_dirty_until_one_succeeds(
         assert store.streams[0].partitions[0].leader == "b2"
     finally:
         controller.stop()
+
+
+def test_a_broker_that_registered_again_leaves_every_isr_and_leadership_once():
+    """A restart quicker than the controller's reads (a crash may have cut what it had) is a death."""
+    store = Store(failures=0)
+    state = PartitionState("b1", ("b1", "b2", "b3"), ("b1", "b2", "b3"), 1, 1)
+    store.streams[0] = dataclasses.replace(store.streams[0], partitions=(state,))
+    store.live = {"b1", "b2", "b3"}
+    store.registered = {"b1": 1, "b2": 1, "b3": 1}
+    controller = Controller(store, "b3", epoch=1)
+    assert controller.reconcile() == [] and store.writes == 0  # the registrations are learnt
+    store.registered["b2"] = 2  # the follower restarted
+    controller.reconcile()
+    after = store.streams[0].partitions[0]
+    assert (after.leader, after.isr, after.leader_epoch) == ("b1", ("b1", "b3"), 1)
+    store.streams[0] = dataclasses.replace(store.streams[0], partitions=(state,))  # it caught up
+    store.registered["b1"] = 2  # the leader restarted
+    assert controller.reconcile() == ["s/0: b1 -> b2"]
+    after = store.streams[0].partitions[0]
+    assert (after.leader, after.isr, after.leader_epoch) == ("b2", ("b2", "b3"), 2)
+    writes = store.writes
+    assert controller.reconcile() == [] and store.writes == writes  # once only
+
+
+def test_a_registration_that_fails_to_be_written_is_seen_again():
+    store = Store(failures=0)
+    state = PartitionState("b1", ("b1", "b2"), ("b1", "b2"), 1, 1)
+    store.streams[0] = dataclasses.replace(store.streams[0], partitions=(state,))
+    store.live = {"b1", "b2"}
+    controller = Controller(store, "b1", epoch=1)
+    controller.reconcile()
+    store.registered["b2"] = 2
+    store.failures = 1
+    with pytest.raises(CommitStateUnknownError):
+        controller.reconcile()
+    controller.reconcile()
+    assert store.streams[0].partitions[0].isr == ("b1",)

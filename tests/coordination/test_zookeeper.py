@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 
 import pytest
@@ -139,6 +140,36 @@ def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(clus
 
     wait_until(leaderless_keep_their_isr, message="leaderless partitions keeping their last ISR")
     assert only_on_survivor
+
+
+def test_a_broker_that_restarts_before_the_controller_looks_leaves_every_isr(cluster):
+    """The controller held up while a broker goes and comes back: it still sees the restart."""
+    coordinators = cluster(1, 2, 3)
+    wait_until(lambda: all(len(c.brokers()) == 3 and c.controller() for c in coordinators))
+    leader = controller_of(coordinators)
+    created = leader.create_stream(StreamConfig(name="rb", subject="rb", partitions=3, replication_factor=3))
+    victim = next(c for c in coordinators if c is not leader)
+    victim_id = victim._broker.broker_id
+    led = [n for n, p in enumerate(created.partitions) if p.leader == victim_id]
+    before = leader.registrations()
+    gate = threading.Event()
+    assert leader._controller is not None
+    leader._controller.submit(gate.wait)
+    try:
+        victim.close()
+        cluster(int(victim_id[1:]))
+        after = leader.registrations()
+        assert after.keys() == before.keys() and after[victim_id] != before[victim_id]
+    finally:
+        gate.set()
+
+    def out_of_every_isr() -> bool:
+        partitions = leader.get_stream("rb").partitions
+        return all(victim_id not in p.isr and p.leader != victim_id for p in partitions)
+
+    wait_until(out_of_every_isr, message="the restarted broker out of every ISR")
+    for n in led:
+        assert leader.get_stream("rb").partitions[n].leader_epoch == created.partitions[n].leader_epoch + 1
 
 
 def test_a_fenced_controller_cannot_write(cluster, zk_settings):
