@@ -21,7 +21,9 @@ One leader at a time (:mod:`.election`) runs a term:
    new ``leader_id``, so every unacknowledged row is marked again, in order.
 
 Per-key order holds across failures and failovers because the rows of a key
-in flight are always in one batch, in id order.  A row published twice (its
+in flight are always in one batch, in id order, and because a mark takes no
+row while a lower id may still be committed (:mod:`.store`: on PostgreSQL,
+transactions commit out of id order).  A row published twice (its
 ack lost, or a new leader salvaging it) is stored once, because the broker
 drops each row whose message id it stored within the stream's
 ``duplicate_window`` and stores the others: exactly once into the log within
