@@ -28,7 +28,7 @@ taken in commit order.  On PostgreSQL, concurrent transactions commit in any
 order: one that took id 319 may commit after one that took 320, and a mark
 between the two commits would publish 320 first.  So a PostgreSQL mark only
 takes rows up to a *horizon* below which every id is decided (committed, or
-rolled back for good); see :meth:`PostgresStore.horizon`.
+rolled back for good); see ``PostgresStore._horizon``.
 """
 
 from __future__ import annotations
@@ -359,9 +359,9 @@ class PostgresStore:
                 f"cannot connect to the outbox database {self.address}: {exc}"
             ) from None
         self._top = 0
-        """The highest id seen at the last :meth:`horizon` (0: none yet)."""
+        """The highest id seen at the last :meth:`_horizon` (0: none yet)."""
         self._writers: dict[str, int] = {}
-        """Transactions writing the table at the last :meth:`horizon` (by virtual transaction id),
+        """Transactions writing the table at the last :meth:`_horizon` (by virtual transaction id),
         each with an id that every id it inserts is above."""
 
     def init(self) -> None:
@@ -402,10 +402,10 @@ class PostgresStore:
             )
 
     def mark(self, leader_id: str, limit: int) -> list[Record]:
-        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``, up to the
-        :meth:`horizon`) for ``leader_id``."""
+        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``) for ``leader_id``;
+        none above an id that a transaction still running may hold (see the module docstring)."""
         t = self.table
-        horizon = self.horizon()
+        horizon = self._horizon()
         rows = self._query(
             f"UPDATE {t} SET leader_id = %s WHERE id IN ("
             f"SELECT id FROM {t} WHERE (leader_id IS NULL OR leader_id <> %s) AND id <= %s "
@@ -415,17 +415,18 @@ class PostgresStore:
         )
         return sorted((_row(r, t) for r in rows), key=lambda r: r.id)
 
-    def horizon(self) -> int:
+    def _horizon(self) -> int:
         """An id up to which every id is decided: no transaction still running holds one.
 
         A row is inserted under the table's ``RowExclusiveLock``, taken before its id is drawn
         from the sequence and held until its transaction ends.  Each call reads the highest id
-        committed (``top``), then the transactions holding that lock.  A transaction not among
-        those of the previous call took its lock after that call's ``top`` was read, so its ids
-        are above that ``top``: its *floor*.  The horizon is the lowest floor of the transactions
-        writing now, or ``top`` when none is: every id up to it was drawn before ``top`` was read
-        by a transaction that has ended, so a statement run afterwards sees every committed row
-        up to it.  (A writer already running at a connection's first call has floor 0.)
+        committed (``top``), then the transactions holding that lock.  One not among those of the
+        previous call took the lock after that call's ``top`` was read, so its ids are above that
+        ``top``: its *floor*.  The horizon is ``top`` or the lowest floor of the transactions
+        writing now, if lower.  An id up to it was drawn before ``top`` was read, so a transaction
+        still running that holds it is among those writing now, with a floor below the id: there
+        is none.  A statement run afterwards sees every committed row up to the horizon.  (A writer
+        already running at a connection's first call has floor 0.)
 
         The cost of id order: rows above the floor of a transaction that stays open wait for it
         to end, whatever their key.  The sequence must hand out ids in the order drawn (the
