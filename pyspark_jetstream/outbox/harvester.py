@@ -21,7 +21,9 @@ One leader at a time (:mod:`.election`) runs a term:
    new ``leader_id``, so every unacknowledged row is marked again, in order.
 
 Per-key order holds across failures and failovers because the rows of a key
-in flight are always in one batch, in id order.  A row published twice (its
+in flight are always in one batch, in id order, and because a mark takes no
+row while a lower id may still be committed (:mod:`.store`: on PostgreSQL,
+transactions commit out of id order).  A row published twice (its
 ack lost, or a new leader salvaging it) is stored once, because the broker
 drops each row whose message id it stored within the stream's
 ``duplicate_window`` and stores the others: exactly once into the log within
@@ -280,6 +282,9 @@ class Harvester:
         self._space = asyncio.Condition()
         self._force_remark = False
         self._retry_at: dict[bytes | None, float] = {}
+        self._held: set[bytes | None] = set()
+        """Keys whose refused row waits for its retry under this leader id: their later rows wait
+        too, in this mark and the next ones, until a new leader id marks the refused row again."""
         self._acked: OrderedDict[int, None] = OrderedDict()
         self._purges: asyncio.Queue[int] = asyncio.Queue()
         self._settling: set[asyncio.Task[None]] = set()
@@ -400,6 +405,7 @@ class Harvester:
         await self._drain()
 
     def _new_leader_id(self) -> str:
+        self._held.clear()  # every row held back is marked again under the new id, in order
         self.status.leader_id = f"{self.identifier}-{uuid.uuid4().hex[:12]}"
         return self.status.leader_id
 
@@ -429,8 +435,12 @@ class Harvester:
                 if self._force_remark or self._stop.is_set() or not self._leadership.confirmed():
                     return  # an older row is back in the outbox: mark again from the top
                 wait_until = self._retry_at.get(record.key)
-                if record.key in held_back or (wait_until is not None and wait_until > time.monotonic()):
-                    held_back.add(record.key)  # this key's refused row waits, and so do the rows after it
+                if record.key in self._held or (wait_until is not None and wait_until > time.monotonic()):
+                    # This key's refused row waits, and so do the rows after it, also those of the
+                    # next marks: its retry may come due before the remark below, and a later row
+                    # published then would overtake the rows still marked by this leader id.
+                    self._held.add(record.key)
+                    held_back.add(record.key)
                     continue
                 unit = filling.get(target) if target is not None else None
                 if unit is None:

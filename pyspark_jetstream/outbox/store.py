@@ -20,6 +20,15 @@ Mark-purge/reset: :meth:`Store.mark` takes the first rows by id whose
 returns them, in one statement (``UPDATE ... RETURNING``; on PostgreSQL with
 ``FOR UPDATE SKIP LOCKED``); :meth:`Store.purge` deletes published rows;
 :meth:`Store.reset` clears a row's ``leader_id`` so that it is marked again.
+
+Rows of one key are marked in id order only if no row is marked while a lower
+id may still be committed.  On SQLite that is given: a writer holds the
+database's write lock from its first insert until it commits, so ids are
+taken in commit order.  On PostgreSQL, concurrent transactions commit in any
+order: one that took id 319 may commit after one that took 320, and a mark
+between the two commits would publish 320 first.  So a PostgreSQL mark only
+takes rows up to a *horizon* below which every id is decided (committed, or
+rolled back for good); see ``PostgresStore._horizon``.
 """
 
 from __future__ import annotations
@@ -349,6 +358,11 @@ class PostgresStore:
             raise UnavailableDatabaseError(
                 f"cannot connect to the outbox database {self.address}: {exc}"
             ) from None
+        self._top = 0
+        """The highest id seen at the last :meth:`_horizon` (0: none yet)."""
+        self._writers: dict[str, int] = {}
+        """Transactions writing the table at the last :meth:`_horizon` (by virtual transaction id),
+        each with an id that every id it inserts is above."""
 
     def init(self) -> None:
         """Create the outbox and dead-letter tables if missing."""
@@ -388,15 +402,47 @@ class PostgresStore:
             )
 
     def mark(self, leader_id: str, limit: int) -> list[Record]:
-        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``) for ``leader_id``."""
+        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``) for ``leader_id``;
+        none above an id that a transaction still running may hold (see the module docstring)."""
         t = self.table
+        horizon = self._horizon()
         rows = self._query(
             f"UPDATE {t} SET leader_id = %s WHERE id IN ("
-            f"SELECT id FROM {t} WHERE leader_id IS NULL OR leader_id <> %s ORDER BY id LIMIT %s "
-            "FOR UPDATE SKIP LOCKED) RETURNING id, stream, subject, key, value, headers, attempts",
-            (leader_id, leader_id, limit),
+            f"SELECT id FROM {t} WHERE (leader_id IS NULL OR leader_id <> %s) AND id <= %s "
+            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            "RETURNING id, stream, subject, key, value, headers, attempts",
+            (leader_id, leader_id, horizon, limit),
         )
         return sorted((_row(r, t) for r in rows), key=lambda r: r.id)
+
+    def _horizon(self) -> int:
+        """An id up to which every id is decided: no transaction still running holds one.
+
+        A row is inserted under the table's ``RowExclusiveLock``, taken before its id is drawn
+        from the sequence and held until its transaction ends.  Each call reads the highest id
+        committed (``top``), then the transactions holding that lock.  One not among those of the
+        previous call took the lock after that call's ``top`` was read, so its ids are above that
+        ``top``: its *floor*.  The horizon is ``top`` or the lowest floor of the transactions
+        writing now, if lower.  An id up to it was drawn before ``top`` was read, so a transaction
+        still running that holds it is among those writing now, with a floor below the id: there
+        is none.  A statement run afterwards sees every committed row up to the horizon.  (A writer
+        already running at a connection's first call has floor 0.)
+
+        The cost of id order: rows above the floor of a transaction that stays open wait for it
+        to end, whatever their key.  The sequence must hand out ids in the order drawn (the
+        default ``CACHE 1``), and ids must come from the column's default.
+        """
+        t = self.table
+        top = int(self._query(f"SELECT coalesce(max(id), 0) FROM {t}", ())[0][0])
+        writing = self._query(
+            "SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' "
+            "AND relation = %s::regclass AND mode = 'RowExclusiveLock' AND granted "
+            "AND pid IS DISTINCT FROM pg_backend_pid()",  # a prepared transaction has no pid
+            (t,),
+        )
+        self._writers = {w: self._writers.get(w, self._top) for (w,) in writing}
+        self._top = top
+        return min([top, *self._writers.values()])
 
     def purge(self, ids: Sequence[int]) -> None:
         """Delete published rows."""

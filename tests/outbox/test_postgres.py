@@ -80,6 +80,42 @@ def test_concurrent_writers_every_committed_row_once_in_id_order_per_key(deploym
     check_exactly_once_in_order(client, name, committed)
 
 
+def _insert(db: psycopg.Connection, key: str, value: str) -> int:
+    row = db.execute(
+        "INSERT INTO outbox (stream, key, value) VALUES ('s', %s, %s) RETURNING id",
+        (key.encode(), value.encode()),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_no_row_is_marked_while_a_lower_id_may_still_commit(database):
+    """Transactions commit out of id order: a row committed above an id still being written
+    waits for it, so the rows of a key are marked (and published) in id order."""
+    store = open_store(database)
+    with psycopg.connect(database) as slow, psycopg.connect(database, autocommit=True) as fast:
+        lower = _insert(slow, "k0", "first")  # its transaction stays open
+        higher = _insert(fast, "k0", "second")
+        assert higher > lower
+        assert store.mark("term-1", 10) == [], "row 'second' marked while 'first' may still commit"
+        slow.commit()
+        assert [r.id for r in store.mark("term-1", 10)] == [lower, higher]
+    store.close()
+
+
+def test_rows_below_an_open_transaction_are_marked_and_a_rolled_back_one_frees_those_above(database):
+    store = open_store(database)
+    with psycopg.connect(database) as slow, psycopg.connect(database, autocommit=True) as fast:
+        before = _insert(fast, "k0", "before")
+        assert [r.id for r in store.mark("term-1", 10)] == [before]
+        _insert(slow, "k0", "rolled back")
+        after = _insert(fast, "k0", "after")
+        assert [r.id for r in store.mark("term-2", 10)] == [before], "only the rows below the open one"
+        slow.rollback()
+        assert [r.id for r in store.mark("term-3", 10)] == [before, after]
+    store.close()
+
+
 def test_kill_9_of_the_leader_fails_over_to_the_standby_exactly_once(
     deployment, client, name, database, tmp_path
 ):
