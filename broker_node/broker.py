@@ -9,7 +9,7 @@ agree, the partitions (:class:`~broker_node.replication.manager.ReplicaManager`)
 and the NATS subscriptions of the partitions led here, and last the discovery
 answer and runtime file that let clients find it.  What the steps make is
 kept in a :class:`~broker_node.runtime.Runtime`, which the service the API
-calls (:class:`~broker_node.service.BrokerService`) and the metrics
+calls (:class:`~broker_node.flight_service.BrokerService`) and the metrics
 (:class:`~broker_node.counts.BrokerCounts`) read; neither knows the broker.
 Shutdown runs the other way, after a controlled shutdown in a cluster
 (:mod:`broker_node.handover`: the controller moves this broker's leadership
@@ -45,6 +45,7 @@ from broker_node.coordination.zookeeper import ZooKeeperCoordinator
 from broker_node.counts import BrokerCounts
 from broker_node.data_dir import RUNTIME_FILE, SESSION_FILE, DataDirLock, write_runtime_files
 from broker_node.embedded_nats import NATS_PID_FILE, EmbeddedNats
+from broker_node.flight_service import BrokerService
 from broker_node.handover import hand_over_leadership
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import FsyncPolicy, LogConfig
@@ -53,10 +54,9 @@ from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
-from broker_node.replication.records import partition_directories, read_record
+from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
-from broker_node.service import BrokerService
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker_node.coordination.settings import ZooKeeperConfig
+from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.log import LogConfig
-from broker_node.replication.settings import ReplicationConfig
+from broker_node.replication.replication_config import ReplicationConfig
 from pyspark_jetstream.protocol.streams import GiB, KiB, bounded_int, bounded_number
 
 T = TypeVar("T")

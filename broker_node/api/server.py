@@ -29,8 +29,8 @@ from pyarrow import flight
 from broker_node.api.actions import ACTION_DESCRIPTIONS, Actions, AdminService
 from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
-from broker_node.log.labels import Labels
-from pyspark_jetstream.protocol.arrays import large_binary_of
+from broker_node.log.logging_labels import Labels
+from pyspark_jetstream.protocol.array_builders import large_binary_of
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -48,7 +48,7 @@ from pyspark_jetstream.protocol.flight import (
     error_message,
     response_metadata,
 )
-from pyspark_jetstream.protocol.replica import (
+from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
     STREAM_SCHEMA,
     ReplicaFetch,
@@ -56,7 +56,7 @@ from pyspark_jetstream.protocol.replica import (
     parse_stream_ack,
     stream_message_metadata,
 )
-from pyspark_jetstream.protocol.replica import parse_ticket as parse_replica_ticket
+from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -401,7 +401,7 @@ class FlightApi(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """A follower's replication stream (see :mod:`pyspark_jetstream.protocol.replica`);
+        """A follower's replication stream (see :mod:`pyspark_jetstream.protocol.replication`);
         anything else is refused, as :meth:`do_put`."""
         call = _Call("do_exchange")
 

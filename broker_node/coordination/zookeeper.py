@@ -102,7 +102,7 @@ from .base import (
 )
 from .controller import Controller, PartitionChange
 from .errors import CommitStateUnknownError, ConflictError, CoordinationError, NotControllerError
-from .settings import ZooKeeperConfig
+from .zookeeper_config import ZooKeeperConfig
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig, NatsConfig
-from broker_node.log.labels import Labels
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.errors import UnavailableError
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, INTERNAL_PREFIX, partition_subject
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS

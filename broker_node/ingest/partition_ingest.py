@@ -61,10 +61,10 @@ from nats.errors import Error as NatsError
 
 from broker_node.config import IngestConfig
 from broker_node.log import InvalidRecordsError, LogError, Record, RecordTooLargeError
-from broker_node.log.labels import Labels
-from broker_node.log.records import Records, record_size
+from broker_node.log.append_input import Records, record_size
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.ack import STREAM_MISMATCH, Ack
-from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
+from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
     AckPolicy,
     BatchTooLargeError,

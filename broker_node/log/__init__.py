@@ -4,7 +4,8 @@ Imports nothing but pyarrow and the shared protocol schema: no NATS, no
 ZooKeeper, no Flight.
 """
 
-from .config import FsyncPolicy, LogConfig
+from .append_input import Record
+from .damage import DamagedRange
 from .epochs import UNDEFINED, EpochEndOffset
 from .errors import (
     CorruptSegmentError,
@@ -16,9 +17,8 @@ from .errors import (
     RecordTooLargeError,
 )
 from .log import Log
+from .log_config import FsyncPolicy, LogConfig
 from .reads import ReplicaFrame
-from .records import Record
-from .repair import DamagedRange
 
 __all__ = [
     "UNDEFINED",

@@ -38,12 +38,13 @@ from typing import Literal, overload
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_jetstream.protocol.arrays import constant_ints
+from pyspark_jetstream.protocol.array_builders import constant_ints
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 
+from .append_input import Records, to_input_columns
 from .checkpoint import read_checkpoint, write_checkpoint
 from .compaction import compact_batches, latest_offsets
-from .config import FsyncPolicy, LogConfig
+from .damage import DamagedRange, damaged_ranges, repair_segments
 from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
@@ -54,12 +55,11 @@ from .errors import (
     RecordTooLargeError,
 )
 from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
-from .labels import NO_LABELS, Labels
+from .log_config import FsyncPolicy, LogConfig
+from .logging_labels import NO_LABELS, Labels
 from .manifest import open_segments, write_manifest
 from .reads import read_batches
-from .records import Records, to_input_columns
-from .repair import DamagedRange, damaged_ranges, repair_segments
-from .replica import ReplicaMethods
+from .replica_methods import ReplicaMethods
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Log(ReplicaMethods):
         self.directory = directory
         self.config = config
         self.labels = labels
-        """Whose log it is, for its log lines (see :mod:`.labels`)."""
+        """Whose log it is, for its log lines (see :mod:`.logging_labels`)."""
         self._log = labels.bind(logger)
         self._clock = clock
         self._segments = segments
@@ -348,7 +348,7 @@ class Log(ReplicaMethods):
 
         ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
         column and any of the other input columns of the log schema, or an
-        iterable of :class:`~broker_node.log.records.Record`.  The messages
+        iterable of :class:`~broker_node.log.append_input.Record`.  The messages
         are written as one batch, stamped with the current leader epoch and
         one timestamp: the current time, or the previous batch's if the clock
         went back, so timestamps never decrease along the log.

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from .checkpoint import read_int_pairs, write_int_pairs
 from .errors import LogError
-from .labels import NO_LABELS, Labels
+from .logging_labels import NO_LABELS, Labels
 from .segment import (
     OFFSET_INDEX_SUFFIX,
     SEGMENT_SUFFIX,

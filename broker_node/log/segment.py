@@ -78,7 +78,7 @@ from pyspark_jetstream.protocol.schema import COMPRESSIONS, FORMAT_VERSION, LOG_
 from .errors import CorruptSegmentError, LogStorageError
 from .frames import add_damaged, batch_bounds, decode, mismatch, scan
 from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
-from .labels import NO_LABELS, Labels
+from .logging_labels import NO_LABELS, Labels
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Segment:
     ) -> None:
         self.directory = directory
         self.labels = labels
-        """Whose segment it is, for its log lines (see :mod:`.labels`)."""
+        """Whose segment it is, for its log lines (see :mod:`.logging_labels`)."""
         self.base_offset = base_offset
         self.index = index
         self.size = size

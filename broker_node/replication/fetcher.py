@@ -3,7 +3,7 @@
 It first truncates the follower's log where it may differ from the leader's
 (:mod:`.truncation`: the leader says where the follower's latest epoch ends),
 then keeps a replication stream open to the leader (a Flight ``do_exchange``,
-see :mod:`pyspark_jetstream.protocol.replica`): the leader pushes what it
+see :mod:`pyspark_jetstream.protocol.replication`): the leader pushes what it
 appends, the fetcher appends it byte for byte, takes the leader's high
 watermark and acknowledges its new log end offset on the same stream, which
 is what lets the leader commit.  One stream lasts ``STREAM_SECONDS`` and the
@@ -36,7 +36,7 @@ from pyarrow import flight
 
 from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
 from broker_node.log.frames import decode
-from broker_node.log.labels import Labels
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -44,7 +44,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
 )
 from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
-from pyspark_jetstream.protocol.replica import (
+from pyspark_jetstream.protocol.replication import (
     ReplicaFetch,
     parse_fetch_metadata,
     parse_stream_message_metadata,

@@ -6,7 +6,7 @@ each directory belongs to that very stream), makes them leaders or followers
 (starting a :class:`~.fetcher.Fetcher` for each follower), applies ISR
 changes, and closes partitions no longer here, removing the directories of
 deleted streams and of partitions moved to other brokers (only those: see
-:mod:`.records`).  It runs on whatever thread calls it, one call at a time.
+:mod:`.partition_record`).  It runs on whatever thread calls it, one call at a time.
 
 A thread of its own keeps the ISRs of the partitions led here: it drops
 followers that have not caught up for ``replica_max_lag`` seconds and adds
@@ -29,7 +29,7 @@ from broker_node.coordination.base import Coordinator, PartitionState, StreamMet
 from broker_node.coordination.errors import CoordinationError, MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
-from broker_node.log.labels import Labels
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.errors import (
     JetStreamError,
     NotLeaderError,
@@ -39,10 +39,10 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .fetcher import Fetcher
+from .leader_repair import repair_leader
 from .partition import Partition, Role
-from .records import partition_directories, partition_record, read_record, write_record
-from .repair import repair_leader
-from .settings import ReplicationConfig
+from .partition_record import partition_directories, partition_record, read_record, write_record
+from .replication_config import ReplicationConfig
 from .throttle import Throttle
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class ReplicaManager:
         return next((b.flight_address for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
 
     def repair_leader(self, partition: Partition) -> None:
-        """Repair a damaged leader's log from an in-sync follower (see ``repair``)."""
+        """Repair a damaged leader's log from an in-sync follower (see ``leader_repair``)."""
         repair_leader(partition, self.peer_address_of, connect=self.connect_peer)
 
     def peer_address_of(self, broker_id: str) -> str | None:

@@ -54,9 +54,9 @@ import pyarrow.compute as pc
 from broker_node.coordination.base import PartitionState
 from broker_node.durable import atomic_write
 from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
+from broker_node.log.append_input import Records
 from broker_node.log.frames import decode
-from broker_node.log.labels import Labels
-from broker_node.log.records import Records
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,

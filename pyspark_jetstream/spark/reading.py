@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.connection import FetchResult
 from pyspark_jetstream.client.credentials import Credentials
-from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings
+from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from broker_node.coordination.settings import ZooKeeperConfig
+from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.zookeeper_server import ZooKeeperServer
 
 

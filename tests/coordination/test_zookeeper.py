@@ -14,8 +14,8 @@ from broker_node.coordination import wire
 from broker_node.coordination.base import FEATURES, BrokerInfo, Move, SessionState
 from broker_node.coordination.controller import Controller
 from broker_node.coordination.errors import CoordinationError, NotControllerError
-from broker_node.coordination.settings import ZooKeeperConfig
 from broker_node.coordination.zookeeper import CONTROLLER, CONTROLLER_EPOCH, ZooKeeperCoordinator
+from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.zookeeper_server import ZooKeeperServer, free_port
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig

@@ -10,8 +10,8 @@ from pyarrow import flight
 
 from broker_node.coordination.base import PartitionState
 from broker_node.log import Log
+from broker_node.replication.leader_repair import repair_leader
 from broker_node.replication.partition import Partition
-from broker_node.replication.repair import repair_leader
 from pyspark_jetstream.protocol.flight import ReadRequest
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig

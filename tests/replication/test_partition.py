@@ -16,7 +16,7 @@ from broker_node.log import Log, LogConfig
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.producers import WINDOW
-from broker_node.replication.settings import ReplicationConfig
+from broker_node.replication.replication_config import ReplicationConfig
 from pyspark_jetstream.protocol.ack import ErrorCode
 from pyspark_jetstream.protocol.errors import NotLeaderError
 from pyspark_jetstream.protocol.streams import StreamConfig

@@ -22,7 +22,7 @@ from broker_node.replication.fetcher import Fetcher
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
 from pyspark_jetstream.protocol.flight import error_message
-from pyspark_jetstream.protocol.replica import ReplicaFetch
+from pyspark_jetstream.protocol.replication import ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..log.helpers import values

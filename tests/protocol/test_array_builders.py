@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyspark_jetstream.protocol.arrays import constant_ints, constant_strings, large_binary_of
+from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings, large_binary_of
 
 
 @given(st.lists(st.binary(max_size=300), max_size=20))

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.replica import (
+from pyspark_jetstream.protocol.replication import (
     RESPONSE_KEYS,
     ReplicaFetch,
     parse_stream_ack,

@@ -44,7 +44,7 @@ from pyspark_jetstream.protocol.flight import (
     encode_json,
     error_from_message,
 )
-from pyspark_jetstream.protocol.replica import ReplicaFetch
+from pyspark_jetstream.protocol.replication import ReplicaFetch
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class BrokerService:
         return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
     def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
-        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replica`)."""
+        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`)."""
         manager = self._manager
         partition = manager.require(request.stream, request.partition, leader=True)
         epoch = partition.state.leader_epoch

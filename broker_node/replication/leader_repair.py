@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 from pyarrow import flight
 
 from broker_node.log import LogError
-from broker_node.log.labels import Labels
-from broker_node.log.repair import DamagedRange
+from broker_node.log.damage import DamagedRange
+from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.errors import JetStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA

@@ -24,9 +24,9 @@ from .reads import ReplicaFrame, read_frames
 from .segment import Segment, encode_frame
 
 if TYPE_CHECKING:
-    from .config import LogConfig
     from .epochs import LeaderEpochCache
-    from .labels import Labels
+    from .log_config import LogConfig
+    from .logging_labels import Labels
 
 
 class ReplicaMethods:
