@@ -19,10 +19,11 @@ from typing import Any
 
 from pyarrow import flight
 
+from broker_node.api.server import ReplicaFetchAnswer
 from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
-from broker_node.log import Record, ReplicaFrame
+from broker_node.log import EpochEndOffset, Record
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
 from broker_node.replication.manager import ReplicaManager
@@ -44,7 +45,7 @@ from pyspark_jetstream.protocol.flight import (
     encode_json,
     error_from_message,
 )
-from pyspark_jetstream.protocol.replication import ReplicaFetch
+from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class BrokerService:
         """The partition to read from here: its leader, or an in-sync follower when allowed."""
         return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
-    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
         """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`)."""
         manager = self._manager
         partition = manager.require(request.stream, request.partition, leader=True)
@@ -128,18 +129,18 @@ class BrokerService:
         if request.fetch_offset == end and request.max_wait > 0:
             log.wait_for_end(request.fetch_offset, request.max_wait)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
-        return frames, {
-            "high_watermark": partition.high_watermark,
-            "log_start_offset": log.log_start_offset,
-            "log_end_offset": log.log_end_offset,
-            "leader_epoch": epoch,
-        }
+        offsets = LeaderOffsets(
+            high_watermark=partition.high_watermark,
+            log_start_offset=log.log_start_offset,
+            log_end_offset=log.log_end_offset,
+            leader_epoch=epoch,
+        )
+        return ReplicaFetchAnswer(frames, offsets)
 
-    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]:
+    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> EpochEndOffset:
         """Where ``epoch`` ends in the leader's log (the largest epoch it has <= ``epoch``)."""
         leader = self._manager.require(stream, partition, leader=True)
-        answer = leader.log.end_offset_for_epoch(epoch)
-        return {"epoch": answer.epoch, "end_offset": answer.end_offset}
+        return leader.log.end_offset_for_epoch(epoch)
 
     # ---- admin ----------------------------------------------------------------------------------
 

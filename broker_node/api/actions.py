@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from broker_node.log import EpochEndOffset
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
@@ -51,7 +52,7 @@ ACTION_DESCRIPTIONS = {
 class AdminService(Protocol):
     """What the actions need of the broker."""
 
-    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> dict[str, int]: ...
+    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> EpochEndOffset: ...
     def metadata(self) -> dict[str, Any]: ...
     def elect_preferred_leaders(self) -> dict[str, Any]: ...
     def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]: ...
@@ -158,9 +159,10 @@ class Actions:
 
     def offsets_for_leader_epoch(self, principal: str, args: dict[str, Any]) -> object:
         self.access.check_cluster(principal, ActionType.OFFSETS_FOR_LEADER_EPOCH.value)
-        return self.broker.offsets_for_leader_epoch(
+        answer = self.broker.offsets_for_leader_epoch(
             _arg(args, "stream", str), _arg(args, "partition", int), _arg(args, "epoch", int)
         )
+        return {"epoch": answer.epoch, "end_offset": answer.end_offset}
 
     # ---- cursors ------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from pyspark_jetstream.protocol.flight import (
 from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
     STREAM_SCHEMA,
+    LeaderOffsets,
     ReplicaFetch,
     fetch_metadata,
     parse_stream_ack,
@@ -77,6 +78,15 @@ Not ``not_leader`` (routine: clients follow leaders by it) nor the broker's own 
 LOGGED_MESSAGE_CHARS = 500
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaFetchAnswer:
+    """A leader's answer to a follower's fetch: the stored frames from the fetch offset on, and
+    where the leader's log stands (sent beside them, see :mod:`pyspark_jetstream.protocol.replication`)."""
+
+    frames: list[ReplicaFrame]
+    offsets: LeaderOffsets
+
+
 class ReadablePartition(Protocol):
     """What the server needs of a partition."""
 
@@ -98,7 +108,7 @@ class BrokerView(AdminService, Protocol):
     def flight_address(self) -> str: ...
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
-    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]: ...
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer: ...
 
 
 class Access(Protocol):
@@ -222,9 +232,9 @@ class FlightApi(flight.FlightServerBase):
         return _guard(get, outcome, call)
 
     def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
-        frames, offsets = self.broker.replica_fetch(request)
-        batch = _fetch_batch(frames)
-        table = pa.Table.from_batches([batch]).replace_schema_metadata(fetch_metadata(**offsets))
+        answer = self.broker.replica_fetch(request)
+        batch = _fetch_batch(answer.frames)
+        table = pa.Table.from_batches([batch]).replace_schema_metadata(fetch_metadata(answer.offsets))
         return flight.RecordBatchStream(table)
 
     def _read(
@@ -432,11 +442,11 @@ class FlightApi(flight.FlightServerBase):
         # Not context.is_cancelled() each turn: it costs ~75 µs, and a cancelled call fails
         # the next read or write anyway.
         while not self._stopping.is_set():
-            frames, offsets = self.broker.replica_fetch(request)
+            answer = self.broker.replica_fetch(request)
             try:
                 writer.write_with_metadata(
-                    pa.record_batch([large_binary_of([f.data for f in frames])], schema=STREAM_SCHEMA),
-                    pa.py_buffer(stream_message_metadata(**offsets)),
+                    pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
+                    pa.py_buffer(stream_message_metadata(answer.offsets)),
                 )
                 chunk = reader.read_chunk()
             except StopIteration:

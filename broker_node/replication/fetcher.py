@@ -171,19 +171,14 @@ class Fetcher:
         log = self.partition.log
         latest = log.leader_epoch if log.leader_epochs else None
 
-        def leader_end_for(epoch: int) -> tuple[int, int]:
+        def leader_end_for(epoch: int) -> EpochEndOffset:
             answer = self._action(
                 ActionType.OFFSETS_FOR_LEADER_EPOCH,
                 {"stream": self.partition.stream, "partition": self.partition.number, "epoch": epoch},
             )
-            return answer["epoch"], answer["end_offset"]
+            return EpochEndOffset(answer["epoch"], answer["end_offset"])
 
-        cut = truncation_offset(
-            latest,
-            log.log_start_offset,
-            lambda e: EpochEndOffset(*leader_end_for(e)),
-            log.end_offset_for_epoch,
-        )
+        cut = truncation_offset(latest, log.log_start_offset, leader_end_for, log.end_offset_for_epoch)
         self.partition.truncate_to(cut, self.leader_epoch)
 
     def _fetch(self) -> None:
@@ -224,7 +219,7 @@ class Fetcher:
         table = self._do_get(self._request(self.partition.log.log_end_offset, self._max_wait))
         offsets = parse_fetch_metadata(table.schema.metadata)
         frames = [frame.as_buffer() for frame in _frames(table)]
-        self.partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
+        self.partition.append_replicated(frames, offsets.high_watermark, self.leader_epoch)
         self.fetches += 1
         self._held_back(frames)
 
@@ -249,7 +244,7 @@ class Fetcher:
                     return  # the leader ended the stream (it is stopping): open the next one
                 offsets = parse_stream_message_metadata(chunk.app_metadata)
                 frames = [frame.as_buffer() for frame in chunk.data.column("frame")] if chunk.data else []
-                partition.append_replicated(frames, offsets["high_watermark"], self.leader_epoch)
+                partition.append_replicated(frames, offsets.high_watermark, self.leader_epoch)
                 self.fetches += 1
                 self._held_back(frames)
                 self.last_error = None  # the stream works: an earlier failure is over (health shows it)

@@ -140,25 +140,44 @@ def parse_ticket(ticket: bytes) -> ReplicaFetch | None:
     return ReplicaFetch.from_json(decode_json_object(ticket, "replica fetch ticket")["replica_fetch"])
 
 
-def fetch_metadata(**offsets: int) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class LeaderOffsets:
+    """Where the leader's log stands, sent with every fetch answer and replication-stream message.
+
+    Its fields are :data:`RESPONSE_KEYS`, in that order (the order they go on the wire).
+    """
+
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    leader_epoch: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The offsets by their wire names, in :data:`RESPONSE_KEYS` order."""
+        return {key: getattr(self, key) for key in RESPONSE_KEYS}
+
+
+def fetch_metadata(offsets: LeaderOffsets) -> dict[str, str]:
     """Schema metadata of a fetch answer."""
-    return {_PREFIX + k: str(v) for k, v in offsets.items() if k in RESPONSE_KEYS}
+    return {_PREFIX + k: str(v) for k, v in offsets.as_dict().items()}
 
 
-def parse_fetch_metadata(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
+def parse_fetch_metadata(metadata: dict[bytes, bytes] | None) -> LeaderOffsets:
     """Offsets from a fetch answer's schema metadata; every key of :data:`RESPONSE_KEYS` must be there."""
     try:
-        return {key: int((metadata or {})[(_PREFIX + key).encode()]) for key in RESPONSE_KEYS}
+        return LeaderOffsets(
+            **{key: int((metadata or {})[(_PREFIX + key).encode()]) for key in RESPONSE_KEYS}
+        )
     except (KeyError, ValueError) as exc:
         raise InvalidArgumentError(f"a replica fetch answer lacks its offsets: {exc}") from None
 
 
-def stream_message_metadata(**offsets: int) -> bytes:
+def stream_message_metadata(offsets: LeaderOffsets) -> bytes:
     """The ``app_metadata`` of a leader's message on the replication stream."""
-    return json.dumps({k: offsets[k] for k in RESPONSE_KEYS}, separators=(",", ":")).encode()
+    return json.dumps(offsets.as_dict(), separators=(",", ":")).encode()
 
 
-def parse_stream_message_metadata(metadata: pa.Buffer | bytes | None) -> dict[str, int]:
+def parse_stream_message_metadata(metadata: pa.Buffer | bytes | None) -> LeaderOffsets:
     """Offsets of a leader's message on the replication stream; every key of :data:`RESPONSE_KEYS`."""
     data = decode_json_object(_bytes(metadata), "replication stream message")
     if set(data) != set(RESPONSE_KEYS) or not all(_is_int(data[k]) for k in RESPONSE_KEYS):
@@ -166,7 +185,7 @@ def parse_stream_message_metadata(metadata: pa.Buffer | bytes | None) -> dict[st
             f"a replication stream message needs exactly the integer fields {list(RESPONSE_KEYS)}, "
             f"got {shown(data)}"
         )
-    return {k: int(data[k]) for k in RESPONSE_KEYS}
+    return LeaderOffsets(**{k: int(data[k]) for k in RESPONSE_KEYS})
 
 
 def stream_ack(fetch_offset: int) -> bytes:

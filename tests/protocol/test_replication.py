@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.replication import (
     RESPONSE_KEYS,
+    LeaderOffsets,
     ReplicaFetch,
     parse_stream_ack,
     parse_stream_message_metadata,
@@ -29,8 +30,8 @@ def test_an_acknowledgement_round_trips(offset):
 
 @given(values=st.tuples(offsets, offsets, offsets, st.integers(0, 2**31 - 1)))
 def test_a_leaders_message_metadata_round_trips(values):
-    sent = dict(zip(RESPONSE_KEYS, values, strict=True))
-    assert parse_stream_message_metadata(pa.py_buffer(stream_message_metadata(**sent))) == sent
+    sent = LeaderOffsets(**dict(zip(RESPONSE_KEYS, values, strict=True)))
+    assert parse_stream_message_metadata(pa.py_buffer(stream_message_metadata(sent))) == sent
 
 
 @pytest.mark.parametrize(

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from pyarrow import flight
 
-from broker_node.api.server import FlightApi
+from broker_node.api.server import FlightApi, ReplicaFetchAnswer
 from broker_node.coordination.base import PartitionState
-from broker_node.log import Log, ReplicaFrame
+from broker_node.log import Log
 from broker_node.replication.fetcher import Fetcher
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
 from pyspark_jetstream.protocol.flight import error_message
-from pyspark_jetstream.protocol.replication import ReplicaFetch
+from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..log.helpers import values
@@ -38,7 +38,7 @@ class LeaderView:
         self.leader = leader
         self.fetches = 0
 
-    def replica_fetch(self, request: ReplicaFetch) -> tuple[list[ReplicaFrame], dict[str, int]]:
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
         self.fetches += 1
         if request.leader_epoch != self.leader.state.leader_epoch:
             raise NotLeaderError(f"epoch {request.leader_epoch} is not this leader's")
@@ -47,12 +47,13 @@ class LeaderView:
         if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
             log.wait_for_end(request.fetch_offset, request.max_wait)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
-        return frames, {
-            "high_watermark": self.leader.high_watermark,
-            "log_start_offset": log.log_start_offset,
-            "log_end_offset": log.log_end_offset,
-            "leader_epoch": self.leader.state.leader_epoch,
-        }
+        offsets = LeaderOffsets(
+            high_watermark=self.leader.high_watermark,
+            log_start_offset=log.log_start_offset,
+            log_end_offset=log.log_end_offset,
+            leader_epoch=self.leader.state.leader_epoch,
+        )
+        return ReplicaFetchAnswer(frames, offsets)
 
 
 class OlderLeaderApi(FlightApi):
