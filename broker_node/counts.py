@@ -8,6 +8,7 @@ ingestion, the partitions held here) when Prometheus scrapes.
 from __future__ import annotations
 
 from broker_node.log import LogError
+from broker_node.metrics import PartitionFiles
 from broker_node.replication.manager import ReplicaManager
 from broker_node.runtime import Runtime
 
@@ -65,14 +66,14 @@ class BrokerCounts:
         ingestor = self._runtime.ingestor
         return ingestor is not None and ingestor.connected
 
-    def partition_files(self) -> dict[tuple[str, int], tuple[int, int]]:
+    def partition_files(self) -> dict[tuple[str, int], PartitionFiles]:
         """Bytes on disk and segment count of every partition held here."""
         out = {}
         for partition in self._manager.held():
             try:
-                out[(partition.stream, partition.number)] = (
-                    partition.log.size_bytes,
-                    len(partition.log.segment_base_offsets),
+                out[(partition.stream, partition.number)] = PartitionFiles(
+                    size_bytes=partition.log.size_bytes,
+                    segments=len(partition.log.segment_base_offsets),
                 )
             except LogError:  # closed meanwhile
                 continue

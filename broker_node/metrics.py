@@ -50,7 +50,7 @@ import logging
 import socketserver
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -69,6 +69,15 @@ class BrokerState(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
+class PartitionFiles(NamedTuple):
+    """What one partition's log holds on disk."""
+
+    size_bytes: int
+    """Bytes of its segments."""
+    segments: int
+    """Segment files."""
+
+
 class Counts(Protocol):
     """Counters kept by the broker's parts."""
 
@@ -77,7 +86,7 @@ class Counts(Protocol):
     def waiting_readers(self) -> int: ...
     def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
     def nats_connected(self) -> bool: ...
-    def partition_files(self) -> Mapping[tuple[str, int], tuple[int, int]]: ...
+    def partition_files(self) -> Mapping[tuple[str, int], PartitionFiles]: ...
     def partition_messages_in(self) -> Mapping[tuple[str, int], int]: ...
     def producer_not_stored(self) -> Mapping[tuple[str, int, str], int]: ...
     def ack_latency(self) -> Mapping[str, tuple[list[tuple[float, int]], float]]:
@@ -117,13 +126,13 @@ class BrokerCollector(Collector):
             key = (held["stream"], held["partition"])
             values = [held["stream"], str(held["partition"])]
             replicas = _replicas(streams.get(held["stream"]), held["partition"])
-            size, segments = files.get(key, (0, 0))
+            on_disk = files.get(key, PartitionFiles(size_bytes=0, segments=0))
             for name, value in (
                 ("partition_log_start_offset", held["log_start_offset"]),
                 ("partition_log_end_offset", held["log_end_offset"]),
                 ("partition_high_watermark", held["high_watermark"]),
-                ("partition_size_bytes", size),
-                ("partition_segments", segments),
+                ("partition_size_bytes", on_disk.size_bytes),
+                ("partition_segments", on_disk.segments),
                 ("partition_damaged_offsets", sum(last - first + 1 for first, last, _ in held["damaged"])),
                 ("partition_leader", 1 if held["role"] == "leader" else 0),
                 ("partition_in_sync_replicas", len(held["isr"])),

@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -152,7 +152,14 @@ def stream_to_bytes(config: StreamConfig, stream_id: str) -> bytes:
     return dumps({"id": stream_id, "config": config.to_json()})
 
 
-def stream_from_bytes(raw: bytes, what: str = "a stream") -> tuple[StreamConfig, str]:
+class StoredStream(NamedTuple):
+    """A stream as stored: its configuration and the id of its incarnation."""
+
+    config: StreamConfig
+    stream_id: str
+
+
+def stream_from_bytes(raw: bytes, what: str = "a stream") -> StoredStream:
     """Parse a stream's configuration and id (unknown config options are treated like unknown fields)."""
     data = loads(raw, what, {"id", "config"})
     config = dict(_typed(what, data, "config", dict))
@@ -165,7 +172,7 @@ def stream_from_bytes(raw: bytes, what: str = "a stream") -> tuple[StreamConfig,
         for name in unknown:
             del config[name]
     try:
-        return StreamConfig.from_json(config), _typed(what, data, "id", str)
+        return StoredStream(StreamConfig.from_json(config), _typed(what, data, "id", str))
     except InvalidArgumentError as exc:
         raise WireError(f"{what}: {exc}") from None
 
@@ -178,10 +185,17 @@ def controller_to_bytes(broker_id: str, epoch: int) -> bytes:
     return dumps({"broker_id": broker_id, "epoch": epoch})
 
 
-def controller_from_bytes(raw: bytes, what: str = "the controller") -> tuple[str, int]:
+class ControllerRegistration(NamedTuple):
+    """Who registered as the controller, in which controller epoch (-1: not taken up yet)."""
+
+    broker_id: str
+    epoch: int
+
+
+def controller_from_bytes(raw: bytes, what: str = "the controller") -> ControllerRegistration:
     """Parse the controller's registration."""
     data = loads(raw, what, {"broker_id", "epoch"})
-    return _typed(what, data, "broker_id", str), _typed(what, data, "epoch", int)
+    return ControllerRegistration(_typed(what, data, "broker_id", str), _typed(what, data, "epoch", int))
 
 
 def epoch_to_bytes(epoch: int) -> bytes:

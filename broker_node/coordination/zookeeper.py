@@ -560,7 +560,7 @@ class ZooKeeperCoordinator(Coordinator):
             raise ConflictError(f"stream {name!r} was deleted meanwhile")
         raw, stat = found
         stored = wire.stream_from_bytes(raw, f"stream znode {name}")
-        if stored != (before.config, before.stream_id):
+        if stored != wire.StoredStream(before.config, before.stream_id):
             raise ConflictError(f"stream {name!r} changed since it was read")
 
         def ops(t: Any) -> None:
@@ -878,9 +878,9 @@ class ZooKeeperCoordinator(Coordinator):
                 logger.error("%s", exc)
         try:
             raw, _ = client.get(CONTROLLER, watch=w)
-            name, epoch = wire.controller_from_bytes(raw)
+            registered = wire.controller_from_bytes(raw)
             # Epoch -1: a broker won the election but has not taken the role up yet.
-            controller: str | None = name if epoch >= 0 else None
+            controller: str | None = registered.broker_id if registered.epoch >= 0 else None
         except NoNodeError:
             controller = None
             client.exists(CONTROLLER, watch=w)
