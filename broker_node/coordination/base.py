@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, StreamExistsError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .errors import ConflictError
@@ -162,6 +162,18 @@ FEATURES = ("reassign",)
 def new_stream_id() -> str:
     """A fresh, unique stream id."""
     return uuid.uuid4().hex
+
+
+def confirm_existing(existing: StreamMetadata, config: StreamConfig) -> StreamMetadata:
+    """``existing``, when creating a stream with ``config`` asks for it exactly (creation is
+    idempotent); otherwise ``StreamExistsError`` listing the differences."""
+    if existing.config == config:
+        return existing
+    raise StreamExistsError(
+        f"stream {config.name!r} exists with a different configuration: "
+        + "; ".join(config.differences(existing.config))
+        + " (requested != existing)"
+    )
 
 
 class SessionState(enum.Enum):

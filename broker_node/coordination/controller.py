@@ -35,7 +35,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 
 from . import reassignment
 from .assignment import assign_replicas, elect_leader, grown_config, new_partitions, preferred_leader
-from .base import PartitionState, StreamMetadata, new_stream_id
+from .base import PartitionState, StreamMetadata, confirm_existing, new_stream_id
 from .errors import ConflictError, CoordinationError, NotControllerError
 
 logger = logging.getLogger(__name__)
@@ -254,13 +254,7 @@ class Controller:
     ) -> StreamMetadata:
         for metadata in streams:
             if metadata.config.name == config.name:
-                if metadata.config == config:
-                    return metadata
-                raise StreamExistsError(
-                    f"stream {config.name!r} exists with a different configuration: "
-                    + "; ".join(config.differences(metadata.config))
-                    + " (requested != existing)"
-                )
+                return confirm_existing(metadata, config)
         leaders = [p.leader for m in streams for p in m.partitions]
         assignment = assign_replicas(
             self.store.live_brokers(), config.partitions, config.replication_factor, leaders

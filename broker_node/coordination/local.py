@@ -38,7 +38,6 @@ from broker_node.durable import atomic_write
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     NotEnoughReplicasError,
-    StreamExistsError,
     UnknownStreamError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -52,6 +51,7 @@ from .base import (
     Listener,
     PartitionState,
     StreamMetadata,
+    confirm_existing,
     new_stream_id,
 )
 from .errors import MetadataError
@@ -111,13 +111,7 @@ class LocalCoordinator(Coordinator):
         with self._lock:
             existing = self._streams.get(config.name)
             if existing is not None:
-                if existing.config == config:
-                    return existing
-                raise StreamExistsError(
-                    f"stream {config.name!r} exists with a different configuration: "
-                    + "; ".join(config.differences(existing.config))
-                    + " (requested != existing)"
-                )
+                return confirm_existing(existing, config)
             brokers = self.brokers()
             if config.replication_factor > len(brokers):
                 raise NotEnoughReplicasError(

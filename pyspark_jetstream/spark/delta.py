@@ -46,7 +46,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamErr
 
 from .options import SourceOptions, parse_source_options
 from .planning import plan_source
-from .reading import describe
+from .reading import PartitionState, describe
 from .session import jetstream_session
 
 logger = logging.getLogger(__name__)
@@ -220,12 +220,7 @@ def archive(
     """
     read_options = {**(options or {}), "stream": stream}
     parsed = parse_source_options(read_options, streaming=False)
-    broker = plan_source(parsed).broker
-    connection = ClusterConnection(broker, timeout=parsed.timeout, credentials=parsed.credentials)
-    try:
-        layout = describe(connection, parsed)[stream]
-    finally:
-        connection.close()
+    layout = _layout(parsed, stream)
     done = _archived_ends(spark, path)
     start: dict[str, int] = {}
     end: dict[str, int] = {}
@@ -313,13 +308,19 @@ def read_with_archive(spark: SparkSession, path: str, options: Mapping[str, str]
     return old.unionByName(live)
 
 
-def _log_start_after(ends: Mapping[str, int], parsed: SourceOptions, stream: str) -> dict[str, int]:
-    broker = plan_source(parsed).broker
-    connection = ClusterConnection(broker, timeout=parsed.timeout, credentials=parsed.credentials)
+def _layout(parsed: SourceOptions, stream: str) -> dict[str, PartitionState]:
+    """``stream``'s partitions (by number, as text) as its brokers describe them now."""
+    connection = ClusterConnection(
+        plan_source(parsed).broker, timeout=parsed.timeout, credentials=parsed.credentials
+    )
     try:
-        layout = describe(connection, parsed)[stream]
+        return describe(connection, parsed)[stream]
     finally:
         connection.close()
+
+
+def _log_start_after(ends: Mapping[str, int], parsed: SourceOptions, stream: str) -> dict[str, int]:
+    layout = _layout(parsed, stream)
     return {p: max(ends.get(p, 0), state.log_start_offset) for p, state in layout.items()}
 
 
