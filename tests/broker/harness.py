@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
+import nats
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyspark_jetstream.local import LocalBroker
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Retention and compaction run every 0.2 s in tests, so their effects show quickly.
 BrokerProcess = functools.partial(LocalBroker, maintenance_interval=0.2, log_level="DEBUG")
@@ -36,3 +45,46 @@ def scrape(broker: LocalBroker) -> dict[tuple[str, tuple[tuple[str, str], ...]],
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def publish_plain(url: str, messages: Iterable[tuple[str, bytes, dict[str, str] | None]]) -> None:
+    """Publish ``(subject, payload, headers)`` with a bare NATS client, as any NATS publisher would."""
+
+    async def run() -> None:
+        nc = await nats.connect(url)
+        for subject, payload, headers in messages:
+            await nc.publish(subject, payload, headers=headers)
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(run())
+
+
+def rebuild_metadata(broker: LocalBroker) -> subprocess.CompletedProcess[str]:
+    """Run ``--rebuild-metadata`` with ``broker``'s configuration (stopped), as an operator would."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``jetstream`` CLI from this checkout with ``args`` (and ``input`` on stdin);
+    ``env``: the whole environment (default: this process's, without a deployment named by
+    ``JETSTREAM_NATS`` or ``JETSTREAM_BROKER``)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("JETSTREAM_NATS", "JETSTREAM_BROKER")}
+    return subprocess.run(
+        [sys.executable, "-m", "pyspark_jetstream.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+        cwd=ROOT,
+        env=dict(env),
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import zlib
 
 import pytest
@@ -13,18 +12,12 @@ from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ActionType
 
-from .harness import wait_until
+from .harness import rebuild_metadata, run_cli, wait_until
 
 
 def jetstream(broker, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``jetstream`` against ``broker`` as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", broker.nats_url, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("--nats", broker.nats_url, *args)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -72,13 +65,7 @@ def test_fewer_partitions_are_refused_in_one_line_and_nothing_changes(broker, cl
 
 @pytest.mark.parametrize("count", ["0", "-3", "x", "2.5", "1025", "99999999999999999999"])
 def test_a_bad_count_is_a_usage_error_naming_it(count):
-    result = subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", "stream", "update", "orders", "--partitions", count],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("stream", "update", "orders", "--partitions", count)
     assert result.returncode == 2
     assert f"argument --partitions: must be a positive integer up to 1024, got '{count}'" in one_line(result)
 
@@ -136,12 +123,7 @@ def test_a_grown_stream_outlives_a_restart_and_a_rebuild_of_lost_metadata(broker
     assert broker.stop() == 0
     # The older partitions' own records still say 2 partitions, the newer ones 4.
     (broker.data_dir / "metadata.json").write_text("{ damaged")
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    rebuilt = rebuild_metadata(broker)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "stream 'orders' on 'orders': 4 partition(s)" in rebuilt.stdout
     broker.start()

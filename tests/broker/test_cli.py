@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from .harness import run_cli
 
 
 def jetstream(broker, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``jetstream`` against ``broker``."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", broker.nats_url, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("--nats", broker.nats_url, *args)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -80,42 +73,11 @@ def test_bad_input_is_one_line_and_exit_1(broker, args, message):
 
 
 def test_no_nats_is_reported(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pyspark_jetstream.cli",
-            "--nats",
-            "nats://127.0.0.1:1",
-            "--timeout",
-            "2",
-            "status",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("--nats", "nats://127.0.0.1:1", "--timeout", "2", "status")
     assert result.returncode == 1 and "cannot connect to NATS at nats://127.0.0.1:1" in result.stderr
 
 
 # ---- every failure is one line on stderr: 1 for errors, 2 for usage ------------------------------
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI from this checkout, without a deployment from the environment."""
-    env = {k: v for k, v in os.environ.items() if k not in ("JETSTREAM_NATS", "JETSTREAM_BROKER")}
-    return subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=env,
-    )
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -210,14 +172,7 @@ def test_usage_errors_are_one_line_and_exit_2(args):
 
 def test_tail_covers_every_partition_and_publish_reads_stdin(broker):
     jetstream(broker, "stream", "create", "keyed", "--subject", "keyed", "--partitions", "3")
-    result = subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", broker.nats_url, "publish", "keyed", "-"],
-        input="one\ntwo\nthree\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("--nats", broker.nats_url, "publish", "keyed", "-", input="one\ntwo\nthree\n")
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 3 and "stored in keyed/" in result.stdout
     jetstream(broker, "publish", "keyed", "by-key", "--key", "order-17")
@@ -347,22 +302,7 @@ def test_a_given_broker_with_no_nats_says_that_nats_is_needed_too(broker):
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nowhere = f"nats://127.0.0.1:{unused.getsockname()[1]}"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pyspark_jetstream.cli",
-            "--nats",
-            nowhere,
-            "--broker",
-            broker.flight,
-            *TIMEOUT_1,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("--nats", nowhere, "--broker", broker.flight, *TIMEOUT_1)
     assert result.returncode == 1
     assert f"cannot connect to NATS at {nowhere}" in result.stderr
     assert f"as well as to the broker at {broker.flight}: give --nats URL" in result.stderr

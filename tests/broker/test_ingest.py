@@ -20,18 +20,7 @@ from pyspark_jetstream.protocol.errors import (
     ProducerFencedError,
 )
 
-from .harness import wait_until
-
-
-def _publish_plain(url: str, messages: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
-    async def run() -> None:
-        nc = await nats.connect(url)
-        for subject, payload, headers in messages:
-            await nc.publish(subject, payload, headers=headers)
-        await nc.flush()
-        await nc.close()
-
-    asyncio.run(run())
+from .harness import publish_plain, wait_until
 
 
 def _rows(client, stream: str, partition: int = 0, expect: int | None = None) -> list[dict]:
@@ -45,7 +34,7 @@ def _rows(client, stream: str, partition: int = 0, expect: int | None = None) ->
 
 def test_plain_nats_messages_are_stored_as_they_are(client, broker):
     client.create_stream("audit", "orders.created")
-    _publish_plain(
+    publish_plain(
         broker.nats_url,
         [
             ("orders.created", b"one", None),
@@ -65,7 +54,7 @@ def test_plain_nats_messages_are_stored_as_they_are(client, broker):
 def test_wildcard_subjects(client, broker):
     client.create_stream("all-events", "events.>")
     client.create_stream("eu-events", "events.eu.*")
-    _publish_plain(
+    publish_plain(
         broker.nats_url,
         [("events.eu.click", b"1", None), ("events.us.view", b"2", None), ("events.eu.view.x", b"3", None)],
     )
@@ -80,7 +69,7 @@ def test_wildcard_subjects(client, broker):
 def test_two_streams_on_one_subject_each_get_everything(client, broker):
     client.create_stream("a", "shared")
     client.create_stream("b", "shared")
-    _publish_plain(broker.nats_url, [("shared", b"%d" % i, None) for i in range(50)])
+    publish_plain(broker.nats_url, [("shared", b"%d" % i, None) for i in range(50)])
     expected = [b"%d" % i for i in range(50)]
     assert [r["value"] for r in _rows(client, "a", expect=50)] == expected
     assert [r["value"] for r in _rows(client, "b", expect=50)] == expected
@@ -89,7 +78,7 @@ def test_two_streams_on_one_subject_each_get_everything(client, broker):
 def test_grouped_streams_split_a_subject(client, broker):
     client.create_stream("g1", "work", group="workers")
     client.create_stream("g2", "work", group="workers")
-    _publish_plain(broker.nats_url, [("work", b"%d" % i, None) for i in range(200)])
+    publish_plain(broker.nats_url, [("work", b"%d" % i, None) for i in range(200)])
     wait_until(lambda: client.fetch("g1").num_rows + client.fetch("g2").num_rows == 200, message="200 split")
     first = {r["value"] for r in _rows(client, "g1")}
     second = {r["value"] for r in _rows(client, "g2")}
@@ -99,7 +88,7 @@ def test_grouped_streams_split_a_subject(client, broker):
 
 def test_partitions_listen_on_numbered_subjects(client, broker):
     client.create_stream("parts", "p", partitions=3)
-    _publish_plain(broker.nats_url, [("p", b"zero", None), ("p.1", b"one", None), ("p.2", b"two", None)])
+    publish_plain(broker.nats_url, [("p", b"zero", None), ("p.1", b"one", None), ("p.2", b"two", None)])
     assert [r["value"] for r in _rows(client, "parts", 0, expect=1)] == [b"zero"]
     assert [r["value"] for r in _rows(client, "parts", 1, expect=1)] == [b"one"]
     assert [r["value"] for r in _rows(client, "parts", 2, expect=1)] == [b"two"]
@@ -173,7 +162,7 @@ def test_undecodable_envelope_is_stored_as_plain(client, broker):
     client.create_stream("fallback", "fallback")
     good = encode(Envelope(value=b"inside", key=b"k"))
     broken = [MAGIC, MAGIC + b"\x01\x00", good[:-1], good + b"trailing", MAGIC + b"\x63" + good[5:]]
-    _publish_plain(broker.nats_url, [("fallback", payload, None) for payload in [*broken, good]])
+    publish_plain(broker.nats_url, [("fallback", payload, None) for payload in [*broken, good]])
     rows = _rows(client, "fallback", expect=len(broken) + 1)
     assert [r["value"] for r in rows[:-1]] == broken
     assert all(r["key"] is None for r in rows[:-1])
@@ -215,7 +204,7 @@ def test_fuzzed_envelopes_never_break_the_broker(client, broker, payloads):
         expected.append((envelope.key, envelope.value))
     client.create_stream("fuzz", "fuzz", ack_reply=False)
     before = client.describe_stream("fuzz").partitions[0].high_watermark
-    _publish_plain(broker.nats_url, [("fuzz", p, None) for p in payloads])
+    publish_plain(broker.nats_url, [("fuzz", p, None) for p in payloads])
     wait_until(lambda: client.describe_stream("fuzz").partitions[0].high_watermark == before + len(payloads))
     rows = client.fetch("fuzz", start=before).to_table().to_pylist()
     assert [(r["key"], r["value"]) for r in rows] == expected
@@ -229,7 +218,7 @@ def test_oversized_message_is_refused_and_the_broker_keeps_serving(client, broke
     assert type(info.value).__name__ == "MessageTooLargeError"
     with pytest.raises(Exception, match="over max_message_bytes"):
         client.publish_batch("small", pa.table({"value": [b"ok", b"y" * 2000]}))
-    _publish_plain(broker.nats_url, [("small", b"z" * 5000, None)])  # plain: refused, logged
+    publish_plain(broker.nats_url, [("small", b"z" * 5000, None)])  # plain: refused, logged
     assert client.publish("small", b"fits").first_offset == 0
     assert [r["value"] for r in _rows(client, "small")] == [b"fits"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import nats
 import pyarrow as pa
 import pytest
 
@@ -20,7 +19,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .harness import BrokerProcess, wait_until
+from .harness import BrokerProcess, publish_plain, wait_until
 
 
 def _values(client, stream: str, partition: int = 0) -> list[bytes]:
@@ -100,17 +99,6 @@ def test_bad_window_options_are_refused_naming_the_value(client, options, named)
     assert named in str(refused.value)
 
 
-def _plain(url: str, messages: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
-    async def run() -> None:
-        nc = await nats.connect(url)
-        for subject, payload, headers in messages:
-            await nc.publish(subject, payload, headers=headers)
-        await nc.flush()
-        await nc.close()
-
-    asyncio.run(run())
-
-
 def _stored_all(client, stream: str, marker: bytes) -> list[bytes]:
     """Every value once ``marker`` (published last, on the same subject) is stored."""
     return wait_until(
@@ -121,7 +109,7 @@ def _stored_all(client, stream: str, marker: bytes) -> list[bytes]:
 
 def test_plain_publishers_are_deduplicated_within_the_window_only(client, broker):
     client.create_stream("window", "window", duplicate_window=1)
-    _plain(
+    publish_plain(
         broker.nats_url,
         [
             ("window", b"first", {"Nats-Msg-Id": "a"}),
@@ -141,7 +129,7 @@ def test_plain_publishers_are_deduplicated_within_the_window_only(client, broker
     ]
     stored_at = client.fetch("window").to_table().column("timestamp")[0].as_py().timestamp()
     time.sleep(max(0.0, stored_at + 1.2 - time.time()))  # past the 1 s window of the first
-    _plain(
+    publish_plain(
         broker.nats_url,
         [("window", b"after the window", {"Nats-Msg-Id": "a"}), ("window", b"marker-2", None)],
     )

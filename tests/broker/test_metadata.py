@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
-from .harness import BrokerProcess
+from .harness import BrokerProcess, rebuild_metadata
 
 
 def _broker_with_data(tmp_path, nats_server):
@@ -64,12 +62,7 @@ def test_damaged_metadata_refuses_to_start_and_deletes_nothing(tmp_path, nats_se
 def test_lost_metadata_is_rebuilt_from_the_partitions_own_records(tmp_path, nats_server):
     broker = _broker_with_data(tmp_path, nats_server)
     (broker.data_dir / "metadata.json").write_text("{ damaged")
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    rebuilt = rebuild_metadata(broker)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "stream 'orders' on 'orders': 2 partition(s)" in rebuilt.stdout
     assert (broker.data_dir / "metadata.json.unreadable").read_text() == "{ damaged"
@@ -81,12 +74,7 @@ def test_lost_metadata_is_rebuilt_from_the_partitions_own_records(tmp_path, nats
         assert client.fetch_cursor("app", "orders", 1) == 3
         assert client.publish("orders", b"new", partition=0).first_offset == 5
     assert broker.stop() == 0
-    again = subprocess.run(
-        [sys.executable, "-m", "broker_node", "--config", str(broker.config_path), "--rebuild-metadata"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    again = rebuild_metadata(broker)
     assert again.returncode == 1 and "is readable; it is not rebuilt" in again.stderr
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 
 import pyarrow as pa
@@ -13,7 +11,7 @@ import pytest
 from pyspark_jetstream.client import AckPolicy
 from pyspark_jetstream.spark.delta import delta_session
 
-from ..broker.harness import wait_until
+from ..broker.harness import run_cli, wait_until
 from .helpers import leader_of, publish_all
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
@@ -56,14 +54,7 @@ def test_the_cli_shows_the_cluster_and_rebalances_leaders(cluster, client):
     env = {**os.environ, "JETSTREAM_NATS": cluster.nats_url, "JETSTREAM_BROKER": cluster.flight}
 
     def cli(*args: str) -> str:
-        run = subprocess.run(
-            [sys.executable, "-m", "pyspark_jetstream.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        run = run_cli(*args, env=env, timeout=120)
         assert run.returncode == 0, run.stderr
         return run.stdout
 

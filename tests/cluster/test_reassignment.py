@@ -15,7 +15,7 @@ from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalCluster
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 
-from ..broker.harness import wait_until
+from ..broker.harness import run_cli, wait_until
 from .conftest import FAST
 from .helpers import leader_of, publish_all, status
 
@@ -123,13 +123,7 @@ def test_a_drained_broker_holds_nothing_and_bad_plans_move_nothing(tmp_path):
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     """The real ``jetstream`` command against the cluster."""
-    return subprocess.run(
-        [sys.executable, "-m", "pyspark_jetstream.cli", "--nats", cluster.nats_url, *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("--nats", cluster.nats_url, *args, timeout=120)
 
 
 def readme_moving_commands() -> list[str]:

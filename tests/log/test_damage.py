@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -109,11 +111,28 @@ def test_a_lost_index_and_a_broken_frame_lose_only_that_frame(tmp_path):
         assert [(p, f, la) for p, f, la, _ in log.damaged] == [(str(path), first, last)]
 
 
-def test_repair_replaces_a_damaged_batch_with_a_replicas_copy(tmp_path):
+class DamagedPrimary(NamedTuple):
+    """A log with one damaged batch, and a replica's intact copy of it."""
+
+    primary: Path
+    replica: Path
+    expected: list
+    """Every row, as written."""
+    first: int
+    last: int
+    """The damaged offsets, inclusive."""
+
+
+def _damaged_primary(tmp_path) -> DamagedPrimary:
     primary, replica = tmp_path / "primary", tmp_path / "replica"
     expected = _fill(primary)
     shutil.copytree(primary, replica)
     _, first, last = _damage(primary, "bit flip")
+    return DamagedPrimary(primary, replica, expected, first, last)
+
+
+def test_repair_replaces_a_damaged_batch_with_a_replicas_copy(tmp_path):
+    primary, replica, expected, first, last = _damaged_primary(tmp_path)
     with Log.open(primary, CONFIG) as log, Log.open(replica, CONFIG) as good:
         with pytest.raises(CorruptSegmentError):
             log.read(first)
@@ -128,10 +147,7 @@ def test_repair_replaces_a_damaged_batch_with_a_replicas_copy(tmp_path):
 
 
 def test_repair_refuses_what_does_not_cover_exactly_the_damaged_offsets(tmp_path):
-    primary, replica = tmp_path / "primary", tmp_path / "replica"
-    expected = _fill(primary)
-    shutil.copytree(primary, replica)
-    _, first, last = _damage(primary, "bit flip")
+    primary, replica, expected, first, last = _damaged_primary(tmp_path)
     with Log.open(primary, CONFIG) as log, Log.open(replica, CONFIG) as good:
         with pytest.raises(CorruptSegmentError):
             log.read(first)

@@ -56,6 +56,13 @@ class Running:
         except BaseException as exc:  # reported by stop()
             self.error = exc
 
+    def wait_published(self, count: int, timeout: float = 60) -> None:
+        """Poll until the harvester has published ``count`` rows (fail after ``timeout`` s, or if it died)."""
+        deadline = time.monotonic() + timeout
+        while self.harvester.status.published < count:
+            assert time.monotonic() < deadline and self.error is None
+            time.sleep(0.005)
+
     def stop(self, timeout: float = 60) -> None:
         self._loop.call_soon_threadsafe(self.harvester.stop)
         self._thread.join(timeout)
@@ -84,6 +91,21 @@ def wait_for_empty(config: HarvesterConfig, timeout: float = 60, running: Runnin
             time.sleep(0.05)
     finally:
         store.close()
+
+
+def harvest_while_writing(config: HarvesterConfig, writers: list[threading.Thread]) -> Running:
+    """Run a harvester while ``writers`` run, until they are done and the outbox is empty; return it
+    (stopped)."""
+    running = Running(config)
+    try:
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.join(120)
+        wait_for_empty(config, running=running)
+    finally:
+        running.stop()
+    return running
 
 
 def read_all(client: SyncClient, stream: str) -> list[dict]:

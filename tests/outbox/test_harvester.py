@@ -18,7 +18,7 @@ import pytest
 from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
-from .conftest import Running, config_for, read_all, wait_for_empty
+from .conftest import Running, config_for, harvest_while_writing, read_all, wait_for_empty
 
 
 def write_rows(path: str, writer: int, transactions: int, keys: int, committed: list, seed: int) -> None:
@@ -63,17 +63,9 @@ def test_concurrent_writers_every_committed_row_once_in_id_order_per_key(deploym
     path = str(tmp_path / "app.db")
     init_outbox(f"sqlite:///{path}")
     config = config_for(deployment, f"sqlite:///{path}", batch_size=50, max_in_flight=40)
-    running = Running(config)
-    try:
-        committed: list = [name, []]
-        writers = [threading.Thread(target=write_rows, args=(path, w, 60, 8, committed, w)) for w in range(4)]
-        for w in writers:
-            w.start()
-        for w in writers:
-            w.join(120)
-        wait_for_empty(config, running=running)
-    finally:
-        running.stop()
+    committed: list = [name, []]
+    writers = [threading.Thread(target=write_rows, args=(path, w, 60, 8, committed, w)) for w in range(4)]
+    running = harvest_while_writing(config, writers)
     assert len(committed[1]) > 200
     check_exactly_once_in_order(client, name, committed[1])
     status = running.harvester.status
@@ -181,10 +173,7 @@ def test_a_stopped_leader_leaves_nothing_behind_for_the_next(deployment, client,
     committed = [(i + 1, f"k{i % 5}", f"v{i}") for i in range(3000)]
     config = config_for(deployment, database, batch_size=100, max_in_flight=200)
     first = Running(config, identifier="first")
-    deadline = time.monotonic() + 60
-    while first.harvester.status.published < 300:
-        assert time.monotonic() < deadline and first.error is None
-        time.sleep(0.01)
+    first.wait_published(300)
     first.stop()
     assert 0 < store.backlog() < 3000
     second = Running(config, identifier="second")

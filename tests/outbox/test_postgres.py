@@ -19,7 +19,7 @@ from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import init_outbox, open_store
 
-from .conftest import Running, config_for, wait_for_empty
+from .conftest import Running, config_for, harvest_while_writing, wait_for_empty
 from .test_harvester import check_exactly_once_in_order, fail_over_after_kill_9
 
 _databases = itertools.count()
@@ -62,19 +62,11 @@ def write_rows(dsn: str, stream: str, writer: int, transactions: int, committed:
 def test_concurrent_writers_every_committed_row_once_in_id_order_per_key(deployment, client, name, database):
     client.create_stream(name, name, partitions=3)
     config = config_for(deployment, database, batch_size=50, max_in_flight=40)
-    running = Running(config)
     committed: list = []
-    try:
-        writers = [
-            threading.Thread(target=write_rows, args=(database, name, w, 60, committed, w)) for w in range(4)
-        ]
-        for w in writers:
-            w.start()
-        for w in writers:
-            w.join(120)
-        wait_for_empty(config, running=running)
-    finally:
-        running.stop()
+    writers = [
+        threading.Thread(target=write_rows, args=(database, name, w, 60, committed, w)) for w in range(4)
+    ]
+    harvest_while_writing(config, writers)
     ids = sorted(row_id for row_id, _, _ in committed)
     assert len(ids) > 200 and ids[-1] > len(ids), "rolled-back transactions leave gaps in the ids"
     check_exactly_once_in_order(client, name, committed)
@@ -138,10 +130,7 @@ def test_the_database_going_down_mid_run_loses_nothing(deployment, client, name,
         config = config_for(deployment, dsn, batch_size=100, max_in_flight=100)
         running = Running(config)
         try:
-            deadline = time.monotonic() + 60
-            while running.harvester.status.published < 300:
-                assert time.monotonic() < deadline and running.error is None
-                time.sleep(0.005)
+            running.wait_published(300)
             own.kill()
             own.start()
             wait_for_empty(config, running=running, timeout=90)
@@ -169,10 +158,7 @@ def test_a_broker_that_stops_answering_is_retried_and_each_row_stored_once(name,
         config = config_for(broker, database, batch_size=100, max_in_flight=100, ack_timeout=1.0)
         running = Running(config)
         try:
-            deadline = time.monotonic() + 60
-            while running.harvester.status.published < 200:
-                assert time.monotonic() < deadline and running.error is None
-                time.sleep(0.005)
+            running.wait_published(200)
             broker.pause()
             time.sleep(3.0)  # three ack timeouts: the in-flight publishes fail for certain
             broker.resume()

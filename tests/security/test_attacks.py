@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import nats
 import pytest
@@ -249,20 +250,20 @@ def test_a_publish_without_any_grant_is_refused_as_a_write(secured: Secured, ord
         bob.publish(orders, b"not bob's to write")  # bob may read orders: NATS refuses it
 
 
-def test_nats_needs_credentials(secured: Secured) -> None:
+def _nats_refuses(url: str, **arguments: Any) -> None:
+    """Connecting to NATS at ``url`` with ``arguments`` fails (refused, dropped or timed out)."""
+
     async def main() -> None:
         with pytest.raises((NatsError, OSError, TimeoutError)):
             await asyncio.wait_for(
-                nats.connect(
-                    secured.broker.nats_url,
-                    allow_reconnect=False,
-                    connect_timeout=3,
-                    tls=Credentials(tls_ca=secured.pki.ca).nats_arguments()["tls"],
-                ),
-                10,
+                nats.connect(url, allow_reconnect=False, connect_timeout=3, **arguments), 10
             )
 
     asyncio.run(main())
+
+
+def test_nats_needs_credentials(secured: Secured) -> None:
+    _nats_refuses(secured.broker.nats_url, tls=Credentials(tls_ca=secured.pki.ca).nats_arguments()["tls"])
 
 
 # ---- TLS -----------------------------------------------------------------------------------
@@ -272,21 +273,7 @@ def test_plain_connections_to_tls_listeners_fail(secured: Secured) -> None:
     plain = secured.broker.flight.replace("grpc+tls://", "grpc://")
     with pytest.raises(UnavailableError):
         ClusterConnection(plain, timeout=3).action(ActionType.METADATA, {})
-
-    async def main() -> None:
-        with pytest.raises((NatsError, OSError, TimeoutError)):
-            await asyncio.wait_for(
-                nats.connect(
-                    secured.broker.nats_url,
-                    allow_reconnect=False,
-                    connect_timeout=3,
-                    user="alice",
-                    password=TOKENS["alice"],
-                ),
-                10,
-            )
-
-    asyncio.run(main())
+    _nats_refuses(secured.broker.nats_url, user="alice", password=TOKENS["alice"])
 
 
 def test_a_server_certificate_from_another_ca_is_refused(secured: Secured, tmp_path) -> None:
