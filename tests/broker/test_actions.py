@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from broker_node.api.actions import ACTION_DESCRIPTIONS, HANDLERS, Actions
+from broker_node.log import EpochEndOffset
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError, PermissionDeniedError
-from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
+from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, encode_json
 
 
 class _Broker:
@@ -105,3 +106,23 @@ def test_the_stream_cap_refuses_a_new_stream_only():
     }
     with pytest.raises(LimitExceededError, match="limit"):
         actions.run(ActionType.CREATE_STREAM, "admin", {"name": "u", "subject": "u"})
+
+
+class _Peer(_Deny):
+    """A broker's own principal: cluster actions allowed."""
+
+    def check_cluster(self, principal: str, what: str) -> None:
+        return None
+
+
+class _Leader(_Broker):
+    def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> EpochEndOffset:
+        return EpochEndOffset(epoch=epoch - 1, end_offset=1234)
+
+
+def test_where_an_epoch_ends_is_answered_as_the_replication_wire_says():
+    """``{"epoch", "end_offset"}``, in that order (see pyspark_jetstream.protocol.replication)."""
+    answer = Actions(_Leader(), _Peer(), None).run(
+        ActionType.OFFSETS_FOR_LEADER_EPOCH, "broker-2", {"stream": "s", "partition": 0, "epoch": 7}
+    )
+    assert encode_json(answer) == b'{"epoch":6,"end_offset":1234}'

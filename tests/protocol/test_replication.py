@@ -12,6 +12,8 @@ from pyspark_jetstream.protocol.replication import (
     RESPONSE_KEYS,
     LeaderOffsets,
     ReplicaFetch,
+    fetch_metadata,
+    parse_fetch_metadata,
     parse_stream_ack,
     parse_stream_message_metadata,
     parse_ticket,
@@ -32,6 +34,21 @@ def test_an_acknowledgement_round_trips(offset):
 def test_a_leaders_message_metadata_round_trips(values):
     sent = LeaderOffsets(**dict(zip(RESPONSE_KEYS, values, strict=True)))
     assert parse_stream_message_metadata(pa.py_buffer(stream_message_metadata(sent))) == sent
+
+
+def test_the_leaders_offsets_keep_their_wire_form():
+    offsets = LeaderOffsets(high_watermark=5, log_start_offset=1, log_end_offset=9, leader_epoch=3)
+    assert stream_message_metadata(offsets) == (
+        b'{"high_watermark":5,"log_start_offset":1,"log_end_offset":9,"leader_epoch":3}'
+    )
+    metadata = fetch_metadata(offsets)
+    assert list(metadata.items()) == [
+        ("jetstream.high_watermark", "5"),
+        ("jetstream.log_start_offset", "1"),
+        ("jetstream.log_end_offset", "9"),
+        ("jetstream.leader_epoch", "3"),
+    ]
+    assert parse_fetch_metadata({k.encode(): v.encode() for k, v in metadata.items()}) == offsets
 
 
 @pytest.mark.parametrize(
