@@ -21,12 +21,9 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    with NatsServer() as nats_server:
-        broker = BrokerProcess(tmp_path_factory.mktemp("outbox") / "broker", nats_url=nats_server.url).start()
-        try:
-            yield broker
-        finally:
-            broker.stop()
+    directory = tmp_path_factory.mktemp("outbox") / "broker"
+    with NatsServer() as nats_server, BrokerProcess(directory, nats_url=nats_server.url) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,13 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    with NatsServer() as nats_server:
-        broker = BrokerProcess(
-            tmp_path_factory.mktemp("spark") / "broker",
-            nats_url=nats_server.url,
-            extra_config="[metrics]\nport = 0\n",  # what tests read of the broker's counters
-        ).start()
-        try:
-            yield broker
-        finally:
-            broker.stop()
+    directory = tmp_path_factory.mktemp("spark") / "broker"
+    metrics = "[metrics]\nport = 0\n"  # what tests read of the broker's counters
+    with (
+        NatsServer() as nats_server,
+        BrokerProcess(directory, nats_url=nats_server.url, extra_config=metrics) as broker,
+    ):
+        yield broker
 
 
 @pytest.fixture(scope="module")
