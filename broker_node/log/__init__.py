@@ -16,9 +16,11 @@ from .errors import (
     RecordTooLargeError,
 )
 from .log import Log
+from .memory import MemoryLog
 from .reads import ReplicaFrame
 from .records import Record
 from .repair import DamagedRange
+from .store import LogStore
 
 __all__ = [
     "UNDEFINED",
@@ -32,6 +34,8 @@ __all__ = [
     "LogConfig",
     "LogError",
     "LogStorageError",
+    "LogStore",
+    "MemoryLog",
     "OffsetOutOfRangeError",
     "Record",
     "RecordTooLargeError",
