@@ -90,10 +90,16 @@ class _Run:
     """The stored batches in offset order and their index: what the reads of :mod:`.reads` use."""
 
     def __init__(self, places: Iterable[_Place]) -> None:
-        self.stored = [p.stored for p in places if p.stored is not None]
+        self.stored: list[_Stored] = []
         self.index = SegmentIndex(0)
-        for item in self.stored:
-            self.index.add(item.entry)
+        for item in places:
+            if item.stored is not None:
+                self.add(item.stored)
+
+    def add(self, item: _Stored) -> None:
+        """Add a batch after the others."""
+        self.stored.append(item)
+        self.index.add(item.entry)
 
     def find(self, offset: int) -> int:
         """Index of the first batch whose last offset is >= ``offset`` (may be ``len``)."""
@@ -176,14 +182,6 @@ class MemoryLog:
         return self._places[-1].next_offset
 
     @property
-    def _start(self) -> int:
-        return self._places[0].base
-
-    @property
-    def _end(self) -> int:
-        return self._places[-1].next_offset
-
-    @property
     def high_watermark(self) -> int:
         """The committed offset bound set by replication; within ``[0, log_end_offset]``."""
         return self._high_watermark
@@ -193,8 +191,8 @@ class MemoryLog:
         with self._lock:
             self._check_open()
             check_offset_arg("high_watermark", offset)
-            if offset > self._end:
-                raise ValueError(f"high watermark {offset} is past the log end offset {self._end}")
+            if offset > self.log_end_offset:
+                raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
             self._high_watermark = offset
 
     @property
@@ -232,20 +230,20 @@ class MemoryLog:
             self._check_open()
             check_offset_arg("epoch", epoch)
             newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
-            if newer and all(start >= self._end for _, start in newer):
-                self._epochs.truncate_from_end(self._end)
+            if newer and all(start >= self.log_end_offset for _, start in newer):
+                self._epochs.truncate_from_end(self.log_end_offset)
             elif newer:
-                e, start = next((e, start) for e, start in newer if start < self._end)
+                e, start = next((e, start) for e, start in newer if start < self.log_end_offset)
                 raise LogError(
                     f"{self!r} cannot take leader epoch {epoch}: it holds data of the newer epoch {e} "
                     f"from offset {start} on"
                 )
-            self._epochs.assign(epoch, self._end)
+            self._epochs.assign(epoch, self.log_end_offset)
 
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
         with self._lock:
-            return self._epochs.end_offset_for(epoch, self._end)
+            return self._epochs.end_offset_for(epoch, self.log_end_offset)
 
     # ---- writing ---------------------------------------------------------------
 
@@ -261,7 +259,7 @@ class MemoryLog:
             return None
         try:
             self._check_open()
-            base, count = self._end, len(inputs[0])
+            base, count = self.log_end_offset, len(inputs[0])
             now = max(int(self._clock() * 1_000_000), self._last_timestamp)
             epoch = self.leader_epoch
             offsets = pa.array(range(base, base + count), pa.int64())
@@ -300,11 +298,11 @@ class MemoryLog:
                 data = (
                     encode_frame(item, self.config.compression) if isinstance(item, pa.RecordBatch) else item
                 )
-                entry = replicated_entry(data, self._end - 1)
+                entry = replicated_entry(data, self.log_end_offset - 1)
                 if entry is None:
                     raise InvalidRecordsError(
                         f"a replicated frame of {data.size} bytes is not one sound batch following "
-                        f"offset {self._end - 1} in the log schema"
+                        f"offset {self.log_end_offset - 1} in the log schema"
                     )
                 latest = self._epochs.latest_epoch
                 if latest is not None and entry.leader_epoch < latest:
@@ -312,18 +310,19 @@ class MemoryLog:
                         f"a replicated batch at offset {entry.base_offset} has leader epoch "
                         f"{entry.leader_epoch}, older than this log's {latest}"
                     )
-                # A copy: the caller's buffer may be a view of memory that changes (a file
-                # log's frames map its segment files), and the file log keeps a copy too.
-                copy = pa.BufferOutputStream()
-                copy.write(data)
-                data = copy.getvalue()
+                if data is item:
+                    # A copy of our own: the caller's buffer may be a view of memory that
+                    # changes later (a file log's frames map its segment files).
+                    copy = pa.BufferOutputStream()
+                    copy.write(data)
+                    data = copy.getvalue()
                 self._store(_Stored(data, decode(data), entry))
                 if latest is None or entry.leader_epoch > latest:
                     self._epochs.assign(entry.leader_epoch, entry.base_offset)
                 self._last_timestamp = max(self._last_timestamp, entry.max_timestamp)
                 first = entry.base_offset if first is None else first
                 self._grown.notify_all()
-            return range(self._end if first is None else first, self._end)
+            return range(self.log_end_offset if first is None else first, self.log_end_offset)
 
     def truncate_to(self, offset: int) -> None:
         """As :meth:`Log.truncate_to`: everything from ``offset`` on goes, the HW and the epoch
@@ -331,12 +330,14 @@ class MemoryLog:
         check_offset_arg("offset", offset)
         with self._lock:
             self._check_open()
-            if offset >= self._end:
-                if offset == self._end:
+            if offset >= self.log_end_offset:
+                if offset == self.log_end_offset:
                     self._epochs.truncate_from_end(offset)
                 return
-            if offset < self._start:
-                raise OffsetOutOfRangeError(offset, log_start_offset=self._start, log_end_offset=self._end)
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(
+                    offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
+                )
             # As the file log cuts its segments: the place holding ``offset`` keeps what lies
             # before it, the places after it go, and a cut in a gap begins a place at ``offset``.
             n = max(1, bisect.bisect_left(self.segment_base_offsets, offset))
@@ -383,7 +384,12 @@ class MemoryLog:
         with self._lock:
             end = self._read_end(start_offset, upper_bound)
             return read_batches(
-                [self._run], [self._start], start_offset, end, max_records=max_records, max_bytes=max_bytes
+                [self._run],
+                [self.log_start_offset],
+                start_offset,
+                end,
+                max_records=max_records,
+                max_bytes=max_bytes,
             )
 
     @overload
@@ -416,7 +422,7 @@ class MemoryLog:
             end = self._read_end(start_offset, upper_bound)
             return read_frames(
                 [self._run],
-                [self._start],
+                [self.log_start_offset],
                 start_offset,
                 end,
                 max_bytes=max_bytes,
@@ -434,7 +440,7 @@ class MemoryLog:
     ) -> Iterator[pa.RecordBatch]:
         """Every stored batch from the log start (or ``start_offset``, if later) to the log end as
         of the call; ``on_damaged`` is never called (nothing is damaged)."""
-        offset, end = max(self._start, start_offset or 0), self._end
+        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
         while offset < end:
             batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
             if not batches:
@@ -449,7 +455,7 @@ class MemoryLog:
             self._check_open()
             i = bisect.bisect_left(self._run.index.max_timestamps, target)
             if i == len(self._run.index):
-                return self._end
+                return self.log_end_offset
             batch = self._run.batch(i)
             earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
             return int(batch.column(0)[earlier].as_py())
@@ -457,7 +463,7 @@ class MemoryLog:
     def wait_for_end(self, offset: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``; whether it did."""
         with self._grown:
-            return self._grown.wait_for(lambda: self._closed or self._end > offset, timeout) and (
+            return self._grown.wait_for(lambda: self._closed or self.log_end_offset > offset, timeout) and (
                 not self._closed
             )
 
@@ -492,12 +498,13 @@ class MemoryLog:
                 deleted += 1
             if deleted:
                 self._set(places[deleted:])
-                self._epochs.truncate_from_start(self._start)
+                self._epochs.truncate_from_start(self.log_start_offset)
             return deleted
 
     def compact(self) -> int:
-        """Compact the closed batches below the HW by key (see :meth:`Log.compact`); return
-        the messages removed.  Offsets are kept; neighbouring survivors of one epoch merge."""
+        """Compact the closed places below the HW by key (see :meth:`Log.compact`), each on its
+        own as the file log compacts each segment; return the messages removed.  Offsets are
+        kept; a place compaction empties stays, empty."""
         with self._lock:
             self._check_open()
             closed = self._closed_below_high_watermark()
@@ -505,8 +512,8 @@ class MemoryLog:
                 return 0
             committed = read_batches(
                 [self._run],
-                [self._start],
-                self._start,
+                [self.log_start_offset],
+                self.log_start_offset,
                 self._high_watermark,
                 max_records=None,
                 max_bytes=None,
@@ -554,7 +561,7 @@ class MemoryLog:
             self._places[-1] = _Place(last.base, item)
         else:
             self._places.append(_Place(last.next_offset, item))
-        self._run = _Run(self._places)
+        self._run.add(item)
 
     def _set(self, places: list[_Place]) -> None:
         """Take ``places`` as the log's; the newest timestamp is what they hold now (as in the file log)."""
@@ -564,9 +571,11 @@ class MemoryLog:
 
     def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
         self._check_open()
-        if not self._start <= start_offset <= self._end:
-            raise OffsetOutOfRangeError(start_offset, log_start_offset=self._start, log_end_offset=self._end)
-        return self._end if upper_bound is None else min(self._end, upper_bound)
+        if not self.log_start_offset <= start_offset <= self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                start_offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
+            )
+        return self.log_end_offset if upper_bound is None else min(self.log_end_offset, upper_bound)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -142,6 +142,16 @@ def test_after_a_truncation_timestamps_need_only_follow_what_is_left(new_log, cl
     assert stamps[1] == int(clock.now * 1_000_000)
 
 
+def test_a_follower_that_leads_next_stamps_no_earlier_than_what_it_replicated(new_log, clock):
+    ahead = MemoryLog(clock=lambda: clock.now + 100)  # a leader whose clock runs ahead
+    ahead.append(values(1))
+    log = new_log()
+    log.append_replicated(f.data for f in ahead.read_frames(0))
+    log.append(values(1))
+    stamps = pa.Table.from_batches(log.read(0)).column("timestamp").cast(pa.int64()).to_pylist()
+    assert stamps == [int((clock.now + 100) * 1_000_000)] * 2
+
+
 def test_the_high_watermark_stays_within_the_log_and_follows_truncation(new_log):
     log = new_log()
     log.append(values(4))
