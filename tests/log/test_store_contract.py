@@ -521,7 +521,7 @@ class SideBySide(RuleBasedStateMachine):
 
 
 SideBySide.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOG_CONTRACT_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("LOG_CONTRACT_EXAMPLES", "100")),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
