@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from broker_node.api.actions import ACTION_DESCRIPTIONS, Actions, AdminService
-from broker_node.log import Log, LogClosedError, LogError, ReplicaFrame
+from broker_node.log import LogClosedError, LogError, LogStore, ReplicaFrame
 from broker_node.log import OffsetOutOfRangeError as LogOffsetOutOfRangeError
 from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.array_builders import large_binary_of
@@ -90,7 +90,7 @@ class ReplicaFetchAnswer:
 class ReadablePartition(Protocol):
     """What the server needs of a partition."""
 
-    log: Log
+    log: LogStore
 
     @property
     def high_watermark(self) -> int: ...

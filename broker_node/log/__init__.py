@@ -18,7 +18,9 @@ from .errors import (
 )
 from .log import Log
 from .log_config import FsyncPolicy, LogConfig
+from .memory import MemoryLog
 from .reads import ReplicaFrame
+from .store import LogStore
 
 __all__ = [
     "UNDEFINED",
@@ -32,6 +34,8 @@ __all__ = [
     "LogConfig",
     "LogError",
     "LogStorageError",
+    "LogStore",
+    "MemoryLog",
     "OffsetOutOfRangeError",
     "Record",
     "RecordTooLargeError",

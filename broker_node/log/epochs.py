@@ -30,11 +30,12 @@ class EpochEndOffset(NamedTuple):
 
 
 class LeaderEpochCache:
-    """Ordered ``(epoch, start offset)`` entries, checkpointed on every change."""
+    """Ordered ``(epoch, start offset)`` entries, checkpointed on every change to ``path``
+    (kept in memory only when ``path`` is ``None``, as a memory-backed log's are)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self._path = path
-        self._entries: list[tuple[int, int]] = read_int_pairs(path) or []
+        self._entries: list[tuple[int, int]] = (read_int_pairs(path) if path is not None else None) or []
         ordered = all(
             e1 < e2 and s1 <= s2 for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:], strict=False)
         )
@@ -126,4 +127,5 @@ class LeaderEpochCache:
         self._save()
 
     def _save(self) -> None:
-        write_int_pairs(self._path, self._entries)
+        if self._path is not None:
+            write_int_pairs(self._path, self._entries)

@@ -31,9 +31,9 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +42,7 @@ from pyspark_jetstream.protocol.array_builders import constant_ints
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 
 from .append_input import Records, to_input_columns
+from .arguments import check_limit, check_offset_arg, to_micros
 from .checkpoint import read_checkpoint, write_checkpoint
 from .compaction import compact_batches, latest_offsets
 from .damage import DamagedRange, damaged_ranges, repair_segments
@@ -61,12 +62,12 @@ from .manifest import open_segments, write_manifest
 from .reads import read_batches
 from .replica_methods import ReplicaMethods
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
+from .store import LogStore
 
 logger = logging.getLogger(__name__)
 
 HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Log(ReplicaMethods):
@@ -256,7 +257,7 @@ class Log(ReplicaMethods):
     def high_watermark(self, offset: int) -> None:
         with self._lock:
             self._check_open()
-            _check_offset_arg("high_watermark", offset)
+            check_offset_arg("high_watermark", offset)
             if offset > self.log_end_offset:
                 raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
             self._high_watermark = offset
@@ -310,7 +311,7 @@ class Log(ReplicaMethods):
         """
         with self._lock:
             self._check_open()
-            _check_offset_arg("epoch", epoch)
+            check_offset_arg("epoch", epoch)
             end = self.log_end_offset
             newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
             if newer and all(start >= end for _, start in newer):
@@ -496,12 +497,11 @@ class Log(ReplicaMethods):
         before it; a read that starts at it raises ``CorruptSegmentError``
         naming the file and the unreadable range.
         """
-        _check_offset_arg("start_offset", start_offset, allow_negative=True)
-        for name, value in (("max_records", max_records), ("max_bytes", max_bytes)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        check_offset_arg("start_offset", start_offset, allow_negative=True)
+        check_limit("max_records", max_records)
+        check_limit("max_bytes", max_bytes)
         if upper_bound is not None:
-            _check_offset_arg("upper_bound", upper_bound)
+            check_offset_arg("upper_bound", upper_bound)
         with self._lock:
             end = self._read_end(start_offset, upper_bound)
             return self._read(start_offset, end, max_records, max_bytes)
@@ -570,7 +570,7 @@ class Log(ReplicaMethods):
         ``timestamp`` is a timezone-aware ``datetime`` or seconds since the
         Unix epoch.  Only messages still stored are considered.
         """
-        target = _to_micros(timestamp)
+        target = to_micros(timestamp)
         with self._lock:
             self._check_open()
             for segment in self._segments:
@@ -596,7 +596,7 @@ class Log(ReplicaMethods):
         batches below ``offset``: a damaged one among them raises
         ``CorruptSegmentError`` and leaves the log as it was.
         """
-        _check_offset_arg("offset", offset)
+        check_offset_arg("offset", offset)
         with self._lock:
             self._check_open()
             if offset >= self.log_end_offset:
@@ -894,18 +894,5 @@ class Log(ReplicaMethods):
         return None
 
 
-def _check_offset_arg(name: str, value: object, *, allow_negative: bool = False) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if value < 0 and not allow_negative:
-        raise ValueError(f"{name} must not be negative, got {value}")
-
-
-def _to_micros(timestamp: datetime | float) -> int:
-    if isinstance(timestamp, datetime):
-        if timestamp.tzinfo is None:
-            raise ValueError(f"timestamp {timestamp.isoformat()} has no time zone; pass an aware datetime")
-        return (timestamp - _EPOCH) // timedelta(microseconds=1)
-    if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
-        return int(timestamp * 1_000_000)
-    raise TypeError(f"timestamp must be a datetime or seconds since the epoch, got {timestamp!r}")
+if TYPE_CHECKING:  # mypy checks here that the class has the whole interface
+    _SATISFIES_LOG_STORE: type[LogStore] = Log

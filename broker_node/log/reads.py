@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import CorruptSegmentError
-from .segment import Segment, encode_frame
+from .index import SegmentIndex
+from .segment import encode_frame
 
 
 class ReplicaFrame(NamedTuple):
@@ -28,8 +29,26 @@ class ReplicaFrame(NamedTuple):
     data: pa.Buffer
 
 
+class StoredBatches(Protocol):
+    """What the reads need of a run of stored batches: a file :class:`~.segment.Segment`, or the
+    memory-backed log's one in-memory run (:mod:`.memory`)."""
+
+    @property
+    def index(self) -> SegmentIndex:
+        """One entry per stored batch, in offset order."""
+
+    def find(self, offset: int) -> int:
+        """Index of the first batch whose last offset is >= ``offset`` (may be ``len``)."""
+
+    def batch(self, i: int) -> pa.RecordBatch:
+        """Batch ``i``, checked; ``CorruptSegmentError`` if it is damaged."""
+
+    def frame(self, i: int) -> pa.Buffer:
+        """The stored bytes of batch ``i``, checked as :meth:`batch` checks them."""
+
+
 def read_batches(
-    segments: Sequence[Segment],
+    segments: Sequence[StoredBatches],
     bases: Sequence[int],
     offset: int,
     end: int,
@@ -79,7 +98,7 @@ def read_batches(
 
 
 def read_frames(
-    segments: Sequence[Segment],
+    segments: Sequence[StoredBatches],
     bases: Sequence[int],
     offset: int,
     end: int,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 import pyarrow as pa
 
+from .arguments import check_offset
 from .errors import InvalidRecordsError, LogStorageError
 from .frames import replicated_entry
 from .reads import ReplicaFrame, read_frames
@@ -90,7 +91,7 @@ class ReplicaMethods:
         ``None`` if another thread holds the log (an event loop's caller reads
         in a thread then).
         """
-        _check_offset("start_offset", start_offset)
+        check_offset("start_offset", start_offset)
         if not self._lock.acquire(blocking=wait):
             return None
         try:
@@ -165,7 +166,7 @@ class ReplicaMethods:
         For a replica whose data a leader no longer has (its log starts
         later): the replica starts over at the leader's log start offset.
         """
-        _check_offset("offset", offset)
+        check_offset("offset", offset)
         with self._lock:
             self._check_open()
             try:
@@ -186,8 +187,3 @@ class ReplicaMethods:
             self._checkpoint_high_watermark()
             self._last_timestamp = 0
             self._grown.notify_all()
-
-
-def _check_offset(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 
 from broker_node.coordination.base import PartitionState
 from broker_node.durable import atomic_write
-from broker_node.log import CorruptSegmentError, FsyncPolicy, Log, ReplicaFrame
+from broker_node.log import CorruptSegmentError, FsyncPolicy, LogStore, ReplicaFrame
 from broker_node.log.append_input import Records
 from broker_node.log.frames import decode
 from broker_node.log.logging_labels import Labels
@@ -115,7 +115,7 @@ class Partition:
         self,
         config: StreamConfig,
         number: int,
-        log: Log,
+        log: LogStore,
         broker_id: str,
         state: PartitionState,
         *,
@@ -123,7 +123,9 @@ class Partition:
         lease: Callable[[], bool] = lambda: True,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``lease()`` says whether this broker's coordinator session is surely alive;
+        """``log`` is the partition's log, a file :class:`~broker_node.log.Log` or a
+        :class:`~broker_node.log.MemoryLog` (which keeps no producer snapshot);
+        ``lease()`` says whether this broker's coordinator session is surely alive;
         ``wall_clock`` gives seconds since the epoch, as the log's timestamps count them."""
         self.config = config
         self.stream = config.name
@@ -163,7 +165,8 @@ class Partition:
         self._waiters: list[tuple[int, int, Committed]] = []
         self._ids = itertools.count()
         self._listeners: list[Callable[[], None]] = []
-        self._snapshot_path = log.directory / PRODUCER_SNAPSHOT
+        self._snapshot_path = None if log.directory is None else log.directory / PRODUCER_SNAPSHOT
+        """Where the producer snapshot goes: beside the log's files (a log without files has none)."""
         self._snapshot_end = -1
         self._rebuild_tables(from_snapshot=True)
 
@@ -607,9 +610,10 @@ class Partition:
 
         Written atomically; a failure (a full disk) is logged and costs only
         the next open a longer read.  Internal streams (the cursor table is
-        rebuilt from its whole compacted log) write none.
+        rebuilt from its whole compacted log) write none, nor does a partition
+        whose log has no files (nothing would read it back).
         """
-        if self.cursors is not None:
+        if self.cursors is not None or self._snapshot_path is None:
             return
         with self._append_lock, self._role_lock, self._lock:
             if self.role is Role.CLOSED:
@@ -793,6 +797,8 @@ class Partition:
         it has none), if it is readable and fits the log: the log still reaches that offset,
         in the same leader epoch as when it was written."""
         path = self._snapshot_path
+        if path is None:
+            return None
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -825,11 +831,13 @@ class Partition:
 
     def _forget_snapshot(self) -> None:
         """Remove the producer snapshot before the log below its offset changes."""
+        self._snapshot_end = -1
+        if self._snapshot_path is None:
+            return
         try:
             self._snapshot_path.unlink(missing_ok=True)
         except OSError as exc:
             self._log.warning("cannot remove %s: %s", self._snapshot_path, exc)
-        self._snapshot_end = -1
 
 
 def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:

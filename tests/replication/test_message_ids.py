@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from broker_node.coordination.base import PartitionState
-from broker_node.log import Log, Record
+from broker_node.log import Log, MemoryLog, Record
 from broker_node.replication.message_ids import MessageIdTable
 from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -92,10 +92,11 @@ def clock():
     return FakeClock()
 
 
-def _open(tmp_path, clock, broker="a", window=120.0) -> Partition:
+def _open(tmp_path, clock, broker="a", window=120.0, *, in_memory=False) -> Partition:
+    """A partition on a file log in ``tmp_path / broker`` (or on a memory log, which keeps nothing)."""
     config = StreamConfig(name="s", subject="s", replication_factor=2, duplicate_window=window)
     state = PartitionState("a", REPLICAS, REPLICAS, 1, version=1)
-    log = Log.open(tmp_path / broker, clock=clock)
+    log = MemoryLog(clock=clock) if in_memory else Log.open(tmp_path / broker, clock=clock)
     return Partition(config, 0, log, broker, state, wall_clock=clock)
 
 
@@ -161,12 +162,12 @@ def test_after_a_crash_ids_are_read_from_the_snapshots_oldest_id_on(tmp_path, cl
 
 
 def test_a_follower_keeps_the_ids_it_replicates_and_uses_them_when_it_leads(tmp_path, clock):
-    leader = _open(tmp_path, clock, "a")
+    leader = _open(tmp_path, clock, "a", in_memory=True)
     leader.become_leader(leader.state)
     leader.append(_with_ids("m-1", "m-2"), message_ids=[("m-1", 0), ("m-2", 1)])
     assert leader.message_id_offset("m-2") == 1
     frames = [f.data for f in leader.log.read_frames(0)]
-    follower = _open(tmp_path, clock, "b")
+    follower = _open(tmp_path, clock, "b", in_memory=True)
     try:
         follower.become_follower(PartitionState("a", REPLICAS, REPLICAS, 1, version=1))
         follower.append_replicated(frames, 2, leader_epoch=1)

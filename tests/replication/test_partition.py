@@ -1,7 +1,9 @@
-"""A partition's replication state machine, on a real log: commits, the ISR, role changes.
+"""A partition's replication state machine: commits, the ISR, role changes.
 
 The cluster tests run these paths between processes; here each race the
-cluster can only hit by chance is set up step by step.
+cluster can only hit by chance is set up step by step, on memory-backed logs
+(the log's own contract tests hold them to the file log's behaviour); the
+test of partitions the replica manager opens runs on file logs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 
 from broker_node.coordination.base import BrokerInfo, PartitionState
 from broker_node.coordination.local import LocalCoordinator
-from broker_node.log import Log, LogConfig
+from broker_node.log import LogConfig, MemoryLog
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.producers import WINDOW
@@ -28,11 +30,11 @@ REPLICAS = ("a", "b", "c")
 
 
 @pytest.fixture
-def open_partition(tmp_path):
+def open_partition():
     opened: list[Partition] = []
 
     def open_(broker: str, state: PartitionState) -> Partition:
-        partition = Partition(CONFIG, 0, Log.open(tmp_path / broker), broker, state)
+        partition = Partition(CONFIG, 0, MemoryLog(), broker, state)
         opened.append(partition)
         return partition
 
@@ -109,10 +111,10 @@ def test_a_follower_that_caught_up_holds_the_high_watermark_until_written_into_t
     assert leader.log.high_watermark == 4
 
 
-def test_a_joining_follower_that_falls_behind_is_judged_again(tmp_path):
+def test_a_joining_follower_that_falls_behind_is_judged_again():
     now = [0.0]
     state = PartitionState("a", REPLICAS, ("a", "b"), 1, version=1)
-    leader = Partition(CONFIG, 0, Log.open(tmp_path / "a"), "a", state, clock=lambda: now[0])
+    leader = Partition(CONFIG, 0, MemoryLog(), "a", state, clock=lambda: now[0])
     try:
         leader.become_leader(state)
         leader.append(values(1))

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from broker_node.coordination.base import PartitionState
-from broker_node.log import Log, Record
+from broker_node.log import Log, MemoryLog, Record
 from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
 from pyspark_jetstream.protocol.ack import Ack, ErrorCode
 from pyspark_jetstream.protocol.envelope import producer_position
@@ -202,3 +202,19 @@ def test_a_snapshot_that_cannot_be_written_while_open_is_warned_about(tmp_path, 
         partition.snapshot_producers()
     assert any("cannot write" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
     partition.close()
+
+
+def test_a_partition_on_a_log_without_files_keeps_its_producers_in_memory_only():
+    partition = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
+    try:
+        partition.become_leader(STATE)
+        publish(partition, 0, 3)
+        partition.maintain()  # where a partition on a file log writes its snapshot
+        assert send(partition, "p", 2).error is ErrorCode.DUPLICATE
+        replicas = ("a", "b")
+        partition.become_follower(PartitionState("b", replicas, replicas, 2, version=2))
+        partition.truncate_to(2, leader_epoch=2)  # the table is rebuilt from what is left
+        partition.become_leader(PartitionState("a", replicas, ("a",), 3, version=3))
+        assert send(partition, "p", 2).error is ErrorCode.OK
+    finally:
+        partition.close()

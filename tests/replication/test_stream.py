@@ -1,9 +1,9 @@
 """The replication stream between a leader's Flight server and a follower's fetcher, in one process.
 
 A real leader partition behind the real ``FlightApi``, a real follower
-partition and its ``Fetcher``; only the broker around the leader is a small
-view serving ``replica_fetch`` as the broker's service does (the cluster tests
-run the whole broker).
+partition and its ``Fetcher``, both on memory-backed logs; only the broker
+around the leader is a small view serving ``replica_fetch`` as the broker's
+service does (the cluster tests run the whole broker, on file logs).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyarrow import flight
 
 from broker_node.api.server import FlightApi, ReplicaFetchAnswer
 from broker_node.coordination.base import PartitionState
-from broker_node.log import Log
+from broker_node.log import MemoryLog
 from broker_node.replication.fetcher import Fetcher
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
@@ -66,13 +66,13 @@ class OlderLeaderApi(FlightApi):
 
 
 @pytest.fixture
-def pair(tmp_path) -> Iterator[Callable[[type[FlightApi]], tuple[Partition, Partition, FlightApi, Fetcher]]]:
+def pair() -> Iterator[Callable[[type[FlightApi]], tuple[Partition, Partition, FlightApi, Fetcher]]]:
     opened: list[object] = []
 
     def start(api_class: type[FlightApi] = FlightApi) -> tuple[Partition, Partition, FlightApi, Fetcher]:
-        leader = Partition(CONFIG, 0, Log.open(tmp_path / "a"), "a", STATE)
+        leader = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
         leader.become_leader(STATE)
-        follower = Partition(CONFIG, 0, Log.open(tmp_path / "b"), "b", STATE)
+        follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
         follower.become_follower(STATE)
         api = api_class("grpc://127.0.0.1:0", LeaderView(leader))  # type: ignore[arg-type]
         address = f"grpc://127.0.0.1:{api.port}"
