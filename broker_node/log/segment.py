@@ -574,18 +574,40 @@ class Segment:
             path.unlink(missing_ok=True)
 
     def cut(self, keep: int) -> None:
-        """Keep only the first ``keep`` batches, by cutting the files (no rewrite); stay writable.
+        """Keep only the first ``keep`` batches; stay writable.
 
-        For truncation at a batch boundary.  Crash-safe as an append is: the
-        data file is cut first, and recovery of the active segment drops index
-        entries past the end of its data.
+        For truncation at a batch boundary.  The data file is replaced by a
+        copy of what it keeps, not cut in place: a reader may still hold
+        buffers of the old file's mapped pages (a replication stream sending
+        the newest frames, a follower's recent frames), and reading a page cut
+        off a mapped file kills the process (SIGBUS).  The old file lives on,
+        unnamed, until its last buffer goes.  Crash-safe as an append is: the
+        data file is replaced first, and recovery of the active segment drops
+        index entries past the end of its data (a leftover copy is removed
+        when the log opens).
         """
         index = self.index
         end = index.positions[keep] if keep < len(index) else self.size
         self.seal()
         self._drop_map()
+        copy = self.path.with_name(self.path.name + TEMP_SUFFIX)
+        try:
+            with open(self.path, "rb") as source, open(copy, "wb") as target:
+                copied = 0
+                while copied < end:
+                    n = os.copy_file_range(source.fileno(), target.fileno(), end - copied, copied, copied)
+                    if n == 0:
+                        raise OSError(f"it ended at {copied} bytes")
+                    copied += n
+                target.flush()
+                os.fsync(target.fileno())
+            os.replace(copy, self.path)
+        except OSError as exc:  # a full disk, say: the segment stays whole and writable
+            copy.unlink(missing_ok=True)
+            self.open_for_append()
+            raise LogStorageError(f"cannot cut {self.path} to {end} bytes: {exc}") from exc
+        fsync_dir(self.path.parent)
         for path, length in (
-            (self.path, end),
             (self.offset_index_path, keep * OFFSET_ENTRY.size),
             (self.time_index_path, keep * TIME_ENTRY.size),
         ):

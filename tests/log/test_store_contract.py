@@ -308,15 +308,7 @@ def test_a_follower_of_either_kind_takes_the_frames_of_a_leader_of_either_kind(n
     assert follower.log_end_offset == 3
 
 
-FILE_FOLLOWER_ALIASES = pytest.mark.xfail(
-    strict=True,
-    reason="a file log keeps the frames it was given as its cache of recent frames, so it serves a "
-    "leader's bytes that change under it (a file log's frames are views of its mapped segments, "
-    "which Segment.cut shortens in place)",
-)
-
-
-@pytest.mark.parametrize("kind", [pytest.param("file", marks=FILE_FOLLOWER_ALIASES), "memory"])
+@pytest.mark.parametrize("kind", ["file", "memory"])
 def test_a_follower_keeps_its_own_copy_of_what_it_replicated(kind, tmp_path, clock):
     with Log.open(tmp_path / "leader") as leader:
         leader.append(values(2))
