@@ -29,39 +29,29 @@ import logging
 import os
 import threading
 import time
-from array import array
-from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_jetstream.protocol.array_builders import constant_ints
-from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
-
-from .append_input import Records, to_input_columns
-from .arguments import check_limit, check_offset_arg, to_micros
+from .base import LogBase, retention_deletes
 from .checkpoint import read_checkpoint, write_checkpoint
 from .compaction import compact_batches, latest_offsets
 from .damage import DamagedRange, damaged_ranges, repair_segments
-from .epochs import EpochEndOffset, LeaderEpochCache
+from .epochs import LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
     LogClosedError,
     LogError,
     LogStorageError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
 )
-from .index import MAX_RELATIVE_OFFSET, BatchEntry, crc32
+from .index import MAX_RELATIVE_OFFSET
 from .log_config import FsyncPolicy, LogConfig
 from .logging_labels import NO_LABELS, Labels
 from .manifest import open_segments, write_manifest
-from .reads import read_batches
-from .replica_methods import ReplicaMethods
-from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment, encode_frame
+from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
 from .store import LogStore
 
 logger = logging.getLogger(__name__)
@@ -70,8 +60,11 @@ HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 
 
-class Log(ReplicaMethods):
+class Log(LogBase):
     """An append-only, segmented, checksummed log of Arrow record batches."""
+
+    _segments: list[Segment]
+    _bases: list[int]
 
     def __init__(
         self,
@@ -98,7 +91,6 @@ class Log(ReplicaMethods):
         self._closed = False
         self._compaction_blocked = ""
         """The damage compaction last waited for (logged once, not on every pass)."""
-        self._iota = pa.array([], pa.int64())
         self._last_timestamp = self._newest_timestamp()
         self._last_fsync = clock()
         self._unsynced = False  # appended data that no fsync has covered yet
@@ -201,12 +193,6 @@ class Log(ReplicaMethods):
                 error.retriable = False
                 raise error
 
-    def __enter__(self) -> Log:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def flush(self) -> None:
         """Force appended data to disk and checkpoint the high watermark.
 
@@ -249,23 +235,6 @@ class Log(ReplicaMethods):
         return self._active.next_offset
 
     @property
-    def high_watermark(self) -> int:
-        """The committed offset bound set by replication; within ``[0, log_end_offset]``."""
-        return self._high_watermark
-
-    @high_watermark.setter
-    def high_watermark(self, offset: int) -> None:
-        with self._lock:
-            self._check_open()
-            check_offset_arg("high_watermark", offset)
-            if offset > self.log_end_offset:
-                raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
-            self._high_watermark = offset
-            interval = self.config.high_watermark_checkpoint_interval
-            if self._clock() - self._last_hw_checkpoint >= interval:
-                self._checkpoint_high_watermark()
-
-    @property
     def size_bytes(self) -> int:
         """Bytes of all segment files (indexes not counted)."""
         return sum(s.size for s in self._segments)
@@ -287,121 +256,7 @@ class Log(ReplicaMethods):
         with self._lock:
             return damaged_ranges(self._segments)
 
-    # ---- leader epochs ---------------------------------------------------------
-
-    @property
-    def leader_epoch(self) -> int:
-        """The epoch new appends are stamped with (0 until one is assigned)."""
-        latest = self._epochs.latest_epoch
-        return 0 if latest is None else latest
-
-    @property
-    def leader_epochs(self) -> tuple[tuple[int, int], ...]:
-        """``(epoch, start offset)`` pairs, oldest first."""
-        return self._epochs.entries
-
-    def assign_leader_epoch(self, epoch: int) -> None:
-        """Stamp appends from now on with ``epoch``, which starts at the log end offset.
-
-        Epochs only grow; assigning the current one again does nothing.
-        An epoch older than the latest one is refused (``LogError``) -- unless
-        the newer ones began at the log end and hold no data: those are
-        forgotten, with a warning (a damaged checkpoint named them; nothing was
-        written in them).
-        """
-        with self._lock:
-            self._check_open()
-            check_offset_arg("epoch", epoch)
-            end = self.log_end_offset
-            newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
-            if newer and all(start >= end for _, start in newer):
-                self._log.warning(
-                    "%s names epoch(s) %s with no data, newer than epoch %d given now; forgetting them",
-                    self.directory / LEADER_EPOCH_CHECKPOINT,
-                    ", ".join(str(e) for e, _ in newer),
-                    epoch,
-                )
-                self._epochs.truncate_from_end(end)
-            elif newer:
-                e, start = next((e, start) for e, start in newer if start < end)
-                raise LogError(
-                    f"{self.directory} cannot take leader epoch {epoch}: it holds data of the newer "
-                    f"epoch {e} from offset {start} on, so the coordinator's metadata is older than "
-                    "this data; restore the coordinator's data, or move this directory aside to start "
-                    "the partition empty"
-                )
-            self._epochs.assign(epoch, end)
-
-    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
-        """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
-        with self._lock:
-            return self._epochs.end_offset_for(epoch, self.log_end_offset)
-
     # ---- appending -------------------------------------------------------------
-
-    @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
-    @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
-
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
-        """Append messages and return the offsets they were given.
-
-        ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
-        column and any of the other input columns of the log schema, or an
-        iterable of :class:`~broker_node.log.append_input.Record`.  The messages
-        are written as one batch, stamped with the current leader epoch and
-        one timestamp: the current time, or the previous batch's if the clock
-        went back, so timestamps never decrease along the log.
-
-        Raises ``InvalidRecordsError`` for empty or malformed input and
-        ``RecordTooLargeError`` for a message over ``max_message_bytes`` or a
-        batch over ``max_batch_bytes``; the log is unchanged then.
-
-        With ``wait=False`` the call returns ``None`` at once, appending
-        nothing, if another call holds the log (a compaction, say): a caller
-        on an event loop can then append from a worker thread instead.
-        """
-        inputs = to_input_columns(records, self.config.max_message_bytes)
-        if not self._lock.acquire(blocking=wait):
-            return None
-        try:
-            self._check_open()
-            base = self.log_end_offset
-            count = len(inputs[0])
-            now = max(int(self._clock() * 1_000_000), self._last_timestamp)
-            epoch = self.leader_epoch
-            batch = pa.RecordBatch.from_arrays(
-                [
-                    self._offsets(base, count),
-                    constant_ints(now, count, TIMESTAMP_TYPE),
-                    constant_ints(epoch, count, pa.int32()),
-                    *inputs,
-                ],
-                schema=LOG_SCHEMA,
-            )
-            frame = encode_frame(batch, self.config.compression)
-            if frame.size > self.config.max_batch_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {count} messages is {frame.size} bytes stored, over "
-                    f"max_batch_bytes={self.config.max_batch_bytes}",
-                    size=frame.size,
-                    limit=self.config.max_batch_bytes,
-                )
-            last = base + count - 1
-            self._maybe_roll(frame.size, last, now)
-            active = self._active
-            entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
-            fsync = self._fsync_due()
-            active.append(frame, entry, fsync=fsync)
-            self._unsynced = not fsync
-            if self._epochs.latest_epoch is None:
-                self._epochs.assign(epoch, base)
-            self._last_timestamp = now
-            self._grown.notify_all()
-            return range(base, last + 1)
-        finally:
-            self._lock.release()
 
     def roll(self) -> None:
         """Close the active segment and start a new one at the log end offset (if it holds data)."""
@@ -446,15 +301,6 @@ class Log(ReplicaMethods):
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
 
-    def _offsets(self, base: int, count: int) -> pa.Array:
-        if count <= 64:  # cheaper than a compute call for the one-message path
-            return pa.Array.from_buffers(
-                pa.int64(), count, [None, pa.py_buffer(array("q", range(base, base + count)))]
-            )
-        if len(self._iota) < count:
-            self._iota = pa.array(array("q", range(max(count, 2 * len(self._iota)))), pa.int64())
-        return pc.add(self._iota.slice(0, count), pa.scalar(base, pa.int64()))
-
     def _fsync_due(self) -> bool:
         """Whether this append must reach the disk before it counts (per the fsync policy)."""
         policy = self.config.fsync
@@ -467,175 +313,50 @@ class Log(ReplicaMethods):
                 return True
         return False
 
-    # ---- reading ---------------------------------------------------------------
-
-    def read(
-        self,
-        start_offset: int,
-        *,
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-    ) -> list[pa.RecordBatch]:
-        """Return stored batches from ``start_offset`` on, in offset order.
-
-        The first row of the first batch is ``start_offset`` (or the next
-        stored offset after a compaction gap); batches are zero-copy slices of
-        the memory-mapped segments (of memory, for batches stored compressed,
-        which are decompressed).  Reading stops before ``upper_bound``
-        (default: the log end offset; pass the high watermark to read only
-        committed data), after ``max_records`` rows, or before the batch that
-        would take the bytes read past ``max_bytes`` (a batch counts its
-        stored size, or its decompressed size if larger) -- but at least one
-        batch is returned when any data is in range, however large.
-
-        ``start_offset`` equal to the log end offset (or at/after
-        ``upper_bound``) gives an empty list.  Outside
-        ``[log_start_offset, log_end_offset]`` it raises
-        ``OffsetOutOfRangeError`` with the valid range.  A damaged batch (one
-        that fails its checks, or offsets whose data is lost) ends the read
-        before it; a read that starts at it raises ``CorruptSegmentError``
-        naming the file and the unreadable range.
-        """
-        check_offset_arg("start_offset", start_offset, allow_negative=True)
-        check_limit("max_records", max_records)
-        check_limit("max_bytes", max_bytes)
-        if upper_bound is not None:
-            check_offset_arg("upper_bound", upper_bound)
-        with self._lock:
-            end = self._read_end(start_offset, upper_bound)
-            return self._read(start_offset, end, max_records, max_bytes)
-
-    def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
-        """Where a read from ``start_offset`` stops (the log end, or ``upper_bound`` if lower);
-        raises ``OffsetOutOfRangeError`` for a start outside the log.  Called holding the lock."""
-        self._check_open()
-        end = self.log_end_offset
-        if not self.log_start_offset <= start_offset <= end:
-            raise OffsetOutOfRangeError(
-                start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
-            )
-        return end if upper_bound is None else min(end, upper_bound)
-
-    def _read(
-        self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
-    ) -> list[pa.RecordBatch]:
-        """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
-        return read_batches(
-            self._segments,
-            self._bases,
-            offset,
-            end,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            partial=partial,
-        )
-
-    def scan(
-        self,
-        *,
-        max_bytes: int = 16 * 1024 * 1024,
-        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
-        start_offset: int | None = None,
-    ) -> Iterator[pa.RecordBatch]:
-        """Every stored batch from the log start (or ``start_offset``, if later) to the log end
-        as of the call, in order.
-
-        Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
-        state kept beside the log (producer sequences, cursors).  A damaged
-        range raises ``CorruptSegmentError``, unless ``on_damaged`` is given:
-        then it is called with that error and the scan goes on after the
-        range.  Rebuilds pass it, so that one bad batch costs what it held
-        rather than the whole partition (the range stays in :attr:`damaged`
-        until repaired).
-        """
-        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
-        while offset < end:
-            try:
-                batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
-            except CorruptSegmentError as exc:
-                if on_damaged is None:
-                    raise
-                on_damaged(exc)
-                offset = max(offset, exc.last_offset) + 1
-                continue
-            if not batches:
-                return  # the rest is a compaction gap
-            yield from batches
-            offset = batches[-1].column(0)[-1].as_py() + 1
-
-    def offset_for_timestamp(self, timestamp: datetime | float) -> int:
-        """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none.
-
-        ``timestamp`` is a timezone-aware ``datetime`` or seconds since the
-        Unix epoch.  Only messages still stored are considered.
-        """
-        target = to_micros(timestamp)
-        with self._lock:
-            self._check_open()
-            for segment in self._segments:
-                newest = segment.max_timestamp
-                if newest is None or newest < target:
-                    continue
-                i = bisect.bisect_left(segment.index.max_timestamps, target)
-                batch = segment.batch(i)
-                earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
-                return batch.column(0)[earlier].as_py()
-            return self.log_end_offset
-
     # ---- truncation, retention, compaction -------------------------------------
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove every message at and after ``offset``; the log end offset becomes ``offset``.
+    def _cut(self, offset: int) -> None:
+        """The storage part of :meth:`truncate_to`: the segment cut in two is rewritten from its
+        batches below ``offset`` (a damaged one among them raises ``CorruptSegmentError`` and
+        leaves the log as it was), the segments after it are deleted."""
+        n = max(1, bisect.bisect_left(self._bases, offset))
+        last = self._segments[n - 1]
+        k = last.find(offset)
+        cut_inside = k < len(last.index) and last.index.bases[k] < offset
+        if cut_inside:
+            # Read what stays before deleting anything: a damaged batch among it
+            # (CorruptSegmentError) leaves the log as it was.
+            kept = [last.batch(j) for j in range(k)]
+            partial = last.batch(k)
+            kept.append(partial.filter(pc.less(partial.column(0), offset)))
+        if len(self._segments) > n:
+            while len(self._segments) > n:
+                self._segments.pop().delete()
+                self._bases.pop()
+            self._record_segments(required=False)
+        if cut_inside:
+            last.rewrite(kept, self.config.compression)
+            last.open_for_append()
+        else:  # at a batch boundary (replication truncates there): cut the files
+            last.cut(k)
+        if last.next_offset < offset:  # the cut fell in a compaction gap
+            self._roll(offset)
+        self._last_timestamp = self._newest_timestamp()
 
-        Used by replication to drop a diverged tail.  An offset past the log
-        end offset changes nothing; at the log end offset only leader epochs
-        that began there (and hold no data) are forgotten; one below the log
-        start offset raises ``OffsetOutOfRangeError``.  The high watermark and leader-epoch cache
-        are cut back with it.  The segment cut in two is rewritten from its
-        batches below ``offset``: a damaged one among them raises
-        ``CorruptSegmentError`` and leaves the log as it was.
-        """
-        check_offset_arg("offset", offset)
-        with self._lock:
-            self._check_open()
-            if offset >= self.log_end_offset:
-                if offset == self.log_end_offset:
-                    # A leadership that wrote nothing: the new leader's batches of an
-                    # older epoch must be able to follow.
-                    self._epochs.truncate_from_end(offset)
-                return
-            if offset < self.log_start_offset:
-                raise OffsetOutOfRangeError(
-                    offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
-                )
-            n = max(1, bisect.bisect_left(self._bases, offset))
-            last = self._segments[n - 1]
-            k = last.find(offset)
-            cut_inside = k < len(last.index) and last.index.bases[k] < offset
-            if cut_inside:
-                # Read what stays before deleting anything: a damaged batch among it
-                # (CorruptSegmentError) leaves the log as it was.
-                kept = [last.batch(j) for j in range(k)]
-                partial = last.batch(k)
-                kept.append(partial.filter(pc.less(partial.column(0), offset)))
-            if len(self._segments) > n:
-                while len(self._segments) > n:
-                    self._segments.pop().delete()
-                    self._bases.pop()
-                self._record_segments(required=False)
-            if cut_inside:
-                last.rewrite(kept, self.config.compression)
-                last.open_for_append()
-            else:  # at a batch boundary (replication truncates there): cut the files
-                last.cut(k)
-            if last.next_offset < offset:  # the cut fell in a compaction gap
-                self._roll(offset)
-            self._last_timestamp = self._newest_timestamp()
-            self._epochs.truncate_from_end(offset)
-            self._high_watermark = min(self._high_watermark, offset)
-            self._checkpoint_high_watermark()
-            self._grown.notify_all()
+    def _start_empty_at(self, offset: int) -> None:
+        try:
+            fresh = Segment.create(self.directory, offset) if offset not in self._bases else None
+        except OSError as exc:
+            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
+        for segment in self._segments:
+            if segment.base_offset != offset:
+                segment.delete()
+        if fresh is None:  # a segment already starts there: empty it
+            fresh = next(s for s in self._segments if s.base_offset == offset)
+            fresh.cut(0)
+        fresh.labels = self.labels
+        self._segments, self._bases = [fresh], [offset]
+        self._record_segments(required=True)
 
     def enforce_retention(self) -> int:
         """Delete closed segments that retention allows to go; return how many.
@@ -649,33 +370,20 @@ class Log(ReplicaMethods):
         call that deletes anything logs one line: how many segments, which
         offsets, and the new log start offset.
         """
-        cfg = self.config
         with self._lock:
             self._check_open()
-            now_us = int(self._clock() * 1_000_000)
-            total_bytes = self.size_bytes
-            total_messages = sum(s.record_count for s in self._segments)
-            deleted = freed = 0
             first = self.log_start_offset
-            for oldest in self._closed_below_high_watermark():
-                newest = oldest.max_timestamp
-                expired = cfg.retention_age is not None and (
-                    newest is None or newest < now_us - cfg.retention_age * 1_000_000
-                )
-                over_bytes = (
-                    cfg.retention_bytes is not None and total_bytes - oldest.size >= cfg.retention_bytes
-                )
-                over_count = (
-                    cfg.retention_messages is not None
-                    and total_messages - oldest.record_count >= cfg.retention_messages
-                )
-                if not (expired or over_bytes or over_count):
-                    break
-                total_bytes -= oldest.size
-                total_messages -= oldest.record_count
+            deleted = retention_deletes(
+                self.config,
+                self._closed_below_high_watermark(),
+                self.size_bytes,
+                sum(s.record_count for s in self._segments),
+                int(self._clock() * 1_000_000),
+            )
+            freed = 0
+            for oldest in self._segments[:deleted]:
                 freed += oldest.size
                 oldest.delete()
-                deleted += 1
             if deleted:
                 del self._segments[:deleted]
                 del self._bases[:deleted]
@@ -809,6 +517,27 @@ class Log(ReplicaMethods):
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"the log in {self.directory} is closed")
+
+    def _high_watermark_moved(self) -> None:
+        interval = self.config.high_watermark_checkpoint_interval
+        if self._clock() - self._last_hw_checkpoint >= interval:
+            self._checkpoint_high_watermark()
+
+    def _epochs_forgotten(self, newer: list[tuple[int, int]], epoch: int) -> None:
+        self._log.warning(
+            "%s names epoch(s) %s with no data, newer than epoch %d given now; forgetting them",
+            self.directory / LEADER_EPOCH_CHECKPOINT,
+            ", ".join(str(e) for e, _ in newer),
+            epoch,
+        )
+
+    def _epoch_refused(self, epoch: int, newer: int, start: int) -> LogError:
+        return LogError(
+            f"{self.directory} cannot take leader epoch {epoch}: it holds data of the newer "
+            f"epoch {newer} from offset {start} on, so the coordinator's metadata is older than "
+            "this data; restore the coordinator's data, or move this directory aside to start "
+            "the partition empty"
+        )
 
     def _checkpoint_high_watermark(self) -> None:
         hw = self._high_watermark

@@ -32,34 +32,24 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
-from typing import TYPE_CHECKING, Literal, NamedTuple, overload
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_jetstream.protocol.array_builders import constant_ints
-from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
-
-from .append_input import Records, to_input_columns
-from .arguments import check_limit, check_offset, check_offset_arg, to_micros
+from .base import LogBase, retention_deletes
 from .compaction import compact_batches, latest_offsets
 from .damage import DamagedRange, place
-from .epochs import EpochEndOffset, LeaderEpochCache
+from .epochs import LeaderEpochCache
 from .errors import (
-    CorruptSegmentError,
-    InvalidRecordsError,
     LogClosedError,
     LogError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
 )
-from .frames import batch_bounds, decode, replicated_entry
+from .frames import batch_bounds, decode
 from .index import BatchEntry, SegmentIndex, crc32
 from .log_config import LogConfig
 from .logging_labels import NO_LABELS, Labels
-from .reads import ReplicaFrame, read_batches, read_frames
 from .segment import encode_frame
 from .store import LogStore
 
@@ -84,6 +74,21 @@ class _Place(NamedTuple):
     def next_offset(self) -> int:
         """One past its last offset (its base when empty)."""
         return self.base if self.stored is None else self.stored.entry.last_offset + 1
+
+    @property
+    def size(self) -> int:
+        """Bytes of its frame (0 when empty)."""
+        return 0 if self.stored is None else self.stored.entry.size
+
+    @property
+    def record_count(self) -> int:
+        """Messages it holds."""
+        return 0 if self.stored is None else self.stored.entry.record_count
+
+    @property
+    def max_timestamp(self) -> int | None:
+        """Its batch's newest timestamp, or ``None`` when empty."""
+        return None if self.stored is None else self.stored.entry.max_timestamp
 
 
 class _Run:
@@ -112,6 +117,27 @@ class _Run:
         return self.stored[i].frame
 
 
+class _Tail:
+    """Where the shared append code stores a batch: the log's newest place (the file log's
+    active segment)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    @property
+    def size(self) -> int:
+        """Bytes stored in the newest place."""
+        return self._log._places[-1].size
+
+    def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool) -> None:
+        """Store ``frame`` (copied: the caller's buffer may be a view of memory that changes
+        later, as a file log's frames map its segment files)."""
+        copy = pa.BufferOutputStream()
+        copy.write(frame)
+        data = copy.getvalue()
+        self._log._store(_Stored(data, decode(data), entry))
+
+
 def _stored(batch: pa.RecordBatch, compression: str) -> _Stored:
     """``batch`` (in the log schema, one epoch) as stored: read back from its frame, as the
     file log reads it, so that both hand out the same batches (sizes included)."""
@@ -123,11 +149,13 @@ def _stored(batch: pa.RecordBatch, compression: str) -> _Stored:
     )
 
 
-class MemoryLog:
+class MemoryLog(LogBase):
     """One partition's log in memory, behind the same interface as :class:`~.log.Log`."""
 
     directory = None
     """No files: nothing is kept beside this log (a partition writes no producer snapshot)."""
+    _segments: list[_Run]
+    _bases: list[int]
 
     def __init__(
         self,
@@ -140,11 +168,10 @@ class MemoryLog:
         self.config = config or LogConfig()
         self.labels = labels
         self._clock = clock
-        self._places = [_Place(0, None)]
-        self._run = _Run(self._places)
+        self._tail = _Tail(self)
+        self._set([_Place(0, None)])
         self._high_watermark = 0
         self._epochs = LeaderEpochCache(None)
-        self._last_timestamp = 0
         self._lock = threading.RLock()
         self._grown = threading.Condition(self._lock)
         self._closed = False
@@ -158,12 +185,6 @@ class MemoryLog:
         with self._lock:
             self._closed = True
             self._grown.notify_all()
-
-    def __enter__(self) -> MemoryLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def sync_if_due(self) -> bool:
         """Nothing ever needs syncing: ``False``."""
@@ -182,20 +203,6 @@ class MemoryLog:
         return self._places[-1].next_offset
 
     @property
-    def high_watermark(self) -> int:
-        """The committed offset bound set by replication; within ``[0, log_end_offset]``."""
-        return self._high_watermark
-
-    @high_watermark.setter
-    def high_watermark(self, offset: int) -> None:
-        with self._lock:
-            self._check_open()
-            check_offset_arg("high_watermark", offset)
-            if offset > self.log_end_offset:
-                raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
-            self._high_watermark = offset
-
-    @property
     def size_bytes(self) -> int:
         """Bytes of the stored frames."""
         return sum(self._run.index.sizes)
@@ -210,292 +217,21 @@ class MemoryLog:
         """Always empty: memory holds what was stored."""
         return []
 
-    # ---- leader epochs ---------------------------------------------------------
-
-    @property
-    def leader_epoch(self) -> int:
-        """The epoch new appends are stamped with (0 until one is assigned)."""
-        latest = self._epochs.latest_epoch
-        return 0 if latest is None else latest
-
-    @property
-    def leader_epochs(self) -> tuple[tuple[int, int], ...]:
-        """``(epoch, start offset)`` pairs, oldest first."""
-        return self._epochs.entries
-
-    def assign_leader_epoch(self, epoch: int) -> None:
-        """As :meth:`Log.assign_leader_epoch`: epochs only grow; an older one than the latest
-        is refused (``LogError``) unless the newer ones hold no data (those are forgotten)."""
-        with self._lock:
-            self._check_open()
-            check_offset_arg("epoch", epoch)
-            newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
-            if newer and all(start >= self.log_end_offset for _, start in newer):
-                self._epochs.truncate_from_end(self.log_end_offset)
-            elif newer:
-                e, start = next((e, start) for e, start in newer if start < self.log_end_offset)
-                raise LogError(
-                    f"{self!r} cannot take leader epoch {epoch}: it holds data of the newer epoch {e} "
-                    f"from offset {start} on"
-                )
-            self._epochs.assign(epoch, self.log_end_offset)
-
-    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
-        """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
-        with self._lock:
-            return self._epochs.end_offset_for(epoch, self.log_end_offset)
-
-    # ---- writing ---------------------------------------------------------------
-
-    @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
-    @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
-
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
-        """As :meth:`Log.append`: one batch, the current epoch, one timestamp that never goes back."""
-        inputs = to_input_columns(records, self.config.max_message_bytes)
-        if not self._lock.acquire(blocking=wait):
-            return None
-        try:
-            self._check_open()
-            base, count = self.log_end_offset, len(inputs[0])
-            now = max(int(self._clock() * 1_000_000), self._last_timestamp)
-            epoch = self.leader_epoch
-            offsets = pa.array(range(base, base + count), pa.int64())
-            columns = [
-                offsets,
-                constant_ints(now, count, TIMESTAMP_TYPE),
-                constant_ints(epoch, count, pa.int32()),
-            ]
-            batch = pa.RecordBatch.from_arrays([*columns, *inputs], schema=LOG_SCHEMA)
-            frame = encode_frame(batch, self.config.compression)
-            if frame.size > self.config.max_batch_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {count} messages is {frame.size} bytes stored, over "
-                    f"max_batch_bytes={self.config.max_batch_bytes}",
-                    size=frame.size,
-                    limit=self.config.max_batch_bytes,
-                )
-            last = base + count - 1
-            entry = BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, count, now)
-            self._store(_Stored(frame, decode(frame), entry))
-            if self._epochs.latest_epoch is None:
-                self._epochs.assign(epoch, base)
-            self._last_timestamp = now
-            self._grown.notify_all()
-            return range(base, last + 1)
-        finally:
-            self._lock.release()
-
-    def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
-        """As :meth:`Log.append_replicated`: frames kept byte for byte (batches encoded), each
-        checked to follow the log end with an epoch no older than the latest."""
-        with self._lock:
-            self._check_open()
-            first = None
-            for item in frames:
-                data = (
-                    encode_frame(item, self.config.compression) if isinstance(item, pa.RecordBatch) else item
-                )
-                entry = replicated_entry(data, self.log_end_offset - 1)
-                if entry is None:
-                    raise InvalidRecordsError(
-                        f"a replicated frame of {data.size} bytes is not one sound batch following "
-                        f"offset {self.log_end_offset - 1} in the log schema"
-                    )
-                latest = self._epochs.latest_epoch
-                if latest is not None and entry.leader_epoch < latest:
-                    raise InvalidRecordsError(
-                        f"a replicated batch at offset {entry.base_offset} has leader epoch "
-                        f"{entry.leader_epoch}, older than this log's {latest}"
-                    )
-                if data is item:
-                    # A copy of our own: the caller's buffer may be a view of memory that
-                    # changes later (a file log's frames map its segment files).
-                    copy = pa.BufferOutputStream()
-                    copy.write(data)
-                    data = copy.getvalue()
-                self._store(_Stored(data, decode(data), entry))
-                if latest is None or entry.leader_epoch > latest:
-                    self._epochs.assign(entry.leader_epoch, entry.base_offset)
-                self._last_timestamp = max(self._last_timestamp, entry.max_timestamp)
-                first = entry.base_offset if first is None else first
-                self._grown.notify_all()
-            return range(self.log_end_offset if first is None else first, self.log_end_offset)
-
-    def truncate_to(self, offset: int) -> None:
-        """As :meth:`Log.truncate_to`: everything from ``offset`` on goes, the HW and the epoch
-        cache with it; past the end nothing changes, at the end only data-less epochs go."""
-        check_offset_arg("offset", offset)
-        with self._lock:
-            self._check_open()
-            if offset >= self.log_end_offset:
-                if offset == self.log_end_offset:
-                    self._epochs.truncate_from_end(offset)
-                return
-            if offset < self.log_start_offset:
-                raise OffsetOutOfRangeError(
-                    offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
-                )
-            # As the file log cuts its segments: the place holding ``offset`` keeps what lies
-            # before it, the places after it go, and a cut in a gap begins a place at ``offset``.
-            n = max(1, bisect.bisect_left(self.segment_base_offsets, offset))
-            cut = self._places[n - 1]
-            if cut.stored is not None and cut.stored.entry.last_offset >= offset:
-                batch = cut.stored.batch
-                part = batch.filter(pc.less(batch.column(0), offset))
-                cut = _Place(cut.base, _stored(part, self.config.compression) if part.num_rows else None)
-            places = [*self._places[: n - 1], cut]
-            if cut.next_offset < offset:
-                places.append(_Place(offset, None))
-            self._set(places)
-            self._epochs.truncate_from_end(offset)
-            self._high_watermark = min(self._high_watermark, offset)
-            self._grown.notify_all()
-
-    def reset_to(self, offset: int) -> None:
-        """Remove everything and start empty at ``offset`` (log start = log end = HW = ``offset``)."""
-        check_offset("offset", offset)
-        with self._lock:
-            self._check_open()
-            self._set([_Place(offset, None)])
-            self._high_watermark = offset
-            self._epochs.truncate_from_end(0)
-            self._last_timestamp = 0
-            self._grown.notify_all()
-
-    # ---- reading ---------------------------------------------------------------
-
-    def read(
-        self,
-        start_offset: int,
-        *,
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-    ) -> list[pa.RecordBatch]:
-        """As :meth:`Log.read` (the same reader, over batches in memory)."""
-        check_offset_arg("start_offset", start_offset, allow_negative=True)
-        check_limit("max_records", max_records)
-        check_limit("max_bytes", max_bytes)
-        if upper_bound is not None:
-            check_offset_arg("upper_bound", upper_bound)
-        with self._lock:
-            end = self._read_end(start_offset, upper_bound)
-            return read_batches(
-                [self._run],
-                [self.log_start_offset],
-                start_offset,
-                end,
-                max_records=max_records,
-                max_bytes=max_bytes,
-            )
-
-    @overload
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: Literal[True] = True,
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def read_frames(
-        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
-    ) -> list[ReplicaFrame] | None: ...
-
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: bool = True,
-    ) -> list[ReplicaFrame] | None:
-        """As :meth:`Log.read_frames`: the stored frames, a batch cut by the range encoded afresh."""
-        check_offset("start_offset", start_offset)
-        if not self._lock.acquire(blocking=wait):
-            return None
-        try:
-            end = self._read_end(start_offset, upper_bound)
-            return read_frames(
-                [self._run],
-                [self.log_start_offset],
-                start_offset,
-                end,
-                max_bytes=max_bytes,
-                compression=self.config.compression,
-            )
-        finally:
-            self._lock.release()
-
-    def scan(
-        self,
-        *,
-        max_bytes: int = 16 * 1024 * 1024,
-        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
-        start_offset: int | None = None,
-    ) -> Iterator[pa.RecordBatch]:
-        """Every stored batch from the log start (or ``start_offset``, if later) to the log end as
-        of the call; ``on_damaged`` is never called (nothing is damaged)."""
-        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
-        while offset < end:
-            batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
-            if not batches:
-                return  # the rest is a compaction gap
-            yield from batches
-            offset = batches[-1].column(0)[-1].as_py() + 1
-
-    def offset_for_timestamp(self, timestamp: datetime | float) -> int:
-        """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none."""
-        target = to_micros(timestamp)
-        with self._lock:
-            self._check_open()
-            i = bisect.bisect_left(self._run.index.max_timestamps, target)
-            if i == len(self._run.index):
-                return self.log_end_offset
-            batch = self._run.batch(i)
-            earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
-            return int(batch.column(0)[earlier].as_py())
-
-    def wait_for_end(self, offset: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``; whether it did."""
-        with self._grown:
-            return self._grown.wait_for(lambda: self._closed or self.log_end_offset > offset, timeout) and (
-                not self._closed
-            )
-
     # ---- upkeep ----------------------------------------------------------------
 
     def enforce_retention(self) -> int:
         """Delete the oldest closed batches (see the module docstring) that retention allows to
         go, by the file log's rules per segment; return how many went."""
-        cfg = self.config
         with self._lock:
             self._check_open()
-            now_us = int(self._clock() * 1_000_000)
             places = self._places
-            total_bytes = sum(self._run.index.sizes)
-            total_messages = sum(self._run.index.counts)
-            deleted = 0
-            for oldest in places[: self._closed_below_high_watermark()]:
-                size = 0 if oldest.stored is None else oldest.stored.entry.size
-                count = 0 if oldest.stored is None else oldest.stored.entry.record_count
-                newest = None if oldest.stored is None else oldest.stored.entry.max_timestamp
-                expired = cfg.retention_age is not None and (
-                    newest is None or newest < now_us - cfg.retention_age * 1_000_000
-                )
-                over_bytes = cfg.retention_bytes is not None and total_bytes - size >= cfg.retention_bytes
-                over_count = (
-                    cfg.retention_messages is not None and total_messages - count >= cfg.retention_messages
-                )
-                if not (expired or over_bytes or over_count):
-                    break
-                total_bytes -= size
-                total_messages -= count
-                deleted += 1
+            deleted = retention_deletes(
+                self.config,
+                places[: self._closed_below_high_watermark()],
+                sum(self._run.index.sizes),
+                sum(self._run.index.counts),
+                int(self._clock() * 1_000_000),
+            )
             if deleted:
                 self._set(places[deleted:])
                 self._epochs.truncate_from_start(self.log_start_offset)
@@ -510,14 +246,7 @@ class MemoryLog:
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            committed = read_batches(
-                [self._run],
-                [self.log_start_offset],
-                self.log_start_offset,
-                self._high_watermark,
-                max_records=None,
-                max_bytes=None,
-            )
+            committed = self._read(self.log_start_offset, self._high_watermark, None, None)
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
             latest = latest_offsets(committed)
             places, removed = list(self._places), 0
@@ -547,7 +276,52 @@ class MemoryLog:
             place([], list(batches))  # raises: no batch lies within a damaged range
             return []
 
-    # ---- internals -------------------------------------------------------------
+    # ---- the storage beneath the shared methods ----------------------------------
+
+    @property
+    def _active(self) -> _Tail:
+        return self._tail
+
+    def _maybe_roll(self, frame_size: int, last_offset: int, now_us: int) -> None:
+        """Every batch gets a place of its own: a new one begins after a place that holds one."""
+        last = self._places[-1]
+        if last.stored is not None:
+            self._places.append(_Place(last.next_offset, None))
+
+    def _fsync_due(self) -> bool:
+        return False
+
+    def _cut(self, offset: int) -> None:
+        # As the file log cuts its segments: the place holding ``offset`` keeps what lies
+        # before it, the places after it go, and a cut in a gap begins a place at ``offset``.
+        n = max(1, bisect.bisect_left(self.segment_base_offsets, offset))
+        cut = self._places[n - 1]
+        if cut.stored is not None and cut.stored.entry.last_offset >= offset:
+            batch = cut.stored.batch
+            part = batch.filter(pc.less(batch.column(0), offset))
+            cut = _Place(cut.base, _stored(part, self.config.compression) if part.num_rows else None)
+        places = [*self._places[: n - 1], cut]
+        if cut.next_offset < offset:
+            places.append(_Place(offset, None))
+        self._set(places)
+
+    def _start_empty_at(self, offset: int) -> None:
+        self._set([_Place(offset, None)])
+
+    def _checkpoint_high_watermark(self) -> None:
+        """Nothing outlives the object."""
+
+    def _high_watermark_moved(self) -> None:
+        """Nothing to checkpoint."""
+
+    def _epochs_forgotten(self, newer: list[tuple[int, int]], epoch: int) -> None:
+        """No checkpoint could have named them: nothing to warn of."""
+
+    def _epoch_refused(self, epoch: int, newer: int, start: int) -> LogError:
+        return LogError(
+            f"{self!r} cannot take leader epoch {epoch}: it holds data of the newer epoch {newer} "
+            f"from offset {start} on"
+        )
 
     def _closed_below_high_watermark(self) -> int:
         """How many of the oldest places are closed and wholly below the high watermark: the
@@ -567,15 +341,8 @@ class MemoryLog:
         """Take ``places`` as the log's; the newest timestamp is what they hold now (as in the file log)."""
         self._places = places
         self._run = _Run(places)
+        self._segments, self._bases = [self._run], [places[0].base]
         self._last_timestamp = max(self._run.index.max_timestamps, default=0)
-
-    def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
-        self._check_open()
-        if not self.log_start_offset <= start_offset <= self.log_end_offset:
-            raise OffsetOutOfRangeError(
-                start_offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
-            )
-        return self.log_end_offset if upper_bound is None else min(self.log_end_offset, upper_bound)
 
     def _check_open(self) -> None:
         if self._closed:

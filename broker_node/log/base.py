@@ -1,0 +1,571 @@
+"""What the file log and the memory log share: the logic of every method that does not depend
+on how batches are stored.
+
+:class:`LogBase` holds appends, replicated appends, reads, frames for replicas,
+scans, leader epochs, the high watermark, and the checks and bookkeeping of
+truncation and reset; :class:`~.log.Log` and :class:`~.memory.MemoryLog`
+supply the storage beneath them through a few small methods (``_active``,
+``_maybe_roll``, ``_cut``, ``_start_empty_at``, ...).  The hot paths
+(:meth:`LogBase.append`, :meth:`LogBase.append_replicated`,
+:meth:`LogBase.read_frames`) call the file log's segments directly, as
+before: the memory log's newest place answers the same few calls a segment
+does.  The contract of each method is :class:`~.store.LogStore`'s.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import dataclasses
+import threading
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Literal, Protocol, Self, overload
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_jetstream.protocol.array_builders import constant_ints
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
+
+from .append_input import Records, to_input_columns
+from .arguments import check_limit, check_offset, check_offset_arg, to_micros
+from .epochs import EpochEndOffset, LeaderEpochCache
+from .errors import (
+    CorruptSegmentError,
+    InvalidRecordsError,
+    LogError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from .frames import replicated_entry
+from .index import BatchEntry, crc32
+from .log_config import LogConfig
+from .logging_labels import Labels
+from .reads import ReplicaFrame, StoredBatches, read_batches, read_frames
+from .segment import encode_frame
+
+
+class ActiveStore(Protocol):
+    """Where appends go: the file log's active segment, or the memory log's newest place."""
+
+    @property
+    def size(self) -> int:
+        """Bytes stored in it so far: the position the next batch gets."""
+
+    def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool) -> None:
+        """Store ``frame``, described by ``entry``; with ``fsync``, on stable storage before returning."""
+
+
+class Unit(Protocol):
+    """One unit retention deletes whole: a closed segment, or a memory log's place."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def record_count(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int | None: ...
+
+
+def retention_deletes(
+    config: LogConfig, units: Iterable[Unit], total_bytes: int, total_messages: int, now_us: int
+) -> int:
+    """How many of ``units`` (the oldest closed ones below the HW, oldest first) retention lets go:
+    each goes when its newest message is older than ``retention_age``, or when what stays without
+    it still holds at least ``retention_bytes`` bytes or ``retention_messages`` messages; counting
+    stops at the first that must stay."""
+    deleted = 0
+    for unit in units:
+        newest = unit.max_timestamp
+        expired = config.retention_age is not None and (
+            newest is None or newest < now_us - config.retention_age * 1_000_000
+        )
+        over_bytes = config.retention_bytes is not None and total_bytes - unit.size >= config.retention_bytes
+        over_count = (
+            config.retention_messages is not None
+            and total_messages - unit.record_count >= config.retention_messages
+        )
+        if not (expired or over_bytes or over_count):
+            break
+        total_bytes -= unit.size
+        total_messages -= unit.record_count
+        deleted += 1
+    return deleted
+
+
+class LogBase(abc.ABC):
+    """The methods both logs run alike (see the module docstring); the storage is the subclass's."""
+
+    config: LogConfig
+    labels: Labels
+    _clock: Callable[[], float]
+    _lock: threading.RLock
+    _grown: threading.Condition
+    """Notified whenever the log end offset moves (appends, replicated appends, truncation)."""
+    _closed: bool
+    _epochs: LeaderEpochCache
+    _high_watermark: int
+    _last_timestamp: int
+    """The newest stored timestamp (µs): the floor for the next append's."""
+    _unsynced: bool = False
+    """Appended data that no fsync has covered yet."""
+    _iota: pa.Array = pa.array([], pa.int64())
+    _segments: Sequence[StoredBatches]
+    """What the reads of :mod:`.reads` walk, oldest first, and their base offsets (``_bases``)."""
+    _bases: Sequence[int]
+
+    # ---- what the storage supplies ---------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def log_start_offset(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def log_end_offset(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def _active(self) -> ActiveStore:
+        """Where the next batch is stored."""
+
+    @abc.abstractmethod
+    def _maybe_roll(self, frame_size: int, last_offset: int, now_us: int) -> None:
+        """Begin a new unit at the log end if the active one should take no batch of ``frame_size``
+        bytes ending at ``last_offset``, stamped ``now_us``."""
+
+    @abc.abstractmethod
+    def _fsync_due(self) -> bool:
+        """Whether this append must reach stable storage before it counts."""
+
+    @abc.abstractmethod
+    def _check_open(self) -> None:
+        """``LogClosedError`` if the log is closed."""
+
+    @abc.abstractmethod
+    def _cut(self, offset: int) -> None:
+        """Remove the stored messages at and after ``offset``, which lies within the log, and set
+        ``_last_timestamp`` to the newest that stays."""
+
+    @abc.abstractmethod
+    def _start_empty_at(self, offset: int) -> None:
+        """Remove every stored message and begin the (empty) storage at ``offset``."""
+
+    @abc.abstractmethod
+    def _checkpoint_high_watermark(self) -> None:
+        """Make the high watermark survive a restart, if anything of the log does."""
+
+    @abc.abstractmethod
+    def _high_watermark_moved(self) -> None:
+        """Replication set the high watermark (to checkpoint it now and then)."""
+
+    @abc.abstractmethod
+    def _epochs_forgotten(self, newer: list[tuple[int, int]], epoch: int) -> None:
+        """``newer`` epochs, begun at the log end with no data, are forgotten for ``epoch``."""
+
+    @abc.abstractmethod
+    def _epoch_refused(self, epoch: int, newer: int, start: int) -> LogError:
+        """The error for ``epoch`` given while the log holds data of epoch ``newer`` from ``start`` on."""
+
+    # ---- the shared logic ------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    def high_watermark(self) -> int:
+        """The committed offset bound set by replication; within ``[0, log_end_offset]``."""
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            check_offset_arg("high_watermark", offset)
+            if offset > self.log_end_offset:
+                raise ValueError(f"high watermark {offset} is past the log end offset {self.log_end_offset}")
+            self._high_watermark = offset
+            self._high_watermark_moved()
+
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch new appends are stamped with (0 until one is assigned)."""
+        latest = self._epochs.latest_epoch
+        return 0 if latest is None else latest
+
+    @property
+    def leader_epochs(self) -> tuple[tuple[int, int], ...]:
+        """``(epoch, start offset)`` pairs, oldest first."""
+        return self._epochs.entries
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Stamp appends from now on with ``epoch``, which starts at the log end offset.
+
+        Epochs only grow; assigning the current one again does nothing.
+        An epoch older than the latest one is refused (``LogError``) -- unless
+        the newer ones began at the log end and hold no data: those are
+        forgotten (a file log warns: a damaged checkpoint named them; nothing
+        was written in them).
+        """
+        with self._lock:
+            self._check_open()
+            check_offset_arg("epoch", epoch)
+            end = self.log_end_offset
+            newer = [(e, start) for e, start in self._epochs.entries if e > epoch]
+            if newer and all(start >= end for _, start in newer):
+                self._epochs_forgotten(newer, epoch)
+                self._epochs.truncate_from_end(end)
+            elif newer:
+                e, start = next((e, start) for e, start in newer if start < end)
+                raise self._epoch_refused(epoch, e, start)
+            self._epochs.assign(epoch, end)
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        """Largest known epoch <= ``epoch`` and one past its last offset (Kafka's OffsetForLeaderEpoch)."""
+        with self._lock:
+            return self._epochs.end_offset_for(epoch, self.log_end_offset)
+
+    # ---- appending -------------------------------------------------------------
+
+    @overload
+    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    @overload
+    def append(self, records: Records, *, wait: bool) -> range | None: ...
+
+    def append(self, records: Records, *, wait: bool = True) -> range | None:
+        """Append messages and return the offsets they were given.
+
+        ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
+        column and any of the other input columns of the log schema, or an
+        iterable of :class:`~broker_node.log.append_input.Record`.  The messages
+        are written as one batch, stamped with the current leader epoch and
+        one timestamp: the current time, or the previous batch's if the clock
+        went back, so timestamps never decrease along the log.
+
+        Raises ``InvalidRecordsError`` for empty or malformed input and
+        ``RecordTooLargeError`` for a message over ``max_message_bytes`` or a
+        batch over ``max_batch_bytes``; the log is unchanged then.
+
+        With ``wait=False`` the call returns ``None`` at once, appending
+        nothing, if another call holds the log (a compaction, say): a caller
+        on an event loop can then append from a worker thread instead.
+        """
+        inputs = to_input_columns(records, self.config.max_message_bytes)
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            self._check_open()
+            base = self.log_end_offset
+            count = len(inputs[0])
+            now = max(int(self._clock() * 1_000_000), self._last_timestamp)
+            epoch = self.leader_epoch
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    self._offsets(base, count),
+                    constant_ints(now, count, TIMESTAMP_TYPE),
+                    constant_ints(epoch, count, pa.int32()),
+                    *inputs,
+                ],
+                schema=LOG_SCHEMA,
+            )
+            frame = encode_frame(batch, self.config.compression)
+            if frame.size > self.config.max_batch_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {count} messages is {frame.size} bytes stored, over "
+                    f"max_batch_bytes={self.config.max_batch_bytes}",
+                    size=frame.size,
+                    limit=self.config.max_batch_bytes,
+                )
+            last = base + count - 1
+            self._maybe_roll(frame.size, last, now)
+            active = self._active
+            entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
+            fsync = self._fsync_due()
+            active.append(frame, entry, fsync=fsync)
+            self._unsynced = not fsync
+            if self._epochs.latest_epoch is None:
+                self._epochs.assign(epoch, base)
+            self._last_timestamp = now
+            self._grown.notify_all()
+            return range(base, last + 1)
+        finally:
+            self._lock.release()
+
+    def _offsets(self, base: int, count: int) -> pa.Array:
+        if count <= 64:  # cheaper than a compute call for the one-message path
+            return pa.Array.from_buffers(
+                pa.int64(), count, [None, pa.py_buffer(array("q", range(base, base + count)))]
+            )
+        if len(self._iota) < count:
+            self._iota = pa.array(array("q", range(max(count, 2 * len(self._iota)))), pa.int64())
+        return pc.add(self._iota.slice(0, count), pa.scalar(base, pa.int64()))
+
+    def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
+        """Append batches a leader stored, keeping its offsets, timestamps and leader epochs.
+
+        ``frames`` are stored frames as :meth:`read_frames` returns them (their
+        ``data``), written byte for byte, or record batches in the log schema
+        (encoded with this log's compression).  Each must hold strictly
+        increasing offsets from the log end offset on (a gap is allowed: the
+        leader's compaction removed those offsets; an overlap never is), one
+        leader epoch, no older than the log's latest; the epoch cache learns
+        each new epoch.  Returns the offsets appended.  Raises
+        ``InvalidRecordsError`` naming the first frame that does not fit (the
+        ones before it stay appended) and ``LogStorageError`` if the disk
+        refuses.
+        """
+        with self._lock:
+            self._check_open()
+            first = None
+            for item in frames:
+                data = (
+                    encode_frame(item, self.config.compression) if isinstance(item, pa.RecordBatch) else item
+                )
+                entry = replicated_entry(data, self.log_end_offset - 1)
+                if entry is None:
+                    raise InvalidRecordsError(
+                        f"a replicated frame of {data.size} bytes is not one sound batch following "
+                        f"offset {self.log_end_offset - 1} in the log schema"
+                    )
+                latest = self._epochs.latest_epoch
+                if latest is not None and entry.leader_epoch < latest:
+                    raise InvalidRecordsError(
+                        f"a replicated batch at offset {entry.base_offset} has leader epoch "
+                        f"{entry.leader_epoch}, older than this log's {latest}"
+                    )
+                self._maybe_roll(data.size, entry.last_offset, entry.max_timestamp)
+                active = self._active
+                fsync = self._fsync_due()
+                active.append(data, dataclasses.replace(entry, position=active.size), fsync=fsync)
+                self._unsynced = not fsync
+                if latest is None or entry.leader_epoch > latest:
+                    self._epochs.assign(entry.leader_epoch, entry.base_offset)
+                self._last_timestamp = max(self._last_timestamp, entry.max_timestamp)
+                first = entry.base_offset if first is None else first
+                self._grown.notify_all()
+            end = self.log_end_offset
+            return range(end if first is None else first, end)
+
+    # ---- truncation ------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every message at and after ``offset``; the log end offset becomes ``offset``.
+
+        Used by replication to drop a diverged tail.  An offset past the log
+        end offset changes nothing; at the log end offset only leader epochs
+        that began there (and hold no data) are forgotten; one below the log
+        start offset raises ``OffsetOutOfRangeError``.  The high watermark and
+        leader-epoch cache are cut back with it.  A file log rewrites the
+        segment cut in two from its batches below ``offset``: a damaged one
+        among them raises ``CorruptSegmentError`` and leaves the log as it was.
+        """
+        check_offset_arg("offset", offset)
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                if offset == self.log_end_offset:
+                    # A leadership that wrote nothing: the new leader's batches of an
+                    # older epoch must be able to follow.
+                    self._epochs.truncate_from_end(offset)
+                return
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(
+                    offset, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset
+                )
+            self._cut(offset)
+            self._epochs.truncate_from_end(offset)
+            self._high_watermark = min(self._high_watermark, offset)
+            self._checkpoint_high_watermark()
+            self._grown.notify_all()
+
+    def reset_to(self, offset: int) -> None:
+        """Remove everything and start empty at ``offset`` (log start = log end = HW = ``offset``).
+
+        For a replica whose data a leader no longer has (its log starts
+        later): the replica starts over at the leader's log start offset.
+        """
+        check_offset("offset", offset)
+        with self._lock:
+            self._check_open()
+            self._start_empty_at(offset)
+            self._epochs.truncate_from_end(0)
+            self._high_watermark = offset
+            self._checkpoint_high_watermark()
+            self._last_timestamp = 0
+            self._grown.notify_all()
+
+    # ---- reading ---------------------------------------------------------------
+
+    def read(
+        self,
+        start_offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+    ) -> list[pa.RecordBatch]:
+        """Return stored batches from ``start_offset`` on, in offset order.
+
+        The first row of the first batch is ``start_offset`` (or the next
+        stored offset after a compaction gap); batches are zero-copy slices of
+        the stored ones (a file log's memory-mapped segments; batches stored
+        compressed are decompressed).  Reading stops before ``upper_bound``
+        (default: the log end offset; pass the high watermark to read only
+        committed data), after ``max_records`` rows, or before the batch that
+        would take the bytes read past ``max_bytes`` (a batch counts its
+        stored size, or its decompressed size if larger) -- but at least one
+        batch is returned when any data is in range, however large.
+
+        ``start_offset`` equal to the log end offset (or at/after
+        ``upper_bound``) gives an empty list.  Outside
+        ``[log_start_offset, log_end_offset]`` it raises
+        ``OffsetOutOfRangeError`` with the valid range.  A damaged batch (one
+        that fails its checks, or offsets whose data is lost) ends the read
+        before it; a read that starts at it raises ``CorruptSegmentError``
+        naming the file and the unreadable range.
+        """
+        check_offset_arg("start_offset", start_offset, allow_negative=True)
+        check_limit("max_records", max_records)
+        check_limit("max_bytes", max_bytes)
+        if upper_bound is not None:
+            check_offset_arg("upper_bound", upper_bound)
+        with self._lock:
+            end = self._read_end(start_offset, upper_bound)
+            return self._read(start_offset, end, max_records, max_bytes)
+
+    def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
+        """Where a read from ``start_offset`` stops (the log end, or ``upper_bound`` if lower);
+        raises ``OffsetOutOfRangeError`` for a start outside the log.  Called holding the lock."""
+        self._check_open()
+        end = self.log_end_offset
+        if not self.log_start_offset <= start_offset <= end:
+            raise OffsetOutOfRangeError(
+                start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
+            )
+        return end if upper_bound is None else min(end, upper_bound)
+
+    def _read(
+        self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
+    ) -> list[pa.RecordBatch]:
+        """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
+        return read_batches(
+            self._segments,
+            self._bases,
+            offset,
+            end,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            partial=partial,
+        )
+
+    @overload
+    def read_frames(
+        self,
+        start_offset: int,
+        *,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+        wait: Literal[True] = True,
+    ) -> list[ReplicaFrame]: ...
+    @overload
+    def read_frames(
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
+    ) -> list[ReplicaFrame] | None: ...
+
+    def read_frames(
+        self,
+        start_offset: int,
+        *,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+        wait: bool = True,
+    ) -> list[ReplicaFrame] | None:
+        """Stored batches from ``start_offset`` on, byte for byte as stored, for a replica.
+
+        Bounds and errors as :meth:`read` (a batch cut by the range is sliced
+        and encoded afresh); ``max_bytes`` counts stored bytes.  Each frame's
+        bytes are what :meth:`append_replicated` takes.  With ``wait=False``,
+        ``None`` if another thread holds the log (an event loop's caller reads
+        in a thread then).
+        """
+        check_offset("start_offset", start_offset)
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            end = self._read_end(start_offset, upper_bound)
+            return read_frames(
+                self._segments,
+                self._bases,
+                start_offset,
+                end,
+                max_bytes=max_bytes,
+                compression=self.config.compression,
+            )
+        finally:
+            self._lock.release()
+
+    def scan(
+        self,
+        *,
+        max_bytes: int = 16 * 1024 * 1024,
+        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
+        start_offset: int | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Every stored batch from the log start (or ``start_offset``, if later) to the log end
+        as of the call, in order.
+
+        Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
+        state kept beside the log (producer sequences, cursors).  A damaged
+        range raises ``CorruptSegmentError``, unless ``on_damaged`` is given:
+        then it is called with that error and the scan goes on after the
+        range.  Rebuilds pass it, so that one bad batch costs what it held
+        rather than the whole partition (the range stays in ``damaged``
+        until repaired).
+        """
+        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
+        while offset < end:
+            try:
+                batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
+            except CorruptSegmentError as exc:
+                if on_damaged is None:
+                    raise
+                on_damaged(exc)
+                offset = max(offset, exc.last_offset) + 1
+                continue
+            if not batches:
+                return  # the rest is a compaction gap
+            yield from batches
+            offset = batches[-1].column(0)[-1].as_py() + 1
+
+    def offset_for_timestamp(self, timestamp: datetime | float) -> int:
+        """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none.
+
+        ``timestamp`` is a timezone-aware ``datetime`` or seconds since the
+        Unix epoch.  Only messages still stored are considered.
+        """
+        target = to_micros(timestamp)
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                i = bisect.bisect_left(segment.index.max_timestamps, target)
+                if i == len(segment.index):
+                    continue
+                batch = segment.batch(i)
+                earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
+                return int(batch.column(0)[earlier].as_py())
+            return self.log_end_offset
+
+    def wait_for_end(self, offset: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``; whether it did."""
+        with self._grown:
+            return self._grown.wait_for(lambda: self._closed or self.log_end_offset > offset, timeout) and (
+                not self._closed
+            )
