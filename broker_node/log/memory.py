@@ -1,9 +1,10 @@
 """A partition's log held in memory: the :class:`~.store.LogStore` interface with no files.
 
 For tests of what sits on a log (partitions, replication, ingest) that need no
-disk.  It stores the same frames as the file log -- built by the same helpers,
-checked the same way on a replicated append -- so a memory log's follower can
-be fed by a file log's leader and the other way round.
+disk.  It stores the same frames as the file log -- appended, replicated, read
+and truncated by the same code (:class:`~.base.LogBase`), over its own storage
+-- so a memory log's follower can be fed by a file log's leader and the other
+way round.
 
 It behaves as a file :class:`~.log.Log` whose every batch is a segment of its
 own (as one whose ``segment_bytes`` is below every batch's size): each batch

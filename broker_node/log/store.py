@@ -12,9 +12,11 @@ stored; the **log end offset** (LEO) is the offset the next append gets; the
 **high watermark** (HW) is set by replication within ``[0, LEO]``, and
 offsets below it are committed.  Offsets are contiguous from 0 as appended;
 compaction removes messages but never renumbers them, so reads may skip gaps.
-Every method is thread-safe.  :class:`~.log.Log`'s docstrings give each
-method's full contract; this Protocol names what a caller may rely on of any
-implementation.
+Every method is thread-safe.  This Protocol names what a caller may rely on
+of any implementation; each method's full contract is stated once, where it is
+written: in :class:`~.base.LogBase` for the methods both logs share (appends,
+replicated appends, reads, frames, epochs, truncation), in :class:`~.log.Log`
+for the rest, and :class:`~.memory.MemoryLog` says only where it differs.
 """
 
 from __future__ import annotations
