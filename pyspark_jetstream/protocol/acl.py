@@ -208,16 +208,21 @@ _USER_KEYS = {"token_bcrypt", "cluster", "max_follow_readers"}
 _GRANT_KEYS = {"principal", "actions", "streams", "consumers"}
 
 
-def _user(name: str, entry: object, where: str) -> User:
-    validate_principal(name)
+def _table(entry: object, known: set[str], here: str) -> dict[str, object]:
+    """``entry`` as a table of ``known`` keys; ``InvalidArgumentError`` naming ``here`` otherwise."""
     if not isinstance(entry, dict):
-        raise InvalidArgumentError(f"[users.{name}] of {where} must be a table")
-    unknown = sorted(set(entry) - _USER_KEYS)
+        raise InvalidArgumentError(f"{here} must be a table")
+    unknown = sorted(set(entry) - known)
     if unknown:
         raise InvalidArgumentError(
-            f"unknown option(s) {', '.join(unknown)} in [users.{name}] of {where}; "
-            f"known: {', '.join(sorted(_USER_KEYS))}"
+            f"unknown option(s) {', '.join(unknown)} in {here}; known: {', '.join(sorted(known))}"
         )
+    return entry
+
+
+def _user(name: str, entry: object, where: str) -> User:
+    validate_principal(name)
+    entry = _table(entry, _USER_KEYS, f"[users.{name}] of {where}")
     token = entry.get("token_bcrypt")
     if token is not None and (not isinstance(token, str) or not BCRYPT_PATTERN.fullmatch(token)):
         raise InvalidArgumentError(
@@ -237,13 +242,7 @@ def _user(name: str, entry: object, where: str) -> User:
 
 def _grant(index: int, entry: object, users: Mapping[str, User], where: str) -> Grant:
     here = f"grant #{index + 1} of {where}"
-    if not isinstance(entry, dict):
-        raise InvalidArgumentError(f"{here} must be a table")
-    unknown = sorted(set(entry) - _GRANT_KEYS)
-    if unknown:
-        raise InvalidArgumentError(
-            f"unknown option(s) {', '.join(unknown)} in {here}; known: {', '.join(sorted(_GRANT_KEYS))}"
-        )
+    entry = _table(entry, _GRANT_KEYS, here)
     principal = entry.get("principal")
     if principal != ANYONE:
         validate_principal(principal)
