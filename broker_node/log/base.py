@@ -58,6 +58,14 @@ class ActiveStore(Protocol):
         """Store ``frame``, described by ``entry``; with ``fsync``, on stable storage before returning."""
 
 
+class Stored(StoredBatches, Protocol):
+    """What the shared reads walk: a file log's segment, or the memory log's run of batches."""
+
+    @property
+    def max_timestamp(self) -> int | None:
+        """The newest batch's timestamp, or ``None`` when empty."""
+
+
 class Unit(Protocol):
     """One unit retention deletes whole: a closed segment, or a memory log's place."""
 
@@ -112,7 +120,7 @@ class LogBase(abc.ABC):
     _unsynced: bool = False
     """Appended data that no fsync has covered yet."""
     _iota: pa.Array = pa.array([], pa.int64())
-    _segments: Sequence[StoredBatches]
+    _segments: Sequence[Stored]
     """What the reads of :mod:`.reads` walk, oldest first, and their base offsets (``_bases``)."""
     _bases: Sequence[int]
 
@@ -555,9 +563,10 @@ class LogBase(abc.ABC):
         with self._lock:
             self._check_open()
             for segment in self._segments:
-                i = bisect.bisect_left(segment.index.max_timestamps, target)
-                if i == len(segment.index):
+                newest = segment.max_timestamp
+                if newest is None or newest < target:
                     continue
+                i = bisect.bisect_left(segment.index.max_timestamps, target)
                 batch = segment.batch(i)
                 earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
                 return int(batch.column(0)[earlier].as_py())

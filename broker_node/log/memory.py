@@ -117,6 +117,11 @@ class _Run:
     def frame(self, i: int) -> pa.Buffer:
         return self.stored[i].frame
 
+    @property
+    def max_timestamp(self) -> int | None:
+        """The newest batch's timestamp, or ``None`` when empty."""
+        return self.index.max_timestamps[-1] if len(self.index) else None
+
 
 class _Tail:
     """Where the shared append code stores a batch: the log's newest place (the file log's
