@@ -54,6 +54,10 @@ class ActiveStore(Protocol):
     def size(self) -> int:
         """Bytes stored in it so far: the position the next batch gets."""
 
+    @property
+    def next_offset(self) -> int:
+        """One past its last offset: the log end offset."""
+
     def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool) -> None:
         """Store ``frame``, described by ``entry``; with ``fsync``, on stable storage before returning."""
 
@@ -128,14 +132,6 @@ class LogBase(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def log_start_offset(self) -> int: ...
-
-    @property
-    @abc.abstractmethod
-    def log_end_offset(self) -> int: ...
-
-    @property
-    @abc.abstractmethod
     def _active(self) -> ActiveStore:
         """Where the next batch is stored."""
 
@@ -187,6 +183,17 @@ class LogBase(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset still stored (messages below it were deleted by retention): where the
+        oldest unit begins."""
+        return self._bases[0]
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended message will get: where the active unit ends."""
+        return self._active.next_offset
 
     @property
     def high_watermark(self) -> int:

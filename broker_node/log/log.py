@@ -225,16 +225,6 @@ class Log(LogBase):
     # ---- offsets ---------------------------------------------------------------
 
     @property
-    def log_start_offset(self) -> int:
-        """The first offset still stored (messages below it were deleted by retention)."""
-        return self._segments[0].base_offset
-
-    @property
-    def log_end_offset(self) -> int:
-        """The offset the next appended message will get."""
-        return self._active.next_offset
-
-    @property
     def size_bytes(self) -> int:
         """Bytes of all segment files (indexes not counted)."""
         return sum(s.size for s in self._segments)

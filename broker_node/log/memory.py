@@ -135,6 +135,11 @@ class _Tail:
         """Bytes stored in the newest place."""
         return self._log._places[-1].size
 
+    @property
+    def next_offset(self) -> int:
+        """One past the newest place's last offset: the log end offset."""
+        return self._log._places[-1].next_offset
+
     def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool) -> None:
         """Store ``frame`` (copied: the caller's buffer may be a view of memory that changes
         later, as a file log's frames map its segment files)."""
@@ -197,16 +202,6 @@ class MemoryLog(LogBase):
         return False
 
     # ---- offsets ---------------------------------------------------------------
-
-    @property
-    def log_start_offset(self) -> int:
-        """The first offset still stored (messages below it were deleted by retention)."""
-        return self._places[0].base
-
-    @property
-    def log_end_offset(self) -> int:
-        """The offset the next appended message will get."""
-        return self._places[-1].next_offset
 
     @property
     def size_bytes(self) -> int:
