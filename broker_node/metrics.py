@@ -178,22 +178,14 @@ class BrokerCollector(Collector):
             "Follow and long-polling reads holding a Flight thread now ([flight] max_waiting_readers).",
             value=self.counts.waiting_readers(),
         )
-        published = CounterMetricFamily(
-            PREFIX + "live_tail_batches",
-            "Batches published on the live tail.",
-            labels=["stream", "partition"],
+        yield _per_partition(
+            "live_tail_batches", "Batches published on the live tail.", self.counts.live_tail_batches()
         )
-        for (stream, partition), count in sorted(self.counts.live_tail_batches().items()):
-            published.add_metric([stream, str(partition)], count)
-        yield published
-        appended = CounterMetricFamily(
-            PREFIX + "partition_messages_in",
+        yield _per_partition(
+            "partition_messages_in",
             "Messages appended by this broker as the partition's leader.",
-            labels=["stream", "partition"],
+            self.counts.partition_messages_in(),
         )
-        for (stream, partition), count in sorted(self.counts.partition_messages_in().items()):
-            appended.add_metric([stream, str(partition)], count)
-        yield appended
         not_stored = CounterMetricFamily(
             PREFIX + "producer_not_stored",
             "Idempotent producers' envelopes that stored nothing: duplicate, out_of_order or fenced.",
@@ -210,6 +202,14 @@ class BrokerCollector(Collector):
         for stream, (buckets, total) in sorted(self.counts.ack_latency().items()):
             latency.add_metric([stream], [(_bound(le), count) for le, count in buckets], total)
         yield latency
+
+
+def _per_partition(name: str, documentation: str, counts: Mapping[tuple[str, int], int]) -> Metric:
+    """A counter with one sample per ``(stream, partition)`` of ``counts``, in their order."""
+    family = CounterMetricFamily(PREFIX + name, documentation, labels=["stream", "partition"])
+    for (stream, partition), count in sorted(counts.items()):
+        family.add_metric([stream, str(partition)], count)
+    return family
 
 
 def _bound(le: float) -> str:
