@@ -18,12 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .port import BatchLimits
 from .replies import AckTarget
 
 logger = logging.getLogger(__name__)
+
+
+class Queue(Protocol):
+    """A subscription's queue of messages not yet handed over (``nats.aio.subscription.Subscription``)."""
+
+    @property
+    def pending_msgs(self) -> int: ...
 
 
 class Batch:
@@ -48,18 +55,19 @@ class Batcher:
         self,
         limits: BatchLimits,
         flush: Callable[[], Awaitable[None]],
-        drained: Callable[[], bool],
         name: str,
         fields: dict[str, object],
     ) -> None:
-        """``flush`` stores what :meth:`take` gives; ``drained`` tells whether the subscription's
-        queue is empty; ``name`` and ``fields`` label the log line of a failed timed flush."""
+        """``flush`` stores what :meth:`take` gives; ``name`` and ``fields`` label the log line of
+        a failed timed flush."""
         self.limits = limits
+        self.queue: Queue | None = None
+        """The subscription the messages come from: with ``max_delay`` 0, a flush runs as soon
+        as its queue is drained (none yet: a loop iteration later)."""
         self.pending = Batch()
         self.storing: list[Batch] = []
         """Batches being appended: the partition remembers their ids only once the append is done."""
         self._flush = flush
-        self._drained = drained
         self._name = name
         self._fields = fields
         self._timer: asyncio.Task[None] | None = None
@@ -90,7 +98,7 @@ class Batcher:
         if len(batch.records) >= limits.max_batch_messages or batch.size >= limits.max_batch_bytes:
             return True
         # Nothing else queued to coalesce with: store now rather than a loop iteration later.
-        if limits.max_delay == 0 and self._drained():
+        if limits.max_delay == 0 and (queue := self.queue) is not None and not queue.pending_msgs:
             return True
         if self._timer is None:
             self._timer = asyncio.ensure_future(self._flush_soon())

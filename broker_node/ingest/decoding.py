@@ -92,6 +92,9 @@ class Whole(NamedTuple):
     """Whether this partition is the one the envelope names (or it names none)."""
 
 
+_new_tuple = tuple.__new__
+
+
 class Refused(NamedTuple):
     """A message not stored, and the ack that says why."""
 
@@ -201,7 +204,8 @@ def _single(
         problem = message_id_problem(message_id)
         if problem is not None:
             return _refused(reader, target, ErrorCode.INVALID_ARGUMENT, problem)
-    return Single(record, size, target, message_id, not_envelope)
+    # One per message: built as the tuple it is, at half the cost of Single(...).
+    return _new_tuple(Single, (record, size, target, message_id, not_envelope))
 
 
 def expectations_refused(

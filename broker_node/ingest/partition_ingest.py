@@ -68,14 +68,14 @@ class PartitionIngest:
         name (by default only this one's)."""
         self.partition = partition
         self.config = config = partition.config
-        self.subscription: Subscription | None = None
         self._name = name = f"{config.name}/{partition.number}"
         self._fields = fields = log_fields(config.name, partition.number)
         self.reader = Reader(
             config, partition.number, partition.max_batch_bytes, streams or _only(config), terms
         )
-        self.batcher = Batcher(settings, self.flush, self._drained, name, fields)
+        self.batcher = Batcher(settings, self.flush, name, fields)
         self.store = PartitionStore(partition, terms, name, fields)
+        self._subscription: Subscription | None = None
         self.acks = Acks(nc, partition, latency if latency is not None else LatencyHistogram(), name, fields)
 
     @property
@@ -86,6 +86,15 @@ class PartitionIngest:
     @nc.setter
     def nc(self, nc: NatsClient) -> None:
         self.acks.nc = nc
+
+    @property
+    def subscription(self) -> Subscription | None:
+        """The partition's NATS subscription, whose callback is :meth:`handle`."""
+        return self._subscription
+
+    @subscription.setter
+    def subscription(self, subscription: Subscription | None) -> None:
+        self._subscription = self.batcher.queue = subscription
 
     @property
     def latency(self) -> LatencyHistogram:
@@ -119,17 +128,14 @@ class PartitionIngest:
             await self.acks.refuse(got.target, got.error, got.message, got.jetstream_error)
 
     async def _add(self, single: Single) -> None:
+        record, size, target, message_id, _ = single
         batcher = self.batcher
-        if batcher.overflows(single.size):
+        if batcher.overflows(size):
             await self.flush()  # keep every stored batch within the limit
-        if single.message_id is not None and await self._repeated(single.message_id, single.target):
+        if message_id is not None and await self._repeated(message_id, target):
             return
-        if batcher.add(single.record, single.size, single.target, single.message_id):
+        if batcher.add(record, size, target, message_id):
             await self.flush()
-
-    def _drained(self) -> bool:
-        """Whether the subscription's queue holds nothing more to coalesce with."""
-        return self.subscription is not None and not self.subscription.pending_msgs
 
     async def _repeated(self, message_id: str, target: AckTarget | None) -> bool:
         """Whether ``message_id`` was stored within the window, or waits to be: then the message

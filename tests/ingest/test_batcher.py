@@ -33,9 +33,15 @@ class Flushes:
         self.done.set()
 
 
+@dataclass
+class Queue:
+    pending_msgs: int
+
+
 def batcher(limits: Limits, drained: bool = True) -> tuple[Batcher, Flushes]:
     flushes = Flushes()
-    flushes.batcher = Batcher(limits, flushes, lambda: drained, "s/0", {})
+    flushes.batcher = Batcher(limits, flushes, "s/0", {})
+    flushes.batcher.queue = Queue(0 if drained else 5)
     return flushes.batcher, flushes
 
 
