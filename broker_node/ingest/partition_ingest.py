@@ -70,12 +70,12 @@ class PartitionIngest:
         self.config = config = partition.config
         self._name = name = f"{config.name}/{partition.number}"
         self._fields = fields = log_fields(config.name, partition.number)
+        self._subscription: Subscription | None = None
         self.reader = Reader(
             config, partition.number, partition.max_batch_bytes, streams or _only(config), terms
         )
         self.batcher = Batcher(settings, self.flush, name, fields)
         self.store = PartitionStore(partition, terms, name, fields)
-        self._subscription: Subscription | None = None
         self.acks = Acks(nc, partition, latency if latency is not None else LatencyHistogram(), name, fields)
 
     @property
@@ -126,6 +126,7 @@ class PartitionIngest:
         elif type(got) is Refused:
             logger.log(got.level, *got.log, extra=self._fields)
             await self.acks.refuse(got.target, got.error, got.message, got.jetstream_error)
+        # None: left to the stream it names in Nats-Expected-Stream, which receives it too.
 
     async def _add(self, single: Single) -> None:
         record, size, target, message_id, _ = single
