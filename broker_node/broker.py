@@ -49,6 +49,7 @@ from broker_node.flight_service import BrokerService
 from broker_node.handover import hand_over_leadership
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import FsyncPolicy, LogConfig
+from broker_node.log_terms import LOG_TERMS
 from broker_node.metrics import MetricsServer
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
@@ -57,6 +58,7 @@ from broker_node.replication.partition import Partition
 from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
+from broker_node.tail.publishers import LiveTails
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
@@ -185,9 +187,13 @@ class Broker:
             self.config.ingest,
             self.service.discovery,
             name=f"pyspark-jetstream broker {self.broker_id}",
+            terms=LOG_TERMS,
             streams=self._stream_config,
             connect_arguments=self.credentials.nats_arguments(),
         )
+        if self.config.ingest.live_tail:
+            ingestor = self.runtime.ingestor
+            self.runtime.tails = LiveTails(lambda: ingestor.nc)
 
     def _serve_flight(self) -> None:
         """The Flight server, serving from here on (see :meth:`_open_to_clients`)."""
@@ -299,6 +305,8 @@ class Broker:
             )
         for task in self._background:
             task.cancel()
+        if runtime.tails is not None:
+            await runtime.tails.close()  # before the connection it publishes on
         if runtime.ingestor is not None:
             await runtime.ingestor.close()
         for partition in self.manager.held():
@@ -364,6 +372,8 @@ class Broker:
                     if not key[0].startswith(INTERNAL_PREFIX)
                 }
                 await self.runtime.ingestor.sync(leading)
+                if self.runtime.tails is not None:
+                    await self.runtime.tails.sync(leading)
 
     def _stream_subjects(self) -> dict[str, list[str]]:
         """Each user-visible stream's partition subjects, as the coordinator has them."""

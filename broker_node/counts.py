@@ -37,10 +37,10 @@ class BrokerCounts:
 
     def live_tail_batches(self) -> dict[tuple[str, int], int]:
         """Batches each partition led here has published on its live tail."""
-        ingestor = self._runtime.ingestor
-        if ingestor is None:
+        tails = self._runtime.tails
+        if tails is None:
             return {}
-        return {key: tail.batches for key, tail in ingestor.tails.items()}
+        return {key: tail.batches for key, tail in tails.tails.items()}
 
     def ack_latency(self) -> dict[str, tuple[list[tuple[float, int]], float]]:
         """Each stream's ack latency: cumulative counts per bucket bound (``inf`` last), and the sum."""

@@ -14,6 +14,7 @@ import dataclasses
 from broker_node.api.server import FlightApi
 from broker_node.embedded_nats import EmbeddedNats
 from broker_node.ingest.ingestor import Ingestor
+from broker_node.tail.publishers import LiveTails
 
 
 @dataclasses.dataclass
@@ -32,4 +33,6 @@ class Runtime:
     """Whose event loop the broker runs on: ``uvloop`` or ``asyncio``."""
     nats: EmbeddedNats | None = None
     ingestor: Ingestor | None = None
+    tails: LiveTails | None = None
+    """The live tail's publishers (``None`` with ``[ingest] live_tail`` off)."""
     flight: FlightApi | None = None

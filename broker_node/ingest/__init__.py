@@ -1,4 +1,4 @@
-"""NATS ingestion: subscriptions per partition leader, envelopes, coalescing, acks.
+"""NATS ingestion: subscriptions per partition leader; each message decoded, coalesced, stored, acked.
 
-The only package of the broker that imports nats.
+With the live tail (:mod:`broker_node.tail`), the only package of the broker that imports nats.
 """

@@ -14,22 +14,19 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from broker_node.config import IngestConfig, NatsConfig
-from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.errors import UnavailableError
-from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, INTERNAL_PREFIX, partition_subject
-from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
+from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, partition_subject
 
 from .latency import LatencyHistogram
-from .live_tail import TailPartition, TailPublisher
-from .partition_ingest import IngestPartition, PartitionIngest, StreamLookup
+from .partition_ingest import PartitionIngest
+from .port import BatchLimits, IngestPartition, LogTerms, ReconnectSettings, StreamLookup, log_fields
 
 logger = logging.getLogger(__name__)
 
@@ -49,28 +46,27 @@ async def round_trip(nc: NatsClient) -> None:
     await nc.flush(timeout=SUBSCRIBE_TIMEOUT)  # type: ignore[arg-type]
 
 
-class LedPartition(IngestPartition, TailPartition, Protocol):
-    """A partition led here: ingested, and published on its live tail."""
-
-
 class Ingestor:
     """The broker's NATS connection and its subscriptions, in line with the partitions it leads."""
 
     def __init__(
         self,
         urls: list[str],
-        nats_config: NatsConfig,
-        settings: IngestConfig,
+        nats_config: ReconnectSettings,
+        settings: BatchLimits,
         discovery: Callable[[], dict[str, object]],
         name: str,
         *,
+        terms: LogTerms,
         streams: StreamLookup | None = None,
     ) -> None:
-        """``streams`` finds any stream's configuration by name (for ``Nats-Expected-Stream``;
+        """``terms``: the log's, for every partition's ingest (see :class:`~.port.LogTerms`);
+        ``streams`` finds any stream's configuration by name (for ``Nats-Expected-Stream``;
         by default a partition knows only its own stream)."""
         self.urls = urls
         self.nats_config = nats_config
         self.settings = settings
+        self.terms = terms
         self.name = name
         self.nc = NatsClient()
         self.connect_arguments: dict[str, Any] = {}
@@ -86,8 +82,6 @@ class Ingestor:
         """Connections lost so far: a server that closes the connection over a SUB says no that way."""
         self._closing = False
         self._reopening: asyncio.Task[None] | None = None
-        self._tails: dict[tuple[str, int], TailPublisher] = {}
-        self._heartbeats: asyncio.Task[None] | None = None
         self._latency: dict[str, LatencyHistogram] = {}
         """Ack latency per stream led here, shared by its partitions' ingests."""
 
@@ -95,17 +89,18 @@ class Ingestor:
     async def connect(
         cls,
         urls: list[str],
-        nats_config: NatsConfig,
-        settings: IngestConfig,
+        nats_config: ReconnectSettings,
+        settings: BatchLimits,
         discovery: Callable[[], dict[str, object]],
         name: str,
         *,
+        terms: LogTerms,
         streams: StreamLookup | None = None,
         connect_arguments: dict[str, Any] | None = None,
     ) -> Ingestor:
         """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails.
         ``connect_arguments``: more for ``nats.connect`` (TLS, user and password)."""
-        ingestor = cls(urls, nats_config, settings, discovery, name, streams=streams)
+        ingestor = cls(urls, nats_config, settings, discovery, name, terms=terms, streams=streams)
         ingestor.connect_arguments = dict(connect_arguments or {})
         try:
             await ingestor._connect(ingestor.nc)
@@ -210,32 +205,7 @@ class Ingestor:
         """The ack latency of each stream with a partition ingested here (from any thread)."""
         return dict(self._latency)
 
-    @property
-    def tails(self) -> dict[tuple[str, int], TailPublisher]:
-        """The live-tail publishers, one per partition led here (none with ``live_tail`` off)."""
-        return dict(self._tails)
-
-    async def _sync_tails(self, leading: Mapping[tuple[str, int], LedPartition]) -> None:
-        """One live-tail publisher per partition led here (internal streams have none)."""
-        for key in sorted(self._tails):
-            if leading.get(key) is not self._tails[key].partition:
-                await self._tails.pop(key).close()
-        if not self.settings.live_tail:
-            return
-        for key in sorted(set(leading) - set(self._tails)):
-            if not key[0].startswith(INTERNAL_PREFIX):
-                self._tails[key] = TailPublisher(leading[key], lambda: self.nc)
-        if self._heartbeats is None:
-            self._heartbeats = asyncio.ensure_future(self._beat())
-
-    async def _beat(self) -> None:
-        """Marks on the live tail of every partition that published nothing for a while."""
-        while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS / 4)
-            for tail in list(self._tails.values()):
-                await tail.heartbeat()
-
-    async def sync(self, leading: Mapping[tuple[str, int], LedPartition]) -> dict[tuple[str, int], str]:
+    async def sync(self, leading: Mapping[tuple[str, int], IngestPartition]) -> dict[tuple[str, int], str]:
         """Subscribe for partitions newly led here; unsubscribe those no longer led.
 
         Each new subscription is confirmed by a round trip to the server
@@ -256,7 +226,9 @@ class Ingestor:
             config = partition.config
             nc = await self._current()
             latency = self._latency.setdefault(config.name, LatencyHistogram())
-            ingest = PartitionIngest(nc, partition, self.settings, latency, self._streams)
+            ingest = PartitionIngest(
+                nc, partition, self.settings, self.terms, latency=latency, streams=self._streams
+            )
             errors, drops, last_error = len(self._errors), self._drops, nc.last_error
             try:
                 ingest.subscription = await self._subscribe(nc, ingest)
@@ -273,7 +245,7 @@ class Ingestor:
             except Exception as exc:  # noqa: BLE001 - nats-py raises several unrelated types
                 subject = partition_subject(config.subject, partition.number)
                 reason = f"NATS did not accept the subscription on {subject!r}: {exc or type(exc).__name__}"
-                logger.error("%s/%d: cannot ingest: %s", *key, reason, extra=Labels(*key).fields)
+                logger.error("%s/%d: cannot ingest: %s", *key, reason, extra=log_fields(*key))
                 self._failures[key] = reason
                 if ingest.subscription is not None:
                     with contextlib.suppress(Exception):
@@ -282,7 +254,6 @@ class Ingestor:
             self._ingests[key] = ingest
         ingested = {stream for stream, _ in self._ingests}
         self._latency = {stream: h for stream, h in self._latency.items() if stream in ingested}
-        await self._sync_tails(leading)
         return self.failures
 
     @staticmethod
@@ -304,10 +275,6 @@ class Ingestor:
         if self._discovery_sub is not None:
             with contextlib.suppress(Exception):  # the connection may be closed already
                 await self._discovery_sub.unsubscribe()
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-        for key in sorted(self._tails):
-            await self._tails.pop(key).close()
         for key in sorted(self._ingests):
             await self._ingests.pop(key).close()
         await self.nc.close()

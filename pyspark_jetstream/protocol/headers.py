@@ -15,7 +15,7 @@ storing it unchecked:
     leader.
 ``Nats-Expected-Stream``
     The stream that must store the message: see
-    ``broker_node/ingest/partition_ingest.py``.
+    ``broker_node/ingest/decoding.py``.
 ``Nats-Expected-Last-Sequence`` and the other optimistic-concurrency checks
     (:data:`UNSUPPORTED_EXPECTATIONS`): not supported; such a message is
     refused, nothing stored.

@@ -10,6 +10,7 @@ from broker_node.config import IngestConfig, NatsConfig
 from broker_node.coordination.base import PartitionState
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import Log
+from broker_node.log_terms import LOG_TERMS
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.client import Client
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -32,7 +33,9 @@ def test_a_log_held_by_maintenance_does_not_stall_the_other_partitions(tmp_path,
             release.wait(10)
 
     async def run() -> tuple[float, float]:
-        ingestor = await Ingestor.connect([nats_server.url], NatsConfig(), IngestConfig(), lambda: {}, "t")
+        ingestor = await Ingestor.connect(
+            [nats_server.url], NatsConfig(), IngestConfig(), lambda: {}, "t", terms=LOG_TERMS
+        )
         await ingestor.sync(partitions)
         client = await Client.connect(nats_urls=nats_server.url, broker="grpc://127.0.0.1:1", timeout=30)
         client._streams = {name: StreamConfig(name=name, subject=name) for name in ("busy", "free")}

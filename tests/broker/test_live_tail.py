@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker_node.ingest.live_tail import TailPublisher
 from broker_node.log.reads import ReplicaFrame
 from broker_node.nats_server import NatsServer
+from broker_node.tail.publisher import TailPublisher
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.client.live import LiveTail

@@ -13,6 +13,7 @@ from broker_node.config import IngestConfig, NatsConfig
 from broker_node.coordination.base import PartitionState
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import Log
+from broker_node.log_terms import LOG_TERMS
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
@@ -178,7 +179,7 @@ def test_repeats_waiting_in_one_flush_are_acked_with_the_original_offset(tmp_pat
 
     async def run() -> list:
         ingestor = await Ingestor.connect(
-            [nats_server.url], NatsConfig(), IngestConfig(max_delay=1.0), lambda: {}, "t"
+            [nats_server.url], NatsConfig(), IngestConfig(max_delay=1.0), lambda: {}, "t", terms=LOG_TERMS
         )
         await ingestor.sync({("coalesced", 0): partition})
         client = await Client.connect(nats_urls=nats_server.url, broker="grpc://127.0.0.1:1", timeout=30)

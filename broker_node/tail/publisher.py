@@ -1,4 +1,4 @@
-"""The live tail: each partition led here publishes its committed batches once on NATS.
+"""One partition's live-tail publisher: its committed batches, published once on NATS.
 
 NATS does the fan-out to every tailing consumer, so an idle consumer costs
 the broker nothing but a subscription on the NATS server; Flight stays for

@@ -1,0 +1,192 @@
+"""Storing: appends to one partition, one at a time in arrival order, each message's outcome.
+
+Appends run in a worker thread, one at a time per partition, so the event
+loop goes on receiving (for this partition and every other) while a write or
+a compaction holds the log; a small batch whose log is free is written on the
+loop (see :meth:`PartitionStore._append`).  ``ALL`` messages are refused with
+``not_enough_replicas`` before anything is stored while fewer replicas than
+the stream's ``min_insync_replicas`` are in sync; the others go ahead.  A
+failed append becomes each message's refusal (the ack error the log's error
+maps to, see :class:`~.port.LogTerms`).  An envelope batch carrying message
+ids is stored without its rows that repeat an id already stored (or carried
+by an earlier row); an idempotent producer's batch is stored whole (its
+sequence de-duplicates it), its ids remembered, not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
+
+from .batcher import Batch
+from .decoding import Whole
+from .port import IngestPartition, LogTerms, MessageIds, Refusal
+
+logger = logging.getLogger(__name__)
+
+INLINE_BYTES = 256 * 1024
+"""Batches up to this size are appended on the event loop when the log is free (see ``_append``)."""
+
+
+class NewRows(NamedTuple):
+    """What storing an envelope batch's rows with new message ids came to."""
+
+    outcome: range | Refusal
+    """The offsets of the rows stored, or why none was."""
+    kept: list[int]
+    """The rows stored, in order."""
+    repeats: dict[int, int | str]
+    """Rows repeating an id: ``{row: the offset stored with it, or the id an earlier row carries}``."""
+    first_rows: dict[str, int]
+    """The first row of each new id."""
+
+    def offsets(self) -> dict[int, int]:
+        """Each row's offset: the stored one, or the one it repeats (``outcome`` is a range)."""
+        assert isinstance(self.outcome, range)
+        offset_of = {row: self.outcome.start + n for n, row in enumerate(self.kept)}
+        for row, original in self.repeats.items():
+            offset_of[row] = original if isinstance(original, int) else offset_of[self.first_rows[original]]
+        return offset_of
+
+
+class PartitionStore:
+    """Appends to one partition, one at a time."""
+
+    def __init__(
+        self, partition: IngestPartition, terms: LogTerms, name: str, fields: dict[str, object]
+    ) -> None:
+        self.partition = partition
+        self.terms = terms
+        self._name = name
+        self._fields = fields
+        self._errors = terms.append_errors
+        self._writing = asyncio.Lock()
+        """One append at a time, in arrival order."""
+
+    async def batch(self, batch: Batch) -> list[int | Refusal]:
+        """Append a coalesced batch; for each message, its offset or why it was not stored."""
+        records, targets = batch.records, batch.targets
+        outcomes: list[int | Refusal] = [(ErrorCode.STORAGE, "not stored")] * len(records)
+        kept = list(range(len(records)))
+        ids = list(batch.ids.items())
+        if any(t is not None and t.committed for t in targets):
+            try:
+                self.partition.check_min_insync()
+            except JetStreamError as exc:
+                # Refused before storing (Kafka does the same): the others go ahead.
+                kept = [i for i, t in enumerate(targets) if t is None or not t.committed]
+                for i, target in enumerate(targets):
+                    if target is not None and target.committed:
+                        outcomes[i] = (exc.code, str(exc))
+                if not kept:
+                    return outcomes
+                records = [records[i] for i in kept]
+                ids = kept_ids(ids, kept)
+        try:
+            async with self._writing:
+                offsets = await self._append(records, self._bytes_of(records), ids)
+        except self._errors as exc:
+            code = self._refusal(exc, "failed to append %d messages to %s", len(records))
+            for i in kept:
+                outcomes[i] = (code, str(exc))
+            return outcomes
+        for i, offset in zip(kept, offsets, strict=True):
+            outcomes[i] = offset
+        return outcomes
+
+    async def _append(self, records: list[Any], size: int, message_ids: MessageIds) -> range:
+        """Append in a worker thread -- or right here when that costs less than the hop to a thread.
+
+        A small batch (``INLINE_BYTES``) whose log is free and does not fsync
+        every append is written on the loop: the write is a few microseconds,
+        the hop to a thread and back tens of them.  A busy log (a compaction
+        holds it) is never waited for on the loop.
+        """
+        if size <= INLINE_BYTES and not self.partition.appends_sync:
+            offsets = self.partition.append(records, wait=False, message_ids=message_ids)
+            if offsets is not None:
+                return offsets
+        return await asyncio.to_thread(self.partition.append, records, message_ids=message_ids)
+
+    def _bytes_of(self, records: list[Any]) -> int:
+        size = self.terms.size
+        return sum(size(r) for r in records)
+
+    async def whole(self, whole: Whole) -> Ack | Refusal:
+        """Append an envelope batch whole: an idempotent producer's (its sequence says whether to),
+        or one without message ids; its ack (correlation id not set) or why it was not stored."""
+        envelope, table, ids = whole.envelope, whole.table, whole.message_ids
+        producer, sequence, epoch = envelope.producer_id, envelope.sequence, envelope.producer_epoch
+        partition = self.partition
+        try:
+            async with self._writing:
+                if producer is not None and sequence is not None:
+                    return await asyncio.to_thread(
+                        partition.append_idempotent,
+                        table,
+                        producer,
+                        epoch,
+                        sequence,
+                        target=whole.targeted,
+                        message_ids=ids,
+                    )
+                offsets = await asyncio.to_thread(partition.append, table, message_ids=ids)
+                return Ack(partition.config.name, partition.number, offsets.start, offsets[-1])
+        except self._errors as exc:
+            return self._refusal(exc, "failed to append a batch to %s"), str(exc)
+
+    async def new_rows(self, table: pa.Table, ids: MessageIds) -> NewRows:
+        """Append the rows of ``table`` whose message ids (``ids``) are new, one batch in row order."""
+        try:
+            async with self._writing:
+                # Every earlier append is done: the partition knows the ids they stored.
+                repeats, first_rows = find_repeats(ids, self.partition.message_id_offset)
+                kept = [row for row in range(table.num_rows) if row not in repeats]
+                outcome = range(0)
+                if kept:
+                    rows = table if len(kept) == table.num_rows else table.take(kept)
+                    outcome = await asyncio.to_thread(
+                        self.partition.append, rows, message_ids=kept_ids(ids, kept)
+                    )
+        except self._errors as exc:
+            return NewRows((self._refusal(exc, "failed to append a batch to %s"), str(exc)), [], {}, {})
+        return NewRows(outcome, kept, repeats, first_rows)
+
+    def _refusal(self, exc: Exception, failure: str, *args: object) -> ErrorCode:
+        """The ack error for a failed append; a storage failure is logged with its traceback."""
+        code = self.terms.refusal(exc)
+        if code is ErrorCode.STORAGE:
+            logger.error(failure, *args, self._name, exc_info=exc, extra=self._fields)
+        return code
+
+
+def kept_ids(ids: MessageIds, kept: Sequence[int]) -> list[tuple[str, int]]:
+    """The message ids of the rows ``kept`` (row numbers, ascending), numbered as those rows are
+    once the others are left out."""
+    position = {row: n for n, row in enumerate(kept)}
+    return [(message_id, position[row]) for message_id, row in ids if row in position]
+
+
+def find_repeats(
+    ids: MessageIds, stored: Callable[[str], int | None]
+) -> tuple[dict[int, int | str], dict[str, int]]:
+    """Which rows of a batch repeat a message id: ``{row: the offset stored with the id, or the
+    id itself when an earlier row of the batch carries it}``, and the first row of each new id."""
+    repeats: dict[int, int | str] = {}
+    first_rows: dict[str, int] = {}
+    for message_id, row in ids:
+        original = stored(message_id)
+        if original is not None:
+            repeats[row] = original
+        elif message_id in first_rows:
+            repeats[row] = message_id
+        else:
+            first_rows[message_id] = row
+    return repeats, first_rows
