@@ -40,7 +40,8 @@ from pyspark_jetstream.protocol.errors import (
     NotEnoughReplicasError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import StreamConfig, schema_updated
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from .assignment import assign_replicas, grown_config, new_partitions
 from .base import (
@@ -168,6 +169,20 @@ class LocalCoordinator(Coordinator):
         )
         self._notify()
         return grown
+
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
+        """See :meth:`Coordinator.update_schema`."""
+        with self._lock:
+            metadata = self.get_stream(name)
+            config = schema_updated(metadata.config, document)
+            if config is None:
+                return metadata
+            updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
+            self._streams[name] = updated
+            self._save()
+        logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
+        self._notify()
+        return updated
 
     def deleted_stream_ids(self) -> frozenset[str]:
         """See :meth:`Coordinator.deleted_stream_ids`."""
