@@ -213,14 +213,14 @@ def schema_from_ipc(data: bytes) -> pa.Schema:
     """A schema from an Arrow IPC schema message (``pyarrow.Schema.serialize()``) or stream/file."""
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(data))
-    except (pa.ArrowInvalid, pa.ArrowException):
+    except pa.ArrowException:
         schema = None
     if schema is None:
         for opener in (pa.ipc.open_stream, pa.ipc.open_file):
             try:
                 schema = opener(pa.py_buffer(data)).schema
                 break
-            except (pa.ArrowInvalid, pa.ArrowException):
+            except pa.ArrowException:
                 continue
     if schema is None:
         raise InvalidArgumentError("not an Arrow IPC schema, stream or file (nor a JSON schema document)")

@@ -82,6 +82,11 @@ def test_an_arrow_ipc_schema_is_accepted_without_its_metadata():
         assert document.schema == pa.schema([("n", pa.int64())])
         assert document.schema.metadata is None and document.format == "json"
     assert SchemaDocument.parse(json.dumps(ORDERS).encode()).to_json() == ORDERS
+    for garbage in (b"", b"\x00" * 8, b"\xff\xff\xff\xff\x10\x00\x00\x00garbage", b"[1, 2]"):
+        with pytest.raises(InvalidArgumentError, match="^not an Arrow IPC schema, stream or file"):
+            SchemaDocument.parse(garbage)
+    with pytest.raises(InvalidArgumentError, match="^the schema document is not valid JSON: "):
+        SchemaDocument.parse(b"{bad")
 
 
 def _ipc_stream(schema: pa.Schema) -> bytes:
