@@ -47,6 +47,7 @@ from pyspark_jetstream.protocol.flight import (
 )
 from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +205,18 @@ class BrokerService:
             self._wait_until_served(name, f"grew to {partitions} partitions")
         return self.describe_stream(name)
 
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamInfo:
+        """Make ``document`` the next version of stream ``name``'s schema if it is compatible (the
+        current one again changes nothing); return the stream as this broker then knows it."""
+        if name.startswith(INTERNAL_PREFIX):
+            raise InvalidArgumentError(f"stream {name!r} is internal: it has no schema")
+        self._controller("update_schema", {"name": name, "schema": document.to_json()})
+        refresh = getattr(self._coordinator, "refresh", None)
+        if callable(refresh):
+            refresh()  # the controller may be another broker: read what it wrote
+        self._wait_for_sync()
+        return self.describe_stream(name)
+
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership back to each partition's preferred (first) replica where it is in sync."""
         result = self._controller("elect_preferred_leaders", {})
@@ -300,6 +313,12 @@ class BrokerService:
                 raise InvalidArgumentError(f"add_partitions needs a 'name', got {body!r}")
             grown = coordinator.add_partitions(name, partitions)  # type: ignore[arg-type] # checked there
             return {"name": name, "partitions": len(grown.partitions)}
+        if action == "update_schema":
+            name = body.get("name")
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"update_schema needs a 'name', got {body!r}")
+            updated = coordinator.update_schema(name, SchemaDocument.from_json(body.get("schema")))
+            return {"name": name, "schema": updated.config.schema and updated.config.schema.version}
         if action == "elect_preferred_leaders":
             return coordinator.elect_preferred_leaders()
         raise InvalidArgumentError(f"unknown controller action {action!r}")

@@ -16,6 +16,7 @@ from broker_node.log import EpochEndOffset
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 T = TypeVar("T")
 
@@ -24,6 +25,10 @@ ACTION_DESCRIPTIONS = {
     ActionType.DELETE_STREAM: 'Delete a stream; body: {"name": ...}.',
     ActionType.ADD_PARTITIONS: (
         'Grow a stream to more partitions (never fewer); body: {"name", "partitions"}. Idempotent.'
+    ),
+    ActionType.UPDATE_SCHEMA: (
+        'Give a typed stream\'s schema its next version; body: {"name", "schema": {"format", "fields"}}. '
+        "Compatible changes only; the current schema again changes nothing."
     ),
     ActionType.DESCRIBE_STREAM: 'Describe a stream and its partitions; body: {"name": ...}.',
     ActionType.LIST_STREAMS: "Describe every stream.",
@@ -61,6 +66,7 @@ class AdminService(Protocol):
     def create_stream(self, config: StreamConfig) -> StreamInfo: ...
     def delete_stream(self, name: str) -> None: ...
     def add_partitions(self, name: str, partitions: int) -> StreamInfo: ...
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamInfo: ...
     def describe_stream(self, name: str) -> StreamInfo: ...
     def list_streams(self) -> list[StreamInfo]: ...
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None: ...
@@ -113,6 +119,13 @@ class Actions:
         # Checked here, naming a bad value whatever its type, before the controller is asked.
         partitions = bounded_int("partitions", args.get("partitions"), 1, MAX_PARTITIONS)
         return self.broker.add_partitions(name, partitions).to_json()
+
+    def update_schema(self, principal: str, args: dict[str, Any]) -> object:
+        name = _arg(args, "name", str)
+        self.access.check(principal, "admin", stream=name)
+        # Checked here, naming a bad field, before the controller is asked.
+        document = SchemaDocument.from_json(args.get("schema"))
+        return self.broker.update_schema(name, document).to_json()
 
     def describe_stream(self, principal: str, args: dict[str, Any]) -> object:
         name = _arg(args, "name", str)
@@ -206,6 +219,7 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.CREATE_STREAM: Actions.create_stream,
     ActionType.DELETE_STREAM: Actions.delete_stream,
     ActionType.ADD_PARTITIONS: Actions.add_partitions,
+    ActionType.UPDATE_SCHEMA: Actions.update_schema,
     ActionType.DESCRIBE_STREAM: Actions.describe_stream,
     ActionType.LIST_STREAMS: Actions.list_streams,
     ActionType.STATUS: Actions.status,

@@ -27,6 +27,7 @@ from typing import Any
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, StreamExistsError
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from .errors import ConflictError
 
@@ -155,7 +156,7 @@ class StreamMetadata:
     stream_id: str
 
 
-FEATURES = ("reassign",)
+FEATURES = ("reassign", "schema")
 """The features this version registers with."""
 
 
@@ -250,6 +251,15 @@ class Coordinator(abc.ABC):
         ``InvalidArgumentError`` for fewer partitions or a bad count, and
         ``NotEnoughReplicasError`` when the replication factor exceeds the
         live brokers.
+        """
+
+    @abc.abstractmethod
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
+        """Make ``document`` the next version of stream ``name``'s schema; return the stream as stored.
+
+        Only on the controller.  The same schema as the current version changes nothing.  Raises
+        ``UnknownStreamError``, and ``InvalidArgumentError`` (one line naming the field and why)
+        for an incompatible change or a stream without a schema.
         """
 
     @abc.abstractmethod

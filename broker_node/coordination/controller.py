@@ -31,7 +31,8 @@ from pyspark_jetstream.protocol.errors import (
     StreamExistsError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import StreamConfig, schema_updated
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from . import reassignment
 from .assignment import assign_replicas, elect_leader, grown_config, new_partitions, preferred_leader
@@ -68,7 +69,7 @@ class ControllerStore(Protocol):
     def write_partitions(self, changes: list[PartitionChange]) -> None: ...
     def write_new_stream(self, metadata: StreamMetadata) -> None: ...
     def write_deletion(self, metadata: StreamMetadata) -> None: ...
-    def write_added_partitions(self, before: StreamMetadata, grown: StreamMetadata) -> None: ...
+    def write_stream_change(self, before: StreamMetadata, grown: StreamMetadata) -> None: ...
 
 
 class Controller:
@@ -305,7 +306,7 @@ class Controller:
             leaders,
         )
         grown = StreamMetadata(config, metadata.partitions + new_partitions(assignment), metadata.stream_id)
-        self.store.write_added_partitions(metadata, grown)
+        self.store.write_stream_change(metadata, grown)
         logger.info(
             "stream %s grew from %d to %d partition(s), new replicas %s",
             name,
@@ -315,6 +316,19 @@ class Controller:
             extra={"stream": name},
         )
         return grown
+
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
+        """A stream's schema gets its next version (if compatible): its config in one versioned write."""
+        metadata = next((m for m in self.store.read_streams() if m.config.name == name), None)
+        if metadata is None:
+            raise UnknownStreamError(f"no stream named {name!r}")
+        config = schema_updated(metadata.config, document)
+        if config is None:
+            return metadata
+        updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
+        self.store.write_stream_change(metadata, updated)
+        logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
+        return updated
 
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """Move leadership to each partition's first replica where it is live and in sync."""

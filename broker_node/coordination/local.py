@@ -40,7 +40,8 @@ from pyspark_jetstream.protocol.errors import (
     NotEnoughReplicasError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import StreamConfig, schema_updated
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from .assignment import assign_replicas, grown_config, new_partitions
 from .base import (
@@ -168,6 +169,20 @@ class LocalCoordinator(Coordinator):
         )
         self._notify()
         return grown
+
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
+        """See :meth:`Coordinator.update_schema`."""
+        with self._lock:
+            metadata = self.get_stream(name)
+            config = schema_updated(metadata.config, document)
+            if config is None:
+                return metadata
+            updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
+            self._streams[name] = updated
+            self._save()
+        logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
+        self._notify()
+        return updated
 
     def deleted_stream_ids(self) -> frozenset[str]:
         """See :meth:`Coordinator.deleted_stream_ids`."""
@@ -308,6 +323,10 @@ def _stream(name: str, entry: Any) -> StreamMetadata:
     )
 
 
+def _newness(config: StreamConfig) -> tuple[int, int]:
+    return config.partitions, config.schema.version if config.schema is not None else 0
+
+
 def _mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected an object, got {type(value).__name__}")
@@ -335,8 +354,9 @@ def rebuild_metadata(data_dir: Path, records: list[dict[str, Any]], broker_id: s
     streams: dict[str, StreamMetadata] = {}
     report = []
     for stream_id, parts in sorted(by_stream.items()):
-        # A stream that grew: its older partitions' records name fewer partitions than its newer ones.
-        config = max((StreamConfig.from_json(p["config"]) for p in parts), key=lambda c: c.partitions)
+        # A stream that grew, or whose schema changed: a record holds the config its partition was
+        # last opened with, so the one naming the most partitions and schema versions is the newest.
+        config = max((StreamConfig.from_json(p["config"]) for p in parts), key=_newness)
         if config.name in streams:
             raise MetadataError(
                 f"two streams named {config.name!r} ({streams[config.name].stream_id} and {stream_id}) "

@@ -86,6 +86,7 @@ from kazoo.security import make_digest_acl
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from . import wire
 from .base import (
@@ -347,6 +348,8 @@ class ZooKeeperCoordinator(Coordinator):
 
     def create_stream(self, config: StreamConfig) -> StreamMetadata:
         """See :meth:`Coordinator.create_stream`: only on the controller."""
+        if config.schema is not None:
+            self._check_features("schema", "keep a stream schema")
         controller = self._active_controller()
         created = controller.submit(lambda: controller.create_stream(config, new_stream_id()))
         result = self._await(created)
@@ -366,6 +369,14 @@ class ZooKeeperCoordinator(Coordinator):
         self.refresh()
         return result
 
+    def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
+        """See :meth:`Coordinator.update_schema`: only on the controller."""
+        self._check_features("schema", "keep a stream schema")
+        controller = self._active_controller()
+        result = self._await(controller.submit(lambda: controller.update_schema(name, document)))
+        self.refresh()
+        return result
+
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """See :meth:`Coordinator.elect_preferred_leaders`: only on the controller."""
         controller = self._active_controller()
@@ -377,12 +388,7 @@ class ZooKeeperCoordinator(Coordinator):
         """See :meth:`Coordinator.reassign`: only on the controller, and only when every live
         broker can keep a move (an older one's writes would drop it)."""
         controller = self._active_controller()
-        older = [b.broker_id for b in self.brokers() if "reassign" not in b.features]
-        if older:
-            raise InvalidArgumentError(
-                f"broker(s) {', '.join(older)} run a version that cannot move partitions: upgrade "
-                "every broker first"
-            )
+        self._check_features("reassign", "move partitions")
         result = self._await(controller.submit(lambda: controller.reassign(moves, throttle)))
         self.refresh()
         return result
@@ -543,9 +549,9 @@ class ZooKeeperCoordinator(Coordinator):
 
         self._fenced_commit(ops)
 
-    def write_added_partitions(self, before: StreamMetadata, grown: StreamMetadata) -> None:
-        """Create a grown stream's new partition znodes and store its new config, in one fenced
-        transaction; ``ConflictError`` if the stream is not ``before`` any more."""
+    def write_stream_change(self, before: StreamMetadata, grown: StreamMetadata) -> None:
+        """Store a stream's new config and create its new partitions' znodes (if it grew), in one
+        fenced transaction; ``ConflictError`` if the stream is not ``before`` any more."""
         name = before.config.name
         path = f"{STREAMS}/{name}"
 
@@ -583,6 +589,14 @@ class ZooKeeperCoordinator(Coordinator):
         self._fenced_commit(ops)
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _check_features(self, feature: str, what: str) -> None:
+        """Refuse a change that a live broker of an older version would drop on its next write."""
+        older = [b.broker_id for b in self.brokers() if feature not in b.features]
+        if older:
+            raise InvalidArgumentError(
+                f"broker(s) {', '.join(older)} run a version that cannot {what}: upgrade every broker first"
+            )
 
     def _security_arguments(self) -> dict[str, Any]:
         """KazooClient's TLS and digest arguments from the settings (none by default)."""

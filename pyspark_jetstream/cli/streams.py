@@ -1,9 +1,11 @@
-"""``jetstream stream``: create, list, describe, update (add partitions to) and delete streams."""
+"""``jetstream stream``: create, list, describe, update (add partitions, evolve the schema) and delete
+streams."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from pyspark_jetstream.cli.common import parse_duration, parse_size, partition_table, table
@@ -19,6 +21,7 @@ from pyspark_jetstream.protocol.streams import (
     int_range,
 )
 from pyspark_jetstream.protocol.subjects import subjects_overlap
+from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
 
 def add_commands(commands: Any) -> None:
@@ -57,6 +60,12 @@ def add_commands(commands: Any) -> None:
     create.add_argument(
         "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
     )
+    create.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="what message values hold: a JSON schema document (see the README's typed streams) "
+        "or an Arrow IPC schema",
+    )
     create.set_defaults(run=_stream_create)
     listing = stream_commands.add_parser("list", help="list streams")
     listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
@@ -67,14 +76,20 @@ def add_commands(commands: Any) -> None:
     describe.set_defaults(run=_stream_describe)
     update = stream_commands.add_parser(
         "update",
-        help="add partitions to a stream (never fewer); keyed messages then hash over the new count",
+        help="add partitions to a stream (never fewer; keyed messages then hash over the new count), "
+        "or give its schema a compatible next version",
     )
     update.add_argument("name")
     update.add_argument(
         "--partitions",
         type=_partition_count,
-        required=True,
         help=f"the new partition count, up to {MAX_PARTITIONS} (more than now; the same changes nothing)",
+    )
+    update.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="the schema's next version (compatible changes only: a new nullable field, "
+        "int32 -> int64, float32 -> float64)",
     )
     update.set_defaults(run=_stream_update)
     delete = stream_commands.add_parser("delete", help="delete a stream and its data")
@@ -104,9 +119,31 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         options["duplicate_window"] = args.duplicate_window
     if args.duplicate_max_ids is not None:
         options["duplicate_max_ids"] = args.duplicate_max_ids
+    if args.schema is not None:
+        options["schema"] = _read_schema(args.schema)
     info = client.create_stream(args.name, args.subject, **options)
-    print(f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)")
+    typed = _schema_of(info)
+    print(
+        f"stream {args.name} on {args.subject} with {len(info.partitions)} partition(s)"
+        + (f", schema version {typed.version} ({typed.format})" if typed else "")
+    )
     _note_overlaps(client, info)
+
+
+def _read_schema(path: str) -> SchemaDocument:
+    """The schema document in file ``path`` (JSON form or Arrow IPC); one-line errors name the file."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the schema file {path}: {exc.strerror}") from None
+    try:
+        return SchemaDocument.parse(raw)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{path}: {exc}") from None
+
+
+def _schema_of(info: StreamInfo) -> StreamSchema | None:
+    return StreamConfig.from_json(info.config).schema
 
 
 def _partition_count(text: str) -> int:
@@ -117,6 +154,26 @@ def _partition_count(text: str) -> int:
 
 
 def _stream_update(client: SyncClient, args: argparse.Namespace) -> None:
+    if args.partitions is None and args.schema is None:
+        raise InvalidArgumentError("stream update needs --partitions or --schema (or both)")
+    if args.schema is not None:
+        _update_schema(client, args.name, _read_schema(args.schema))
+    if args.partitions is not None:
+        _add_partitions(client, args)
+
+
+def _update_schema(client: SyncClient, name: str, document: SchemaDocument) -> None:
+    before = _schema_of(client.describe_stream(name))
+    after = _schema_of(client.update_schema(name, document))
+    if after is None:  # refused by the broker; not reached
+        return
+    if before is not None and before.version == after.version:
+        print(f"stream {name} already has this schema (version {after.version}): nothing changed")
+        return
+    print(f"stream {name} now has schema version {after.version}")
+
+
+def _add_partitions(client: SyncClient, args: argparse.Namespace) -> None:
     before = len(client.describe_stream(args.name).partitions)
     info = client.add_partitions(args.name, args.partitions)
     after = len(info.partitions)
@@ -166,15 +223,28 @@ def _stream_list(client: SyncClient, args: argparse.Namespace) -> None:
             s.config["subject"],
             str(len(s.partitions)),
             str(sum(max(p.high_watermark - p.log_start_offset, 0) for p in s.partitions)),
+            _schema_summary(_schema_of(s)),
         ]
         for s in streams
     ]
-    table(["stream", "subject", "partitions", "messages"], rows)
+    table(["stream", "subject", "partitions", "messages", "schema"], rows)
+
+
+def _schema_summary(schema: StreamSchema | None) -> str:
+    if schema is None:
+        return "-"
+    return f"v{schema.version} {schema.format}: {', '.join(f.name for f in schema.current)}"
 
 
 def _stream_describe(client: SyncClient, args: argparse.Namespace) -> None:
     info = client.describe_stream(args.name)
+    schema = _schema_of(info)
     for key, value in info.config.items():
-        print(f"{key:<20} {value}")
+        if key != "schema":
+            print(f"{key:<20} {value}")
+    if schema is not None:
+        print(f"{'schema':<20} version {schema.version} of {schema.version}, payload format {schema.format}")
+        for line in schema.describe():
+            print(f"  {line}")
     print()
     partition_table([info])

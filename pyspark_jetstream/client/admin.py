@@ -13,6 +13,7 @@ from typing import Any
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema, as_document
 
 from .cluster import ClusterConnection
 
@@ -21,7 +22,13 @@ LEADERSHIP_TIMEOUT = 2.0
 
 
 def stream_config(name: str, subject: str, options: dict[str, Any]) -> StreamConfig:
-    """The configuration ``create_stream`` asks for; ``InvalidArgumentError`` for an unknown option."""
+    """The configuration ``create_stream`` asks for; ``InvalidArgumentError`` for an unknown option.
+
+    A ``schema`` option is a ``pyarrow.Schema``, a :class:`SchemaDocument` or its JSON form: the
+    stream's schema version 1.
+    """
+    if options.get("schema") is not None:
+        options = {**options, "schema": StreamSchema.first(as_document(options["schema"]))}
     try:
         return StreamConfig(name=name, subject=subject, **options)
     except TypeError as exc:
@@ -46,6 +53,11 @@ class Admin:
         """See :meth:`.Client.add_partitions`."""
         body = {"name": name, "partitions": partitions}
         return StreamInfo.from_json(await self.action(ActionType.ADD_PARTITIONS, body))
+
+    async def update_schema(self, name: str, document: SchemaDocument) -> StreamInfo:
+        """See :meth:`.Client.update_schema`."""
+        body = {"name": name, "schema": document.to_json()}
+        return StreamInfo.from_json(await self.action(ActionType.UPDATE_SCHEMA, body))
 
     async def delete_stream(self, name: str) -> None:
         """See :meth:`.Client.delete_stream`."""

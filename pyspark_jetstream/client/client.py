@@ -22,6 +22,7 @@ from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, bounded_number
+from pyspark_jetstream.protocol.value_schema import as_document
 
 from .admin import LEADERSHIP_TIMEOUT, Admin, stream_config
 from .cluster import ClusterConnection
@@ -151,7 +152,10 @@ class Client:
         ``retention_bytes``, ``retention_messages``, ``compaction``,
         ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``,
         ``min_insync_replicas``, ``unclean_leader_election``, ``duplicate_window``
-        (seconds message ids are remembered; 0: off) and ``duplicate_max_ids``.
+        (seconds message ids are remembered; 0: off), ``duplicate_max_ids`` and ``schema``
+        (what message values hold: a ``pyarrow.Schema``, a
+        :class:`~pyspark_jetstream.protocol.value_schema.SchemaDocument` or its JSON form,
+        ``{"format": "json", "fields": [...]}``; it becomes the schema's version 1).
         """
         config = stream_config(name, subject, options)
         info = await self._admin.create_stream(config)
@@ -172,6 +176,15 @@ class Client:
         info = await self._admin.add_partitions(name, partitions)
         self._publisher.learn(info, StreamConfig.from_json(info.config))
         return info
+
+    async def update_schema(self, name: str, schema: object) -> StreamInfo:
+        """Give stream ``name``'s schema its next version; the current schema again changes nothing.
+
+        ``schema`` is taken as ``create_stream`` takes it.  Compatible changes only (a new
+        nullable field, int32 -> int64, float32 -> float64, a field made nullable); anything
+        else raises ``InvalidArgumentError`` whose one line names the field and why.
+        """
+        return await self._admin.update_schema(name, as_document(schema))
 
     async def delete_stream(self, name: str) -> None:
         """Delete a stream and all its data."""

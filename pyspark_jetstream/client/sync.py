@@ -89,6 +89,10 @@ class SyncClient:
         """See :meth:`Client.add_partitions`."""
         return self._run(self._client.add_partitions(name, partitions))
 
+    def update_schema(self, name: str, schema: object) -> StreamInfo:
+        """See :meth:`Client.update_schema`."""
+        return self._run(self._client.update_schema(name, schema))
+
     def delete_stream(self, name: str) -> None:
         """See :meth:`Client.delete_stream`."""
         self._run(self._client.delete_stream(name))

@@ -70,6 +70,7 @@ class ActionType(enum.Enum):
     CREATE_STREAM = "create_stream"
     DELETE_STREAM = "delete_stream"
     ADD_PARTITIONS = "add_partitions"
+    UPDATE_SCHEMA = "update_schema"
     DESCRIBE_STREAM = "describe_stream"
     LIST_STREAMS = "list_streams"
     SET_CURSOR = "set_cursor"

@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 from .schema import COMPRESSIONS
+from .value_schema import SchemaDocument, StreamSchema
 
 DISCOVERY_SUBJECT = "_PJS.discover"
 """NATS subject on which every broker answers with its Flight address (JSON)."""
@@ -258,6 +259,9 @@ class StreamConfig:
     duplicate_max_ids: int = 1_000_000
     """Most message ids a partition remembers; past it the oldest are forgotten first, even
     within the window.  1 to 100,000,000."""
+    schema: StreamSchema | None = None
+    """What the message values hold, every version of it (:mod:`.value_schema`); ``None``: plain
+    bytes.  Left out of the JSON form when ``None``, so untyped streams are stored as before."""
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
@@ -286,6 +290,8 @@ class StreamConfig:
                 f"min_insync_replicas ({self.min_insync_replicas}) cannot exceed replication_factor "
                 f"({self.replication_factor}): no write could ever be acknowledged"
             )
+        if self.schema is not None and not isinstance(self.schema, StreamSchema):
+            raise InvalidArgumentError(f"schema must be a StreamSchema or None, got {shown(self.schema)}")
         for option in ("compaction", "ack_reply", "unclean_leader_election"):
             if not isinstance(getattr(self, option), bool):
                 raise InvalidArgumentError(
@@ -293,8 +299,13 @@ class StreamConfig:
                 )
 
     def to_json(self) -> dict[str, Any]:
-        """The wire/metadata form: a plain dict."""
-        return dataclasses.asdict(self)
+        """The wire/metadata form: a plain dict (``schema`` in its JSON form, left out when ``None``)."""
+        stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.schema is None:
+            del stored["schema"]
+        else:
+            stored["schema"] = self.schema.to_json()
+        return stored
 
     @classmethod
     def from_json(cls, data: object) -> StreamConfig:
@@ -305,6 +316,8 @@ class StreamConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidArgumentError(f"unknown stream option(s): {', '.join(unknown)}")
+        if data.get("schema") is not None:
+            data = {**data, "schema": StreamSchema.from_json(data["schema"])}
         try:
             return cls(**data)
         except TypeError as exc:
@@ -321,6 +334,24 @@ class StreamConfig:
     def partition_subjects(self) -> list[str]:
         """The subject of each partition, by partition number."""
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
+
+
+def schema_updated(config: StreamConfig, document: SchemaDocument) -> StreamConfig | None:
+    """``config`` with ``document`` as its schema's next version, or ``None`` if it is the current one.
+
+    Raises ``InvalidArgumentError`` with one line naming the field and why when the change is not
+    compatible (:func:`.value_schema.check_compatible`), and for a stream without a schema (a
+    schema is declared when the stream is created: its messages so far are untyped).
+    """
+    if config.schema is None:
+        raise InvalidArgumentError(
+            f"stream {config.name!r} has no schema: a schema is given when a stream is created "
+            "(create a new stream with --schema)"
+        )
+    evolved = config.schema.evolved(document)
+    if evolved is config.schema:
+        return None
+    return dataclasses.replace(config, schema=evolved)
 
 
 def check_retention(age: object, size: object, messages: object) -> None:

@@ -55,6 +55,7 @@ BODIES = {
     ActionType.CREATE_STREAM: {"name": "s", "subject": "s"},
     ActionType.DELETE_STREAM: {"name": "s"},
     ActionType.ADD_PARTITIONS: {"name": "s", "partitions": 2},
+    ActionType.UPDATE_SCHEMA: {"name": "s", "schema": {"fields": [{"name": "n", "type": "int32"}]}},
     ActionType.DESCRIBE_STREAM: {"name": "s"},
     ActionType.STATUS: {},
     ActionType.ELECT_PREFERRED_LEADERS: {},

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
-from broker_node.coordination.base import BrokerInfo, Coordinator, PartitionState
+from broker_node.coordination.base import FEATURES, BrokerInfo, Coordinator, PartitionState
 from broker_node.coordination.errors import ConflictError
 from broker_node.coordination.local import LocalCoordinator
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
@@ -17,6 +18,7 @@ from pyspark_jetstream.protocol.errors import (
     UnknownStreamError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
 from ..broker.harness import wait_until
 
@@ -152,3 +154,37 @@ def test_a_stream_grows_in_one_write_and_never_shrinks(make):
     coordinator.close()
     again = make()
     wait_until(lambda: grown in again.list_streams(), message="the grown stream after a restart")
+
+
+def test_a_typed_stream_keeps_every_schema_version_and_refuses_incompatible_ones(make):
+    coordinator = make(dataclasses.replace(ME, features=FEATURES))
+    heard = threading.Semaphore(0)
+    coordinator.add_listener(heard.release)
+    first = SchemaDocument.from_json({"fields": [{"name": "n", "type": "int32"}]})
+    config = StreamConfig(name="typed", subject="typed", schema=StreamSchema.first(first))
+    created = coordinator.create_stream(config)
+    assert heard.acquire(timeout=10)
+    second = SchemaDocument.from_json(
+        {"fields": [{"name": "n", "type": "int64"}, {"name": "c", "type": "string"}]}
+    )
+    updated = coordinator.update_schema("typed", second)
+    assert heard.acquire(timeout=10)
+    assert updated.config.schema == StreamSchema("json", (first.schema, second.schema))
+    assert updated.partitions == created.partitions and updated.stream_id == created.stream_id
+    wait_until(lambda: coordinator.get_stream("typed") == updated, message="the new schema version")
+    assert coordinator.update_schema("typed", second) == updated  # the same schema: nothing changes
+    with pytest.raises(
+        InvalidArgumentError, match="^incompatible schema change to version 3: field 'c' was removed"
+    ):
+        coordinator.update_schema(
+            "typed", SchemaDocument.from_json({"fields": [{"name": "n", "type": "int64"}]})
+        )
+    with pytest.raises(UnknownStreamError, match="no stream named 'nope'"):
+        coordinator.update_schema("nope", second)
+    coordinator.create_stream(StreamConfig(name="plain", subject="plain"))
+    with pytest.raises(InvalidArgumentError, match="stream 'plain' has no schema"):
+        coordinator.update_schema("plain", second)
+    assert coordinator.get_stream("typed") == updated
+    coordinator.close()
+    again = make()
+    wait_until(lambda: updated in again.list_streams(), message="the schema versions after a restart")

@@ -19,6 +19,7 @@ from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.zookeeper_server import ZooKeeperServer, free_port
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
 from ..broker.harness import wait_until
 
@@ -300,6 +301,53 @@ def test_a_move_is_refused_while_a_live_broker_cannot_keep_it(cluster, zk_settin
         wait_until(lambda: len(first.brokers()) == 1)
         with pytest.raises(InvalidArgumentError, match="b2, which are not live"):
             first.reassign(moves, 0)  # checked by the controller now: b2 is gone
+    finally:
+        first.close()
+        older.close()
+
+
+def test_schema_versions_reach_every_broker_through_the_coordinator(zk_settings):
+    infos = [BrokerInfo(f"b{n}", f"grpc://127.0.0.1:{1000 + n}", (), "", FEATURES) for n in (1, 2)]
+    coordinators = [ZooKeeperCoordinator(zk_settings) for _ in infos]
+    try:
+        for coordinator, info in zip(coordinators, infos, strict=True):
+            coordinator.start(info)
+        wait_until(lambda: all(len(c.brokers()) == 2 and c.controller() for c in coordinators))
+        controller = controller_of(coordinators)
+        other = next(c for c in coordinators if c is not controller)
+        first = SchemaDocument.from_json({"fields": [{"name": "n", "type": "int32"}]})
+        controller.create_stream(StreamConfig(name="t", subject="t", schema=StreamSchema.first(first)))
+        second = SchemaDocument.from_json(
+            {"fields": [{"name": "n", "type": "int32"}, {"name": "c", "type": "bool"}]}
+        )
+        with pytest.raises(NotControllerError):
+            other.update_schema("t", second)
+        updated = controller.update_schema("t", second)
+        assert updated.config.schema is not None and updated.config.schema.version == 2
+        wait_until(lambda: other.get_stream("t") == updated, message="the new version on the other broker")
+    finally:
+        for coordinator in coordinators:
+            coordinator.close()
+
+
+def test_a_schema_is_refused_while_a_live_broker_cannot_keep_it(zk_settings):
+    # An older broker's writes of the stream (growing it) would drop the schema it does not know.
+    first = ZooKeeperCoordinator(zk_settings)
+    first.start(BrokerInfo("b1", "grpc://127.0.0.1:1001", (), "", FEATURES))
+    older = ZooKeeperCoordinator(zk_settings)
+    older.start(broker(2))  # registers without features
+    try:
+        wait_until(lambda: first.controller() == "b1" and len(first.brokers()) == 2)
+        document = SchemaDocument.from_json({"fields": [{"name": "n", "type": "int32"}]})
+        typed = StreamConfig(name="t", subject="t", schema=StreamSchema.first(document))
+        with pytest.raises(
+            InvalidArgumentError, match="broker.s. b2 run a version that cannot keep a stream schema"
+        ):
+            first.create_stream(typed)
+        first.create_stream(StreamConfig(name="plain", subject="plain"))  # untyped streams are fine
+        older.close()
+        wait_until(lambda: len(first.brokers()) == 1)
+        assert first.create_stream(typed).config == typed
     finally:
         first.close()
         older.close()
