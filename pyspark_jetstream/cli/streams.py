@@ -23,6 +23,14 @@ from pyspark_jetstream.protocol.streams import (
 from pyspark_jetstream.protocol.subjects import subjects_overlap
 from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
+SCHEMA_FIRST = (
+    "what message values hold: a JSON schema document (see the README's typed streams) or an Arrow IPC schema"
+)
+SCHEMA_NEXT = (
+    "the schema's next version (compatible changes only: a new nullable field, int32 -> int64, "
+    "float32 -> float64)"
+)
+
 
 def add_commands(commands: Any) -> None:
     """``stream create``, ``list``, ``describe``, ``update`` and ``delete``."""
@@ -60,12 +68,7 @@ def add_commands(commands: Any) -> None:
     create.add_argument(
         "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
     )
-    create.add_argument(
-        "--schema",
-        metavar="FILE",
-        help="what message values hold: a JSON schema document (see the README's typed streams) "
-        "or an Arrow IPC schema",
-    )
+    create.add_argument("--schema", metavar="FILE", help=SCHEMA_FIRST)
     create.set_defaults(run=_stream_create)
     listing = stream_commands.add_parser("list", help="list streams")
     listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
@@ -85,12 +88,7 @@ def add_commands(commands: Any) -> None:
         type=_partition_count,
         help=f"the new partition count, up to {MAX_PARTITIONS} (more than now; the same changes nothing)",
     )
-    update.add_argument(
-        "--schema",
-        metavar="FILE",
-        help="the schema's next version (compatible changes only: a new nullable field, "
-        "int32 -> int64, float32 -> float64)",
-    )
+    update.add_argument("--schema", metavar="FILE", help=SCHEMA_NEXT)
     update.set_defaults(run=_stream_update)
     delete = stream_commands.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")

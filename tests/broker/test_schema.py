@@ -13,16 +13,11 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError, StreamExists
 from pyspark_jetstream.protocol.flight import ActionType
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from ..protocol.test_value_schema import ORDERS as EVERY_TYPE
 from .test_add_partitions import jetstream, one_line
 
-ORDERS = {
-    "format": "json",
-    "fields": [
-        {"name": "order_id", "type": "int32", "nullable": False},
-        {"name": "country", "type": "string"},
-        {"name": "amount", "type": {"type": "decimal128", "precision": 12, "scale": 2}},
-    ],
-}
+ORDERS = {"format": "json", "fields": EVERY_TYPE["fields"][:3]}
+"""Three of the fields the schema's own tests use: order_id (int32, not null), country, amount."""
 
 
 def write(path, document) -> str:

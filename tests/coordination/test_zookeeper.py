@@ -103,14 +103,22 @@ def test_replicas_and_leaders_spread_over_the_brokers(cluster):
     assert all(len(set(p.replicas)) == 3 and p.isr == p.replicas for p in created.partitions)
 
 
-def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(cluster):
+def three_and_a_victim(cluster, name: str, replication_factor: int):
+    """Three coordinators and a 3-partition stream; the controller, the stream as created, a
+    coordinator other than the controller (to stop), its id and the partitions it leads."""
     coordinators = cluster(1, 2, 3)
     wait_until(lambda: all(len(c.brokers()) == 3 and c.controller() for c in coordinators))
     leader = controller_of(coordinators)
-    created = leader.create_stream(StreamConfig(name="fo", subject="fo", partitions=3, replication_factor=2))
+    config = StreamConfig(name=name, subject=name, partitions=3, replication_factor=replication_factor)
+    created = leader.create_stream(config)
     victim = next(c for c in coordinators if c is not leader)
     victim_id = victim._broker.broker_id
     led = [n for n, p in enumerate(created.partitions) if p.leader == victim_id]
+    return coordinators, leader, created, victim, victim_id, led
+
+
+def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(cluster):
+    coordinators, leader, created, victim, victim_id, led = three_and_a_victim(cluster, "fo", 2)
     victim.close()
     wait_until(
         lambda: all(
@@ -145,13 +153,7 @@ def test_a_dead_leader_is_replaced_from_the_isr_and_unclean_election_is_off(clus
 
 def test_a_broker_that_restarts_before_the_controller_looks_leaves_every_isr(cluster):
     """The controller held up while a broker goes and comes back: it still sees the restart."""
-    coordinators = cluster(1, 2, 3)
-    wait_until(lambda: all(len(c.brokers()) == 3 and c.controller() for c in coordinators))
-    leader = controller_of(coordinators)
-    created = leader.create_stream(StreamConfig(name="rb", subject="rb", partitions=3, replication_factor=3))
-    victim = next(c for c in coordinators if c is not leader)
-    victim_id = victim._broker.broker_id
-    led = [n for n, p in enumerate(created.partitions) if p.leader == victim_id]
+    _, leader, created, victim, victim_id, led = three_and_a_victim(cluster, "rb", 3)
     before = leader.registrations()
     gate = threading.Event()
     assert leader._controller is not None
@@ -285,25 +287,32 @@ def test_a_server_whose_chosen_port_is_taken_before_it_binds_chooses_another(tmp
             assert server.four_letter("ruok") == "imok"
 
 
-def test_a_move_is_refused_while_a_live_broker_cannot_keep_it(cluster, zk_settings):
-    # An older broker's writes would drop the move's fields from a partition's state.
+@pytest.fixture
+def beside_an_older_broker(zk_settings):
+    """b1, the controller, with every feature, and b2 registered without any (an older version)."""
     first = ZooKeeperCoordinator(zk_settings)
     first.start(BrokerInfo("b1", "grpc://127.0.0.1:1001", (), "", FEATURES))
     older = ZooKeeperCoordinator(zk_settings)
-    older.start(broker(2))  # registers without features
+    older.start(broker(2))
     try:
         wait_until(lambda: first.controller() == "b1" and len(first.brokers()) == 2)
-        first.create_stream(StreamConfig(name="old", subject="old"))
-        moves = [Move("old", 0, ("b2",))]
-        with pytest.raises(InvalidArgumentError, match="broker.s. b2 run a version that cannot move"):
-            first.reassign(moves, 0)
-        older.close()
-        wait_until(lambda: len(first.brokers()) == 1)
-        with pytest.raises(InvalidArgumentError, match="b2, which are not live"):
-            first.reassign(moves, 0)  # checked by the controller now: b2 is gone
+        yield first, older
     finally:
         first.close()
         older.close()
+
+
+def test_a_move_is_refused_while_a_live_broker_cannot_keep_it(beside_an_older_broker):
+    # An older broker's writes would drop the move's fields from a partition's state.
+    first, older = beside_an_older_broker
+    first.create_stream(StreamConfig(name="old", subject="old"))
+    moves = [Move("old", 0, ("b2",))]
+    with pytest.raises(InvalidArgumentError, match="broker.s. b2 run a version that cannot move"):
+        first.reassign(moves, 0)
+    older.close()
+    wait_until(lambda: len(first.brokers()) == 1)
+    with pytest.raises(InvalidArgumentError, match="b2, which are not live"):
+        first.reassign(moves, 0)  # checked by the controller now: b2 is gone
 
 
 def test_schema_versions_reach_every_broker_through_the_coordinator(zk_settings):
@@ -330,24 +339,16 @@ def test_schema_versions_reach_every_broker_through_the_coordinator(zk_settings)
             coordinator.close()
 
 
-def test_a_schema_is_refused_while_a_live_broker_cannot_keep_it(zk_settings):
+def test_a_schema_is_refused_while_a_live_broker_cannot_keep_it(beside_an_older_broker):
     # An older broker's writes of the stream (growing it) would drop the schema it does not know.
-    first = ZooKeeperCoordinator(zk_settings)
-    first.start(BrokerInfo("b1", "grpc://127.0.0.1:1001", (), "", FEATURES))
-    older = ZooKeeperCoordinator(zk_settings)
-    older.start(broker(2))  # registers without features
-    try:
-        wait_until(lambda: first.controller() == "b1" and len(first.brokers()) == 2)
-        document = SchemaDocument.from_json({"fields": [{"name": "n", "type": "int32"}]})
-        typed = StreamConfig(name="t", subject="t", schema=StreamSchema.first(document))
-        with pytest.raises(
-            InvalidArgumentError, match="broker.s. b2 run a version that cannot keep a stream schema"
-        ):
-            first.create_stream(typed)
-        first.create_stream(StreamConfig(name="plain", subject="plain"))  # untyped streams are fine
-        older.close()
-        wait_until(lambda: len(first.brokers()) == 1)
-        assert first.create_stream(typed).config == typed
-    finally:
-        first.close()
-        older.close()
+    first, older = beside_an_older_broker
+    document = SchemaDocument.from_json({"fields": [{"name": "n", "type": "int32"}]})
+    typed = StreamConfig(name="t", subject="t", schema=StreamSchema.first(document))
+    with pytest.raises(
+        InvalidArgumentError, match="broker.s. b2 run a version that cannot keep a stream schema"
+    ):
+        first.create_stream(typed)
+    first.create_stream(StreamConfig(name="plain", subject="plain"))  # untyped streams are fine
+    older.close()
+    wait_until(lambda: len(first.brokers()) == 1)
+    assert first.create_stream(typed).config == typed

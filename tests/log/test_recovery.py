@@ -18,6 +18,13 @@ from .helpers import rows
 SEGMENT_SIZES = [4_000, 64_000, 1_000_000]
 
 
+def every_fill(test):
+    """Parametrize ``test`` over every segment size, eight seeds and every compression."""
+    test = pytest.mark.parametrize("compression", COMPRESSIONS)(test)
+    test = pytest.mark.parametrize("seed", range(8))(test)
+    return pytest.mark.parametrize("segment_bytes", SEGMENT_SIZES)(test)
+
+
 def _fill(path, segment_bytes, seed, compression="none"):
     """Append random batches; return the rows and, for the active segment, each batch's frame end.
 
@@ -63,9 +70,7 @@ def _check_prefix(path, expected, end):
         assert rows(log)[-1] == (end, None, b"after")
 
 
-@pytest.mark.parametrize("segment_bytes", SEGMENT_SIZES)
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("compression", COMPRESSIONS)
+@every_fill
 def test_cut_active_segment_at_random_byte(tmp_path, segment_bytes, seed, compression):
     expected, active, ends, base = _fill(tmp_path, segment_bytes, seed, compression)
     rng = random.Random(1000 + seed)
@@ -74,9 +79,7 @@ def test_cut_active_segment_at_random_byte(tmp_path, segment_bytes, seed, compre
     _check_prefix(tmp_path, expected, _surviving_end(ends, base, cut))
 
 
-@pytest.mark.parametrize("segment_bytes", SEGMENT_SIZES)
-@pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("compression", COMPRESSIONS)
+@every_fill
 def test_flip_bits_in_active_segment_tail(tmp_path, segment_bytes, seed, compression):
     expected, active, ends, base = _fill(tmp_path, segment_bytes, seed, compression)
     rng = random.Random(2000 + seed)

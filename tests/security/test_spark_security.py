@@ -69,6 +69,17 @@ def read_stream(spark: SparkSession, secured: Secured, **options: str) -> DataFr
     )
 
 
+def read_batch(spark: SparkSession, secured: Secured, user: str) -> DataFrame:
+    """A batch read of ``orders`` as ``user``, with the user's token in the options."""
+    return (
+        spark.read.format("jetstream")
+        .option("servers", secured.broker.flight)
+        .option("stream", "orders")
+        .options(**with_token(secured, user))
+        .load()
+    )
+
+
 def explained(show: object) -> str:
     """What ``show()`` (an ``explain``) prints."""
     out = io.StringIO()
@@ -106,13 +117,7 @@ def test_a_token_in_the_options_shows_in_no_plan_progress_or_status(spark, secur
     assert spark.sql("SELECT count(*) AS n FROM bob_plans").first().n == len(orders)
     shown = [explained(query.explain), str(query.status), str(query.lastProgress), str(query.recentProgress)]
     assert all(token not in text for text in shown)
-    batch = (
-        spark.read.format("jetstream")
-        .option("servers", secured.broker.flight)
-        .option("stream", "orders")
-        .options(**with_token(secured, "bob"))
-        .load()
-    )
+    batch = read_batch(spark, secured, "bob")
     assert token not in explained(batch.explain)
     assert [r.value for r in batch.orderBy("offset").collect()] == orders
 
@@ -124,13 +129,7 @@ def test_mallory_is_denied_naming_her_and_never_her_token(spark, secured, orders
         query.awaitTermination(60)
     assert "principal 'mallory' may not read stream 'orders'" in str(caught.value)
     assert token not in str(caught.value) and token not in str(query.status)
-    batch = (
-        spark.read.format("jetstream")
-        .option("servers", secured.broker.flight)
-        .option("stream", "orders")
-        .options(**with_token(secured, "mallory"))
-        .load()
-    )
+    batch = read_batch(spark, secured, "mallory")
     with pytest.raises(Exception, match="principal 'mallory' may not read stream 'orders'") as refused:
         batch.collect()
     assert token not in str(refused.value)

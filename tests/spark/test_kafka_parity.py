@@ -158,19 +158,24 @@ def test_caught_up_queries_leave_cursors_at_the_end_and_progress_shows_how_far_b
     client.create_stream(name, name, partitions=2)
     publish_each(client, name, 0, 40)
     publish_each(client, name, 1, 20)
-    query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "20")
-        .option("consumerId", "caught-up")
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+
+    def drain(consumer: str, checkpoint: str, **limits: str):
+        """An AvailableNow query from the earliest offsets into ``noop``, as ``consumer``."""
+        return (
+            spark.readStream.format("jetstream")
+            .option("servers", deployment.flight)
+            .option("stream", name)
+            .option("startingOffsets", "earliest")
+            .options(**limits)
+            .option("consumerId", consumer)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = drain("caught-up", "ck", maxOffsetsPerTrigger="20")
     query.awaitTermination()
     status = client.status()
     lags = {
@@ -190,18 +195,7 @@ def test_caught_up_queries_leave_cursors_at_the_end_and_progress_shows_how_far_b
         "avgOffsetsBehindLatest": 0.0,
     }
 
-    once = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("startingOffsets", "earliest")
-        .option("consumerId", "single-batch")
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(tmp_path / "once"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    once = drain("single-batch", "once")
     once.awaitTermination()
     assert [p["numInputRows"] for p in once.recentProgress if p["numInputRows"]] == [60]
     stored = (client.fetch_cursor("single-batch", name, 0), client.fetch_cursor("single-batch", name, 1))
