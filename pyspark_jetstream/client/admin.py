@@ -1,19 +1,22 @@
-"""Admin and cursors, asynchronously: the blocking Flight calls of :mod:`.cluster` in worker threads.
+"""Admin and cursors over Flight: a blocking core, and its asynchronous face.
 
-Each call runs :class:`~.cluster.ClusterConnection` (which routes it to the
-broker that can answer, and retries what its errors' flags allow) in a worker
-thread, so the event loop never blocks on Flight.
+:class:`BlockingAdmin` holds each call's logic (its request body, how the answer
+is read) and runs it on :class:`~.cluster.ClusterConnection` (which routes it to
+the broker that can answer, and retries what its errors' flags allow) in the
+caller's thread: :class:`~.sync.SyncClient` calls it directly.  :class:`Admin`
+runs the same calls in worker threads, so the event loop never blocks on Flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
-from pyspark_jetstream.protocol.streams import StreamConfig
-from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema, as_document
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
+from pyspark_jetstream.protocol.value_schema import StreamSchema, as_document
 
 from .cluster import ClusterConnection
 
@@ -35,57 +38,59 @@ def stream_config(name: str, subject: str, options: dict[str, Any]) -> StreamCon
         raise InvalidArgumentError(f"create_stream: {exc}") from None
 
 
-class Admin:
-    """Streams, cluster state and cursors over Flight (see :class:`~.client.Client` for each call)."""
+class BlockingAdmin:
+    """Streams, cluster state and cursors over Flight, blocking the caller (see :class:`~.client.Client`
+    for each call).  Thread-safe: the :class:`ClusterConnection` it shares is."""
 
     def __init__(self, cluster: ClusterConnection) -> None:
         self.cluster = cluster
 
-    async def action(self, action: ActionType, body: dict[str, Any]) -> Any:
+    def action(self, action: ActionType, body: dict[str, Any]) -> Any:
         """One Flight action, sent to any broker (which forwards what only the controller may do)."""
-        return await asyncio.to_thread(self.cluster.action, action, body)
+        return self.cluster.action(action, body)
 
-    async def create_stream(self, config: StreamConfig) -> StreamInfo:
-        """See :meth:`.Client.create_stream`."""
-        return StreamInfo.from_json(await self.action(ActionType.CREATE_STREAM, config.to_json()))
+    def create_stream(self, config: StreamConfig) -> StreamInfo:
+        """See :meth:`.Client.create_stream` (``config`` from :func:`stream_config`)."""
+        return StreamInfo.from_json(self.action(ActionType.CREATE_STREAM, config.to_json()))
 
-    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+    def add_partitions(self, name: str, partitions: int) -> StreamInfo:
         """See :meth:`.Client.add_partitions`."""
+        bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
         body = {"name": name, "partitions": partitions}
-        return StreamInfo.from_json(await self.action(ActionType.ADD_PARTITIONS, body))
+        return StreamInfo.from_json(self.action(ActionType.ADD_PARTITIONS, body))
 
-    async def update_schema(self, name: str, document: SchemaDocument) -> StreamInfo:
+    def update_schema(self, name: str, schema: object) -> StreamInfo:
         """See :meth:`.Client.update_schema`."""
-        body = {"name": name, "schema": document.to_json()}
-        return StreamInfo.from_json(await self.action(ActionType.UPDATE_SCHEMA, body))
+        body = {"name": name, "schema": as_document(schema).to_json()}
+        return StreamInfo.from_json(self.action(ActionType.UPDATE_SCHEMA, body))
 
-    async def delete_stream(self, name: str) -> None:
+    def delete_stream(self, name: str) -> None:
         """See :meth:`.Client.delete_stream`."""
-        await self.action(ActionType.DELETE_STREAM, {"name": name})
+        self.action(ActionType.DELETE_STREAM, {"name": name})
 
-    async def describe_stream(self, name: str) -> StreamInfo:
+    def describe_stream(self, name: str) -> StreamInfo:
         """See :meth:`.Client.describe_stream`."""
-        return await asyncio.to_thread(self.cluster.describe, name)
+        return self.cluster.describe(name)
 
-    async def leadership(self, name: str) -> StreamInfo:
+    def leadership(self, name: str) -> StreamInfo:
         """A stream's partitions' leaders and epochs (no offsets: see ``ClusterConnection.leadership``)."""
         # Short: the resender asks again at its next check, and a thread still asking holds up close.
-        return await asyncio.to_thread(self.cluster.leadership, name, LEADERSHIP_TIMEOUT)
+        return self.cluster.leadership(name, LEADERSHIP_TIMEOUT)
 
-    async def list_streams(self) -> list[StreamInfo]:
+    def list_streams(self) -> list[StreamInfo]:
         """See :meth:`.Client.list_streams`."""
-        return await asyncio.to_thread(self.cluster.list_streams)
+        return self.cluster.list_streams()
 
-    async def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """See :meth:`.Client.status`."""
-        result: dict[str, Any] = await self.action(ActionType.STATUS, {})
+        result: dict[str, Any] = self.action(ActionType.STATUS, {})
         return result
 
-    async def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, Any]:
         """See :meth:`.Client.metadata`."""
-        return await asyncio.to_thread(self.cluster.refresh)
+        return self.cluster.refresh()
 
-    async def cluster_status(self) -> dict[str, Any]:
+    def cluster_status(self) -> dict[str, Any]:
         """See :meth:`.Client.cluster_status`."""
 
         def ask(address: str) -> dict[str, Any]:
@@ -97,44 +102,172 @@ class Admin:
             except JetStreamError as exc:
                 return {"error": str(exc)}
 
-        await asyncio.to_thread(self.cluster.refresh)
+        self.cluster.refresh()
         brokers = sorted(self.cluster.brokers().items())
+        if not brokers:
+            return {}
         # All at once: a broker whose advertised address does not answer costs one timeout, not one each.
-        answers = await asyncio.gather(*(asyncio.to_thread(ask, address) for _, address in brokers))
+        pool = concurrent.futures.ThreadPoolExecutor(len(brokers), thread_name_prefix="jetstream-status")
+        try:
+            answers = list(pool.map(ask, [address for _, address in brokers]))
+        finally:
+            # Not waiting: after an interrupt (Ctrl-C) the asks end on their own, within the timeout.
+            pool.shutdown(wait=False)
         return {broker_id: answer for (broker_id, _), answer in zip(brokers, answers, strict=True)}
 
-    async def elect_preferred_leaders(self) -> dict[str, Any]:
+    def elect_preferred_leaders(self) -> dict[str, Any]:
         """See :meth:`.Client.elect_preferred_leaders`."""
-        result: dict[str, Any] = await self.action(ActionType.ELECT_PREFERRED_LEADERS, {})
+        result: dict[str, Any] = self.action(ActionType.ELECT_PREFERRED_LEADERS, {})
         return result
 
-    async def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]:
-        """See :meth:`.Client.reassign_partitions`."""
-        result: dict[str, Any] = await self.action(ActionType.REASSIGN_PARTITIONS, body)
+    def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``REASSIGN_PARTITIONS`` operation (``body["op"]``)."""
+        result: dict[str, Any] = self.action(ActionType.REASSIGN_PARTITIONS, body)
         return result
 
-    async def health(self) -> dict[str, Any]:
+    def reassign(self, plan: object, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`.Client.reassign`."""
+        return self.reassign_partitions({"op": "start", "plan": plan, "throttle": throttle})
+
+    def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """See :meth:`.Client.cancel_reassignment`."""
+        body: dict[str, Any] = {"op": "cancel"}
+        if partitions is not None:
+            body["partitions"] = [[stream, number] for stream, number in partitions]
+        return self.reassign_partitions(body)
+
+    def drain(self, broker: str, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`.Client.drain`."""
+        return self.reassign_partitions({"op": "drain", "broker": broker, "throttle": throttle})
+
+    def reassignments(self) -> list[dict[str, Any]]:
+        """See :meth:`.Client.reassignments`."""
+        partitions: list[dict[str, Any]] = self.reassign_partitions({"op": "list"})["partitions"]
+        return partitions
+
+    def generate_reassignment(self, brokers: list[str], streams: list[str] | None = None) -> dict[str, Any]:
+        """See :meth:`.Client.generate_reassignment`."""
+        body: dict[str, Any] = {"op": "generate", "brokers": brokers}
+        if streams is not None:
+            body["streams"] = streams
+        return self.reassign_partitions(body)
+
+    def health(self) -> dict[str, Any]:
         """See :meth:`.Client.health`."""
-        result: dict[str, Any] = await self.action(ActionType.HEALTH, {})
+        result: dict[str, Any] = self.action(ActionType.HEALTH, {})
         return result
 
-    async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
         """See :meth:`.Client.set_cursor`."""
-        await self.action(
+        self.action(
             ActionType.SET_CURSOR,
             {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset},
         )
 
-    async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
         """See :meth:`.Client.delete_cursor`."""
-        await self.action(
+        self.action(
             ActionType.DELETE_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
         )
 
-    async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
         """See :meth:`.Client.fetch_cursor`."""
-        result = await self.action(
+        result = self.action(
             ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
         )
         offset: int | None = result["offset"]
         return offset
+
+
+class Admin:
+    """:class:`BlockingAdmin`'s calls as coroutines, each in a worker thread."""
+
+    def __init__(self, cluster: ClusterConnection) -> None:
+        self.cluster = cluster
+        self.core = BlockingAdmin(cluster)
+
+    async def action(self, action: ActionType, body: dict[str, Any]) -> Any:
+        """See :meth:`BlockingAdmin.action`."""
+        return await asyncio.to_thread(self.core.action, action, body)
+
+    async def create_stream(self, config: StreamConfig) -> StreamInfo:
+        """See :meth:`.Client.create_stream`."""
+        return await asyncio.to_thread(self.core.create_stream, config)
+
+    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
+        """See :meth:`.Client.add_partitions`."""
+        return await asyncio.to_thread(self.core.add_partitions, name, partitions)
+
+    async def update_schema(self, name: str, schema: object) -> StreamInfo:
+        """See :meth:`.Client.update_schema`."""
+        return await asyncio.to_thread(self.core.update_schema, name, schema)
+
+    async def delete_stream(self, name: str) -> None:
+        """See :meth:`.Client.delete_stream`."""
+        await asyncio.to_thread(self.core.delete_stream, name)
+
+    async def describe_stream(self, name: str) -> StreamInfo:
+        """See :meth:`.Client.describe_stream`."""
+        return await asyncio.to_thread(self.core.describe_stream, name)
+
+    async def leadership(self, name: str) -> StreamInfo:
+        """See :meth:`BlockingAdmin.leadership`."""
+        return await asyncio.to_thread(self.core.leadership, name)
+
+    async def list_streams(self) -> list[StreamInfo]:
+        """See :meth:`.Client.list_streams`."""
+        return await asyncio.to_thread(self.core.list_streams)
+
+    async def status(self) -> dict[str, Any]:
+        """See :meth:`.Client.status`."""
+        return await asyncio.to_thread(self.core.status)
+
+    async def metadata(self) -> dict[str, Any]:
+        """See :meth:`.Client.metadata`."""
+        return await asyncio.to_thread(self.core.metadata)
+
+    async def cluster_status(self) -> dict[str, Any]:
+        """See :meth:`.Client.cluster_status`."""
+        return await asyncio.to_thread(self.core.cluster_status)
+
+    async def elect_preferred_leaders(self) -> dict[str, Any]:
+        """See :meth:`.Client.elect_preferred_leaders`."""
+        return await asyncio.to_thread(self.core.elect_preferred_leaders)
+
+    async def reassign(self, plan: object, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`.Client.reassign`."""
+        return await asyncio.to_thread(self.core.reassign, plan, throttle)
+
+    async def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """See :meth:`.Client.cancel_reassignment`."""
+        return await asyncio.to_thread(self.core.cancel_reassignment, partitions)
+
+    async def drain(self, broker: str, throttle: int = 0) -> dict[str, Any]:
+        """See :meth:`.Client.drain`."""
+        return await asyncio.to_thread(self.core.drain, broker, throttle)
+
+    async def reassignments(self) -> list[dict[str, Any]]:
+        """See :meth:`.Client.reassignments`."""
+        return await asyncio.to_thread(self.core.reassignments)
+
+    async def generate_reassignment(
+        self, brokers: list[str], streams: list[str] | None = None
+    ) -> dict[str, Any]:
+        """See :meth:`.Client.generate_reassignment`."""
+        return await asyncio.to_thread(self.core.generate_reassignment, brokers, streams)
+
+    async def health(self) -> dict[str, Any]:
+        """See :meth:`.Client.health`."""
+        return await asyncio.to_thread(self.core.health)
+
+    async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
+        """See :meth:`.Client.set_cursor`."""
+        await asyncio.to_thread(self.core.set_cursor, consumer, stream, partition, offset)
+
+    async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
+        """See :meth:`.Client.delete_cursor`."""
+        await asyncio.to_thread(self.core.delete_cursor, consumer, stream, partition)
+
+    async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
+        """See :meth:`.Client.fetch_cursor`."""
+        return await asyncio.to_thread(self.core.fetch_cursor, consumer, stream, partition)

@@ -21,8 +21,7 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
-from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, bounded_number
-from pyspark_jetstream.protocol.value_schema import as_document
+from pyspark_jetstream.protocol.streams import StreamConfig, bounded_number
 
 from .admin import LEADERSHIP_TIMEOUT, Admin, stream_config
 from .cluster import ClusterConnection
@@ -172,7 +171,6 @@ class Client:
         client routes by the new count at once, other clients within
         ``metadata_max_age`` seconds.
         """
-        bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
         info = await self._admin.add_partitions(name, partitions)
         self._publisher.learn(info, StreamConfig.from_json(info.config))
         return info
@@ -184,7 +182,7 @@ class Client:
         nullable field, int32 -> int64, float32 -> float64, a field made nullable); anything
         else raises ``InvalidArgumentError`` whose one line names the field and why.
         """
-        return await self._admin.update_schema(name, as_document(schema))
+        return await self._admin.update_schema(name, schema)
 
     async def delete_stream(self, name: str) -> None:
         """Delete a stream and all its data."""
@@ -219,34 +217,26 @@ class Client:
         """Begin moving partitions as ``plan`` says (``{"partitions": [{"stream", "partition",
         "replicas"}, ...]}``): new replicas catch up at ``throttle`` bytes/s per broker (0: no limit),
         join the ISR, then the old ones are dropped.  Every entry is checked before anything moves."""
-        return await self._admin.reassign_partitions({"op": "start", "plan": plan, "throttle": throttle})
+        return await self._admin.reassign(plan, throttle)
 
     async def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
         """Put partitions being moved (all of them by default) back on their original replicas."""
-        body: dict[str, Any] = {"op": "cancel"}
-        if partitions is not None:
-            body["partitions"] = [[stream, number] for stream, number in partitions]
-        return await self._admin.reassign_partitions(body)
+        return await self._admin.cancel_reassignment(partitions)
 
     async def drain(self, broker: str, *, throttle: int = 0) -> dict[str, Any]:
         """Move every replica off ``broker`` (before retiring it); the plan used is in ``"plan"``."""
-        return await self._admin.reassign_partitions({"op": "drain", "broker": broker, "throttle": throttle})
+        return await self._admin.drain(broker, throttle)
 
     async def reassignments(self) -> list[dict[str, Any]]:
         """The partitions being moved: replicas, target, adding, removing, ISR, throttle."""
-        result = await self._admin.reassign_partitions({"op": "list"})
-        partitions: list[dict[str, Any]] = result["partitions"]
-        return partitions
+        return await self._admin.reassignments()
 
     async def generate_reassignment(
         self, brokers: list[str], streams: list[str] | None = None
     ) -> dict[str, Any]:
         """A plan spreading ``streams`` (all but internal ones by default) evenly over ``brokers``,
         rack-aware when brokers declare racks: ``{"current": [...], "proposed": [...]}``."""
-        body: dict[str, Any] = {"op": "generate", "brokers": brokers}
-        if streams is not None:
-            body["streams"] = streams
-        return await self._admin.reassign_partitions(body)
+        return await self._admin.generate_reassignment(brokers, streams)
 
     async def health(self) -> dict[str, Any]:
         """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""

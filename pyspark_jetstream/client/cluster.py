@@ -12,7 +12,9 @@ backoff; all within the connection's timeout.  Nothing is retried that could
 store twice: reads, metadata and cursors are idempotent.
 
 The asynchronous :class:`~.client.Client` runs these calls in worker threads;
-Spark executors, which have no event loop, use them directly.
+``SyncClient`` (in the caller's thread, through the same instance) and Spark
+executors, which have no event loop, use them directly.  One instance serves
+any number of threads at once: its state changes under one lock.
 """
 
 from __future__ import annotations
@@ -111,16 +113,18 @@ class ClusterConnection:
     def refresh(self) -> dict[str, Any]:
         """Ask any reachable broker for the cluster's metadata and remember it."""
         metadata, _ = self._lookup(ActionType.METADATA, {})
+        # Built first, then swapped in at once: a thread interrupted here (Ctrl-C in a SyncClient
+        # call) leaves the old state or the new one, never a half-filled one.
+        brokers = {b["broker_id"]: b["flight"] for b in metadata["brokers"]}
+        leaders: dict[tuple[str, int], str] = {}
+        isr: dict[tuple[str, int], tuple[str, ...]] = {}
+        for stream in metadata["streams"]:
+            name = stream["config"]["name"]
+            for p in stream["partitions"]:
+                leaders[(name, p["partition"])] = p["leader"]
+                isr[(name, p["partition"])] = tuple(p["isr"])
         with self._lock:
-            self._brokers = {b["broker_id"]: b["flight"] for b in metadata["brokers"]}
-            self._leaders = {}
-            self._isr = {}
-            for stream in metadata["streams"]:
-                name = stream["config"]["name"]
-                for p in stream["partitions"]:
-                    self._leaders[(name, p["partition"])] = p["leader"]
-                    self._isr[(name, p["partition"])] = tuple(p["isr"])
-            self._known = True
+            self._brokers, self._leaders, self._isr, self._known = brokers, leaders, isr, True
         result: dict[str, Any] = metadata
         return result
 

@@ -1,7 +1,8 @@
 """Reading over Flight: fetches, tails and subscriptions of committed messages.
 
 A fetch is one Flight read of the partition's leader (or an in-sync follower
-with ``from_replicas``), in a worker thread so the event loop never blocks.
+with ``from_replicas``): in a worker thread so the event loop never blocks, or
+in the caller's own thread for ``SyncClient``.
 A tail reads the history over Flight and then takes new batches from the
 partition's live tail on NATS (:mod:`.live`); without it, one Flight follow
 stream stays open and the broker pushes batches down it, read by a thread of
@@ -93,7 +94,30 @@ class Reader:
         max_wait: float = 0.0,
         from_replicas: bool = False,
     ) -> FetchResult:
-        """See :meth:`.Client.fetch`."""
+        """See :meth:`.Client.fetch`: :meth:`fetch_blocking` in a worker thread."""
+        return await asyncio.to_thread(
+            self.fetch_blocking,
+            stream,
+            partition,
+            start=start,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            max_wait=max_wait,
+            from_replicas=from_replicas,
+        )
+
+    def fetch_blocking(
+        self,
+        stream: str,
+        partition: int = 0,
+        *,
+        start: Start = "earliest",
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        max_wait: float = 0.0,
+        from_replicas: bool = False,
+    ) -> FetchResult:
+        """See :meth:`.Client.fetch`; blocks the calling thread (``SyncClient`` calls it directly)."""
         request = ReadRequest(
             stream,
             partition,
@@ -103,7 +127,7 @@ class Reader:
             max_wait,
             from_replicas=from_replicas,
         )
-        return await asyncio.to_thread(self.cluster.read, request)
+        return self.cluster.read(request)
 
     def tail(
         self,

@@ -1,7 +1,12 @@
 """A blocking facade over :class:`~.client.Client`, for scripts, notebooks and the CLI.
 
-It runs the asynchronous client on an event loop in a background thread; each
-method blocks until its coroutine finishes and raises the same errors.
+Admin, cursors and fetches are blocking Flight calls (:class:`~.admin.BlockingAdmin`,
+:meth:`~.reading.Reader.fetch_blocking`) made in the caller's thread.  Publishing
+and subscribing, which go through NATS, run the asynchronous client on an event
+loop in a background thread; each such method blocks until its coroutine finishes.
+Either way a call raises the same errors as the asynchronous client's.  Both sides
+share the client's one :class:`~.cluster.ClusterConnection` (its metadata, its
+channels), which is thread-safe.
 """
 
 from __future__ import annotations
@@ -9,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.flight import StreamInfo
+from pyspark_jetstream.protocol.streams import StreamConfig
 
+from .admin import BlockingAdmin, stream_config
 from .client import Client
 from .connection import FetchResult
 from .credentials import Credentials
@@ -54,6 +61,19 @@ class SyncClient:
         except BaseException:
             self._stop_loop()
             raise
+        self._admin = self._client._admin.core
+        self._reader = self._client._reader
+
+    def _flight(self) -> BlockingAdmin:
+        """The blocking admin, for a call in this thread; a closed client refuses as the loop would."""
+        if self._loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return self._admin
+
+    def _on_loop(self, callback: Callable[..., object], *args: object) -> None:
+        """Hand the publisher what an admin call changed, on its loop, without waiting: whatever is
+        submitted to the loop after this (a publish) finds it done."""
+        self._loop.call_soon_threadsafe(callback, *args)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -83,67 +103,73 @@ class SyncClient:
 
     def create_stream(self, name: str, subject: str, **options: Any) -> StreamInfo:
         """See :meth:`Client.create_stream`."""
-        return self._run(self._client.create_stream(name, subject, **options))
+        config = stream_config(name, subject, options)
+        info = self._flight().create_stream(config)
+        self._on_loop(self._client._publisher.learn, info, config)
+        return info
 
     def add_partitions(self, name: str, partitions: int) -> StreamInfo:
         """See :meth:`Client.add_partitions`."""
-        return self._run(self._client.add_partitions(name, partitions))
+        info = self._flight().add_partitions(name, partitions)
+        self._on_loop(self._client._publisher.learn, info, StreamConfig.from_json(info.config))
+        return info
 
     def update_schema(self, name: str, schema: object) -> StreamInfo:
         """See :meth:`Client.update_schema`."""
-        return self._run(self._client.update_schema(name, schema))
+        return self._flight().update_schema(name, schema)
 
     def delete_stream(self, name: str) -> None:
         """See :meth:`Client.delete_stream`."""
-        self._run(self._client.delete_stream(name))
+        self._flight().delete_stream(name)
+        self._on_loop(self._client._publisher.forget, name)
 
     def describe_stream(self, name: str) -> StreamInfo:
         """See :meth:`Client.describe_stream`."""
-        return self._run(self._client.describe_stream(name))
+        return self._flight().describe_stream(name)
 
     def list_streams(self) -> list[StreamInfo]:
         """See :meth:`Client.list_streams`."""
-        return self._run(self._client.list_streams())
+        return self._flight().list_streams()
 
     def status(self) -> dict[str, Any]:
         """See :meth:`Client.status`."""
-        return self._run(self._client.status())
+        return self._flight().status()
 
     def metadata(self) -> dict[str, Any]:
         """See :meth:`Client.metadata`."""
-        return self._run(self._client.metadata())
+        return self._flight().metadata()
 
     def cluster_status(self) -> dict[str, Any]:
         """See :meth:`Client.cluster_status`."""
-        return self._run(self._client.cluster_status())
+        return self._flight().cluster_status()
 
     def elect_preferred_leaders(self) -> dict[str, Any]:
         """See :meth:`Client.elect_preferred_leaders`."""
-        return self._run(self._client.elect_preferred_leaders())
+        return self._flight().elect_preferred_leaders()
 
     def reassign(self, plan: object, *, throttle: int = 0) -> dict[str, Any]:
         """See :meth:`Client.reassign`."""
-        return self._run(self._client.reassign(plan, throttle=throttle))
+        return self._flight().reassign(plan, throttle)
 
     def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
         """See :meth:`Client.cancel_reassignment`."""
-        return self._run(self._client.cancel_reassignment(partitions))
+        return self._flight().cancel_reassignment(partitions)
 
     def drain(self, broker: str, *, throttle: int = 0) -> dict[str, Any]:
         """See :meth:`Client.drain`."""
-        return self._run(self._client.drain(broker, throttle=throttle))
+        return self._flight().drain(broker, throttle)
 
     def reassignments(self) -> list[dict[str, Any]]:
         """See :meth:`Client.reassignments`."""
-        return self._run(self._client.reassignments())
+        return self._flight().reassignments()
 
     def generate_reassignment(self, brokers: list[str], streams: list[str] | None = None) -> dict[str, Any]:
         """See :meth:`Client.generate_reassignment`."""
-        return self._run(self._client.generate_reassignment(brokers, streams))
+        return self._flight().generate_reassignment(brokers, streams)
 
     def health(self) -> dict[str, Any]:
         """See :meth:`Client.health`."""
-        return self._run(self._client.health())
+        return self._flight().health()
 
     def publish(self, stream: str | None, value: bytes | None, **options: Any) -> Ack | None:
         """See :meth:`Client.publish`."""
@@ -166,7 +192,8 @@ class SyncClient:
 
     def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
         """See :meth:`Client.fetch`."""
-        return self._run(self._client.fetch(stream, partition, **options))
+        self._flight()
+        return self._reader.fetch_blocking(stream, partition, **options)
 
     def subscribe(
         self,
@@ -202,15 +229,15 @@ class SyncClient:
 
     def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
         """See :meth:`Client.set_cursor`."""
-        self._run(self._client.set_cursor(consumer, stream, partition, offset))
+        self._flight().set_cursor(consumer, stream, partition, offset)
 
     def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
         """See :meth:`Client.delete_cursor`."""
-        self._run(self._client.delete_cursor(consumer, stream, partition))
+        self._flight().delete_cursor(consumer, stream, partition)
 
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
         """See :meth:`Client.fetch_cursor`."""
-        return self._run(self._client.fetch_cursor(consumer, stream, partition))
+        return self._flight().fetch_cursor(consumer, stream, partition)
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
