@@ -275,26 +275,27 @@ class Controller:
         )
         return created
 
+    def _stream(self, name: str, streams: list[StreamMetadata] | None = None) -> StreamMetadata:
+        """The stream ``name`` among ``streams`` (by default a fresh read); ``UnknownStreamError`` if
+        there is none."""
+        found = self.store.read_streams() if streams is None else streams
+        metadata = next((m for m in found if m.config.name == name), None)
+        if metadata is None:
+            raise UnknownStreamError(f"no stream named {name!r}")
+        return metadata
+
     def delete_stream(self, name: str) -> None:
         """Delete a stream: its metadata goes and its id becomes a tombstone, in one write."""
-        for metadata in self.store.read_streams():
-            if metadata.config.name == name:
-                self.store.write_deletion(metadata)
-                logger.info(
-                    "deleted stream %s (%d partition(s))",
-                    name,
-                    len(metadata.partitions),
-                    extra={"stream": name},
-                )
-                return
-        raise UnknownStreamError(f"no stream named {name!r}")
+        metadata = self._stream(name)
+        self.store.write_deletion(metadata)
+        logger.info(
+            "deleted stream %s (%d partition(s))", name, len(metadata.partitions), extra={"stream": name}
+        )
 
     def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
         """Grow a stream: new partitions assigned as a new stream's; config and states in one write."""
         streams = self.store.read_streams()
-        metadata = next((m for m in streams if m.config.name == name), None)
-        if metadata is None:
-            raise UnknownStreamError(f"no stream named {name!r}")
+        metadata = self._stream(name, streams)
         config = grown_config(metadata.config, partitions)
         if config is None:
             return metadata
@@ -319,9 +320,7 @@ class Controller:
 
     def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
         """A stream's schema gets its next version (if compatible): its config in one versioned write."""
-        metadata = next((m for m in self.store.read_streams() if m.config.name == name), None)
-        if metadata is None:
-            raise UnknownStreamError(f"no stream named {name!r}")
+        metadata = self._stream(name)
         config = schema_updated(metadata.config, document)
         if config is None:
             return metadata
