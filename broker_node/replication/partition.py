@@ -151,6 +151,9 @@ class Partition:
         self._lock = threading.RLock()
         self._append_lock = threading.Lock()
         """Orders a producer check with its append (appends themselves are the log's to order)."""
+        self._snapshot_lock = threading.Lock()
+        """One producer snapshot written at a time (the maintenance thread's and the one at close):
+        they share the file's temporary name, and an older table must not replace a newer one."""
         self._role_lock = threading.Lock()
         """Held from a write's role check to the end of the write, and by role changes: a write
         checked under one role never lands under the next (taken before ``_lock``)."""
@@ -615,25 +618,26 @@ class Partition:
         """
         if self.cursors is not None or self._snapshot_path is None:
             return
-        with self._append_lock, self._role_lock, self._lock:
-            if self.role is Role.CLOSED:
+        with self._snapshot_lock:
+            with self._append_lock, self._role_lock, self._lock:
+                if self.role is Role.CLOSED:
+                    return
+                end = self.log.log_end_offset
+                data = {
+                    "version": SNAPSHOT_VERSION,
+                    "end_offset": end,
+                    "epoch": self._epoch_below(end),
+                    "producers": self.producers.snapshot(),
+                    "message_ids_from": self.message_ids.oldest_offset(end),
+                }
+            try:
+                atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
+            except OSError as exc:
+                # Closed while writing (its stream deleted, its directory removed): nothing to keep.
+                if self.role is not Role.CLOSED:
+                    self._log.warning("cannot write %s: %s", self._snapshot_path, exc)
                 return
-            end = self.log.log_end_offset
-            data = {
-                "version": SNAPSHOT_VERSION,
-                "end_offset": end,
-                "epoch": self._epoch_below(end),
-                "producers": self.producers.snapshot(),
-                "message_ids_from": self.message_ids.oldest_offset(end),
-            }
-        try:
-            atomic_write(self._snapshot_path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError as exc:
-            # Closed while writing (its stream deleted, its directory removed): nothing to keep.
-            if self.role is not Role.CLOSED:
-                self._log.warning("cannot write %s: %s", self._snapshot_path, exc)
-            return
-        self._snapshot_end = end
+            self._snapshot_end = end
 
     def wake_readers(self) -> None:
         """Release every long-polling reader now and from now on (shutdown is coming)."""

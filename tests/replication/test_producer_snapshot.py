@@ -168,22 +168,31 @@ def test_a_truncation_removes_the_snapshot_first(tmp_path):
 
 def test_a_snapshot_racing_a_delete_of_its_partition_is_dropped_quietly(tmp_path, monkeypatch, caplog):
     """The maintenance pass writes outside the partition's locks: a delete may close the partition
-    and remove its directory in between. That write fails, and there is nothing to warn about."""
+    and remove its directory meanwhile (on another thread). Nothing is warned about."""
+    import threading
+
     from broker_node.replication import partition as module
 
     partition = open_leader(tmp_path / "log")
     publish(partition, 0, 3)
     original = module.atomic_write
+    deleting = []
+
+    def delete() -> None:
+        partition.close()
+        shutil.rmtree(tmp_path / "log")
 
     def deleted_meanwhile(path, data):
         monkeypatch.setattr(module, "atomic_write", original)  # the close writes its own snapshot
-        partition.close()
-        shutil.rmtree(tmp_path / "log")
+        deleting.append(threading.Thread(target=delete))
+        deleting[0].start()
+        deleting[0].join(0.5)  # the close waits for this write to end, or it is done already
         original(path, data)
 
     monkeypatch.setattr(module, "atomic_write", deleted_meanwhile)
     with caplog.at_level(logging.WARNING):
         partition.snapshot_producers()
+        deleting[0].join()
     assert not (tmp_path / "log").exists()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
 
@@ -218,3 +227,46 @@ def test_a_partition_on_a_log_without_files_keeps_its_producers_in_memory_only()
         assert send(partition, "p", 2).error is ErrorCode.OK
     finally:
         partition.close()
+
+
+def test_two_snapshots_at_once_are_written_one_after_the_other(tmp_path, monkeypatch, caplog):
+    """The maintenance thread's snapshot and the one at close share a temporary file name: run
+    together, one's rename found the other's file gone and logged a warning."""
+    import threading
+
+    import broker_node.replication.partition as partition_module
+
+    partition = open_leader(tmp_path / "p")
+    publish(partition, 0, 3)
+    real_write = partition_module.atomic_write
+    inside = threading.Lock()
+    second_entered = threading.Event()
+    overlaps = []
+
+    def write(path, data):
+        if not inside.acquire(blocking=False):
+            overlaps.append(path)
+            second_entered.set()
+            return real_write(path, data)
+        try:
+            if not second_entered.is_set() and threading.current_thread() is first:
+                other = threading.Thread(target=partition.snapshot_producers)
+                started.append(other)
+                other.start()
+                # Without the ordering the other writer arrives here at once; with it, it waits.
+                second_entered.wait(1.0)
+            real_write(path, data)
+        finally:
+            inside.release()
+
+    started: list[threading.Thread] = []
+    monkeypatch.setattr(partition_module, "atomic_write", write)
+    first = threading.current_thread()
+    with caplog.at_level(logging.WARNING, logger="broker_node.replication.partition"):
+        partition.snapshot_producers()
+        for thread in started:
+            thread.join()
+    assert started and overlaps == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (tmp_path / "p" / PRODUCER_SNAPSHOT).exists()
+    partition.close()
