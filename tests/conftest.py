@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 # Stored metadata with fields nobody reads is an error in tests (brokers started
 # by the tests inherit this); production brokers ignore such fields.
 os.environ["JETSTREAM_STRICT_WIRE"] = "1"
+
+# Spark drivers started by the tests (in-process, notebooks, scripts) live for seconds to minutes:
+# the JVM's quick compiler alone starts them faster and spends less CPU than its optimising one
+# (on two cores, several at once).  Benchmarks run outside the suite keep the JVM's defaults.
+os.environ.setdefault(
+    "PYSPARK_SUBMIT_ARGS", "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
+)
 
 # Examples are checked for results, not speed: on a loaded CI machine one slow
 # example must not fail a test (timings are the benchmarks' business).
@@ -20,3 +28,15 @@ def pytest_collection_modifyitems(items: list) -> None:
     """Tests marked ``slow`` (whole modules of a minute or more) run first: with ``make test``'s
     workers (pytest-xdist) the long ones start at once instead of ending the run alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (with Delta's jars) per test process, a worker of ``make test``:
+    its JVM starts once instead of once per module.  A process has one Spark context, so no
+    test module stops it or starts its own."""
+    from pyspark_jetstream.spark.delta import delta_session
+
+    session = delta_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()

@@ -61,7 +61,10 @@ def test_stream_publish_tail_cursor_status(broker):
         (["tail", "nope", "--no-follow"], "no stream named 'nope'"),
         (["tail", "nope", "--from", "yesterday"], "--from 'yesterday' is not"),
         (["publish", "nope", "x", "--header", "novalue"], "must look like NAME=VALUE"),
-        (["--broker", "grpc://127.0.0.1:1", "stream", "list"], "broker at grpc://127.0.0.1:1 is unreachable"),
+        (
+            ["--broker", "grpc://127.0.0.1:1", "--timeout", "2", "stream", "list"],
+            "broker at grpc://127.0.0.1:1 is unreachable",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(broker, args, message):
@@ -115,7 +118,16 @@ def test_malformed_broker_address_is_one_line(nats_server, address):
 
 
 def test_unreachable_broker_is_one_line(nats_server, free_port):
-    result = run_cli("--nats", nats_server.url, "--broker", f"grpc://127.0.0.1:{free_port}", "stream", "list")
+    result = run_cli(
+        "--nats",
+        nats_server.url,
+        "--broker",
+        f"grpc://127.0.0.1:{free_port}",
+        "--timeout",
+        "2",
+        "stream",
+        "list",
+    )
     line = one_line(result)
     assert result.returncode == 1
     assert f"broker at grpc://127.0.0.1:{free_port} is unreachable" in line

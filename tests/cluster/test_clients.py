@@ -9,19 +9,11 @@ import pyarrow as pa
 import pytest
 
 from pyspark_jetstream.client import AckPolicy
-from pyspark_jetstream.spark.delta import delta_session
 
 from ..broker.harness import run_cli, wait_until
 from .helpers import leader_of, publish_all
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = delta_session("pyspark-jetstream-cluster-tests", **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 def copied_rows(client) -> int:

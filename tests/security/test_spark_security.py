@@ -20,18 +20,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.spark.delta import delta_session
 from pyspark_jetstream.spark.options import parse_sink_options, parse_source_options
 
 from .conftest import TOKENS, Secured
-
-
-@pytest.fixture(scope="module")
-def spark():
-    # Delta's, like every test session: the first session of a test process fixes the JVM's class path.
-    session = delta_session("pyspark-jetstream-security", **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

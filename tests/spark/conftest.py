@@ -1,4 +1,4 @@
-"""One broker and one local Spark session shared by the Spark tests of a module."""
+"""One broker shared by the Spark tests of a module (the Spark session is the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import SyncClient
-from pyspark_jetstream.spark.delta import delta_session
 
 from ..broker.harness import BrokerProcess
 
@@ -30,13 +29,6 @@ def deployment(tmp_path_factory):
 def client(deployment):
     with SyncClient(nats_urls=deployment.nats_url, broker=deployment.flight) as client:
         yield client
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = delta_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture

@@ -23,6 +23,9 @@ from pyspark_jetstream.spark.delta import (
 )
 
 from ..broker.harness import wait_until
+from . import delta_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
@@ -53,46 +56,22 @@ def run_script(body: str, log: Path, *args: str) -> subprocess.Popen:
         )
 
 
-PIPELINE = """
-    import sys
-    from pyspark.sql import functions as F
-    from pyspark_jetstream.spark.delta import delta_session
-
-    servers, stream, table, checkpoint, mode = sys.argv[1:]
-    spark = delta_session("delta-pipeline", **{"spark.sql.shuffle.partitions": "2"})
-    orders = (
-        spark.readStream.format("jetstream")
-        .option("servers", servers)
-        .option("stream", stream)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "150" if mode == "forever" else "100000")
-        .load()
-        .select(
-            "partition",
-            "offset",
-            F.get_json_object(F.col("value").cast("string"), "$.order").cast("long").alias("order"),
-            F.get_json_object(F.col("value").cast("string"), "$.amount").cast("long").alias("amount"),
-        )
-    )
-    writer = orders.writeStream.format("delta").option("checkpointLocation", checkpoint)
-    if mode == "forever":
-        writer = writer.trigger(processingTime="100 milliseconds")
-    else:
-        writer = writer.trigger(availableNow=True)
-    query = writer.start(table)
-    print("STARTED", flush=True)
-    query.awaitTermination()
-    print("DONE", flush=True)
-"""
-
-
 def test_a_stream_lands_in_delta_exactly_once_across_a_kill(spark, deployment, client, name, tmp_path):
     client.create_stream(name, name, partitions=2)
     publish_orders(client, name, 0, 750)  # five batches of 150: killed after two
     table, checkpoint = tmp_path / "orders", tmp_path / "checkpoint"
     args = (deployment.flight, name, str(table), str(checkpoint))
 
-    first = run_script(PIPELINE, tmp_path / "first.log", *args, "forever")
+    # The first run in its own driver, to be killed; the second in this session.
+    with (tmp_path / "first.log").open("w") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.delta_pipeline", *args, "forever"],
+            cwd=ROOT,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         # Kill the driver and its JVM with SIGKILL once the table has a commit and more are coming.
         wait_until(
@@ -107,8 +86,9 @@ def test_a_stream_lands_in_delta_exactly_once_across_a_kill(spark, deployment, c
     killed_at = len(list((table / "_delta_log").glob("*.json")))
     publish_orders(client, name, 750, 250)
 
-    second = run_script(PIPELINE, tmp_path / "second.log", *args, "available-now")
-    assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    second = delta_pipeline.start(spark, *args, "available-now")
+    second.awaitTermination()
+    assert second.exception() is None
 
     rows = spark.read.format("delta").load(str(table))
     assert rows.count() == 1_000
