@@ -68,7 +68,7 @@ def repair_segments(
     ]
     placed = place(holes, batches)
     by_base = {s.base_offset: s for s in segments}
-    rewrites: list[tuple[Segment, list[pa.RecordBatch]]] = []
+    rewrites: list[tuple[Segment, list[pa.RecordBatch | pa.Buffer]]] = []
     for base in sorted({hole.segment_base for hole in placed}):
         segment = by_base[base]
         missed = [h for h in holes if h.segment_base == base and h not in placed]
@@ -78,10 +78,11 @@ def repair_segments(
                 "segment's damaged ranges in one call"
             )
         fills = {h.batch: placed[h] for h in placed if h.segment_base == base}
-        replacement: list[pa.RecordBatch] = []
+        replacement: list[pa.RecordBatch | pa.Buffer] = []
         for i in range(len(segment.index)):
             # Reading a batch that was never read may find more damage: CorruptSegmentError.
-            replacement.extend(fills[i] if i in fills else [segment.batch(i)])
+            # The others stay as stored (a typed batch's frame keeps its typed columns).
+            replacement.extend(fills[i] if i in fills else [segment.frame(i)])
         rewrites.append((segment, replacement))
     repaired = sorted(
         DamagedRange(

@@ -28,6 +28,8 @@ from typing import Literal, Protocol, overload
 
 import pyarrow as pa
 
+from pyspark_jetstream.protocol.typed_values import TypedValues
+
 from .append_input import Records
 from .damage import DamagedRange
 from .epochs import EpochEndOffset
@@ -96,12 +98,17 @@ class LogStore(Protocol):
     # ---- writing ---------------------------------------------------------------
 
     @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    def append(
+        self, records: Records, *, wait: Literal[True] = True, typed: TypedValues | None = None
+    ) -> range: ...
     @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
+    def append(self, records: Records, *, wait: bool, typed: TypedValues | None = None) -> range | None: ...
+    def append(
+        self, records: Records, *, wait: bool = True, typed: TypedValues | None = None
+    ) -> range | None:
         """Append messages as one batch in the current epoch; the offsets they got (``None``:
-        ``wait=False`` and the log was busy, nothing appended)."""
+        ``wait=False`` and the log was busy, nothing appended).  ``typed``: the batch's values
+        parsed, stored in its frame (see :mod:`.typed_frames`)."""
 
     def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
         """Append a leader's stored frames (or batches), keeping its offsets, timestamps and epochs."""
