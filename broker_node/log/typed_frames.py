@@ -29,6 +29,8 @@ rows of its typed columns (:func:`sliced_frame`).
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
@@ -58,13 +60,22 @@ def encode_typed_frame(
             f"typed columns of {typed.batch.num_rows} rows cannot be stored with a batch of {batch.num_rows}"
         )
     codec = compression if batch.nbytes >= COMPRESS_MIN_BYTES else "none"
-    inner = pa.BufferOutputStream()
-    pa.ipc.new_stream(inner, typed.batch.schema, options=_OPTIONS[codec]).write_batch(typed.batch)
-    metadata = {VERSION_KEY: str(typed.version).encode(), TYPED_KEY: inner.getvalue().to_pybytes()}
+    if codec == "none":  # the stream's two messages, without a writer's set-up
+        inner = _schema_message(typed.batch.schema) + typed.batch.serialize().to_pybytes()
+    else:
+        sink = pa.BufferOutputStream()
+        pa.ipc.new_stream(sink, typed.batch.schema, options=_OPTIONS[codec]).write_batch(typed.batch)
+        inner = sink.getvalue().to_pybytes()
+    metadata = {VERSION_KEY: str(typed.version).encode(), TYPED_KEY: inner}
     sink = pa.BufferOutputStream()
     writer = pa.ipc.new_stream(sink, LOG_SCHEMA, options=_OPTIONS[codec])
     writer.write_batch(batch, custom_metadata=metadata)
     return sink.getvalue().slice(_LOG_SCHEMA_MESSAGE.size)
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_message(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
 
 
 def typed_of(frame: pa.Buffer) -> TypedValues | None:
