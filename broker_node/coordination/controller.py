@@ -31,7 +31,12 @@ from pyspark_jetstream.protocol.errors import (
     StreamExistsError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig, check_dead_letter, schema_updated
+from pyspark_jetstream.protocol.streams import (
+    StreamConfig,
+    check_dead_letter,
+    check_new_typed,
+    schema_updated,
+)
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from . import reassignment
@@ -257,7 +262,7 @@ class Controller:
             if metadata.config.name == config.name:
                 return confirm_existing(metadata, config)
         by_name = {m.config.name: m.config for m in streams}
-        check_dead_letter(config, by_name.get)
+        check_new_typed(config, by_name.get)
         leaders = [p.leader for m in streams for p in m.partitions]
         assignment = assign_replicas(
             self.store.live_brokers(), config.partitions, config.replication_factor, leaders

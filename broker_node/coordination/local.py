@@ -40,7 +40,12 @@ from pyspark_jetstream.protocol.errors import (
     NotEnoughReplicasError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig, check_dead_letter, schema_updated
+from pyspark_jetstream.protocol.streams import (
+    StreamConfig,
+    check_dead_letter,
+    check_new_typed,
+    schema_updated,
+)
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from .assignment import assign_replicas, grown_config, new_partitions
@@ -113,7 +118,7 @@ class LocalCoordinator(Coordinator):
             existing = self._streams.get(config.name)
             if existing is not None:
                 return confirm_existing(existing, config)
-            check_dead_letter(config, lambda name: _config_of(self._streams.get(name)))
+            check_new_typed(config, lambda name: _config_of(self._streams.get(name)))
             brokers = self.brokers()
             if config.replication_factor > len(brokers):
                 raise NotEnoughReplicasError(

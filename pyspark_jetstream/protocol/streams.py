@@ -302,11 +302,6 @@ class StreamConfig:
                 )
 
     def _check_typed(self, schema: StreamSchema) -> None:
-        if self.compaction:
-            raise InvalidArgumentError(
-                f"stream {self.name!r}: a typed stream cannot be compacted yet (compaction would drop "
-                "the typed columns stored with its batches); leave compaction off or the schema out"
-            )
         if schema.dead_letter is not None:
             validate_stream_name(schema.dead_letter)
             if schema.dead_letter == self.name:
@@ -350,6 +345,19 @@ class StreamConfig:
     def partition_subjects(self) -> list[str]:
         """The subject of each partition, by partition number."""
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
+
+
+def check_new_typed(config: StreamConfig, existing: Callable[[str], StreamConfig | None]) -> None:
+    """At a stream's creation: raise ``InvalidArgumentError`` if it is typed and compacted (not yet
+    supported: compaction would drop the typed columns stored with its batches), or if its
+    dead-letter stream does not fit (:func:`check_dead_letter`).  Checked at creation, not on
+    every configuration read, so a stream stored before stays readable."""
+    if config.schema is not None and config.compaction:
+        raise InvalidArgumentError(
+            f"stream {config.name!r}: a typed stream cannot be compacted yet (compaction would drop "
+            "the typed columns stored with its batches); leave compaction off or the schema out"
+        )
+    check_dead_letter(config, existing)
 
 
 def check_dead_letter(config: StreamConfig, existing: Callable[[str], StreamConfig | None]) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.streams import StreamConfig, check_dead_letter
+from pyspark_jetstream.protocol.streams import StreamConfig, check_dead_letter, check_new_typed
 from pyspark_jetstream.protocol.typed_values import TypedValues, as_version, parse_json
 from pyspark_jetstream.protocol.value_schema import RESERVED_NAMES, SchemaDocument, StreamSchema
 
@@ -148,20 +148,23 @@ def test_nothing_parses_when_every_value_is_bad():
 
 
 GOOD_VALUES = st.builds(
-    lambda i, country, zip_: value(order_id=i, country=country, address={"zip": zip_}),
+    lambda i, country, zip_, indent: json.dumps(
+        {**GOOD, "order_id": i, "country": country, "address": {"zip": zip_}}, indent=indent
+    ).encode(),
     st.integers(-(2**31), 2**31 - 1),
     st.one_of(st.none(), st.text(max_size=10)),
     st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
+    st.sampled_from([None, 2]),  # on one line, or pretty-printed over several
 )
 BAD_VALUES = st.sampled_from([b for b, _ in BAD])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(
         st.one_of(GOOD_VALUES.map(lambda v: (True, v)), BAD_VALUES.map(lambda v: (False, v))),
         min_size=1,
-        max_size=12,
+        max_size=40,
     )
 )
 def test_a_mixed_batch_keeps_exactly_the_good_values_in_order(mixed):
@@ -287,7 +290,7 @@ def test_on_invalid_and_the_dead_letter_stream_are_checked():
     with pytest.raises(InvalidArgumentError, match="cannot be its own dead-letter stream"):
         StreamConfig(name="bad", subject="bad", schema=schema)
     with pytest.raises(InvalidArgumentError, match="a typed stream cannot be compacted yet"):
-        StreamConfig(name="t", subject="t", schema=schema, compaction=True)
+        check_new_typed(StreamConfig(name="t", subject="t", schema=schema, compaction=True), {}.get)
     typed = StreamConfig(name="t", subject="t", schema=schema)
     plain = StreamConfig(name="bad", subject="bad")
     check_dead_letter(typed, {"bad": plain}.get)
