@@ -474,11 +474,12 @@ class Log(LogBase):
                     checked += segment.index.sizes[i]
         return checked
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Replace damaged ranges (see :attr:`damaged`) with a good copy; return the ranges repaired.
 
         ``batches`` hold the same offsets read from another replica
-        (``read(first, upper_bound=last + 1)`` there), for one or more
+        (``read(first, upper_bound=last + 1)`` there, or its stored frames,
+        which keep a typed batch's typed columns), for one or more
         damaged ranges.  Each must fit its range exactly (see
         :func:`.repair.place`), and every damaged range of a segment must be
         repaired in the same call, since the segment is rewritten whole

@@ -275,7 +275,7 @@ class MemoryLog(LogBase):
             self._check_open()
             return 0
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Nothing is damaged, so no batch fits: ``InvalidRecordsError`` (as a file log without damage)."""
         with self._lock:
             self._check_open()

@@ -182,7 +182,7 @@ class LogStore(Protocol):
     def verify(self, max_bytes: int) -> int:
         """Check up to ``max_bytes`` of data no read has checked yet; the bytes checked."""
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Replace damaged ranges with a good copy read from another replica; the ranges repaired."""
 
     def sync_if_due(self) -> bool:

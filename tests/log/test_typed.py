@@ -4,10 +4,20 @@ a batch is cut."""
 
 from __future__ import annotations
 
+import shutil
+
 import pyarrow as pa
 import pytest
 
-from broker_node.log import InvalidRecordsError, Log, LogConfig, Record, typed_columns, typed_of
+from broker_node.log import (
+    CorruptSegmentError,
+    InvalidRecordsError,
+    Log,
+    LogConfig,
+    Record,
+    typed_columns,
+    typed_of,
+)
 from broker_node.log.segment import encode_frame
 from broker_node.log.typed_frames import encode_typed_frame
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
@@ -142,3 +152,29 @@ def test_the_segment_stays_an_arrow_stream_any_reader_opens(tmp_path):
     batch, metadata = reader.read_next_batch_with_custom_metadata()
     assert batch.schema.equals(LOG_SCHEMA) and batch.num_rows == 4
     assert metadata is not None and metadata[b"jetstream.schema_version"] == b"1"
+
+
+def test_a_repair_from_a_replicas_frames_keeps_the_typed_columns(tmp_path):
+    config = LogConfig(segment_bytes=4_000)
+    primary, replica = tmp_path / "primary", tmp_path / "replica"
+    with Log.open(primary, config) as log:
+        for start in range(0, 120, 3):
+            records, typed = messages(range(start, start + 3))
+            log.append(records, typed=typed)
+        segment = log._segments[1]
+        i = len(segment.index) // 2
+        path, position = segment.path, segment.index.positions[i]
+        first, last = segment.index.bases[i], segment.index.lasts[i]
+    shutil.copytree(primary, replica)
+    data = bytearray(path.read_bytes())
+    data[position + 60] ^= 0x04  # a bit flipped in the frame's header
+    path.write_bytes(bytes(data))
+    with Log.open(primary, config) as log, Log.open(replica, config) as good:
+        with pytest.raises(CorruptSegmentError):
+            log.read(first)
+        copies = [f.data for f in good.read_frames(first) if f.last_offset <= last]
+        assert [(r.first_offset, r.last_offset) for r in log.repair(copies)] == [(first, last)]
+        typed = typed_of(log.read_frames(first)[0].data)
+        assert typed is not None and typed.batch.column("id").to_pylist() == list(range(first, last + 1))
+        # Every other batch of the rewritten segment kept its typed columns too.
+        assert all(typed_of(f.data) is not None for f in log.read_frames(0))
