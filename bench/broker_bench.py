@@ -33,7 +33,11 @@ by the same nats-py client in this process, with 100-byte values:
    broker with its own embedded nats-server, same sizes, rounds alternating;
    beside it, the same ratio for Flight's transport alone (an in-process
    server of a table shaped like the consume's reads), the ceiling TLS in
-   gRPC sets.
+   gRPC sets;
+7. typed streams' cost: single-message publish (as in 1) of the same ~100-byte
+   JSON orders to a typed stream (parsed at ingest into typed columns stored
+   beside the raw value) and to an untyped one, rounds alternating
+   (``typed_publish_ratio``, typed over untyped).
 
 Prints two tables; the last line is one JSON object.
 
@@ -120,6 +124,53 @@ async def ours_batches(client: Client, stream: str, rows: int) -> float:
     for _ in range(rows // 10_000):
         await client.publish_batch(stream, batch, timeout=60)
     return rows / (time.perf_counter() - start)
+
+
+TYPED_ORDERS = {
+    "fields": [
+        {"name": "order_id", "type": "int64", "nullable": False},
+        {"name": "country", "type": "string"},
+        {"name": "amount", "type": {"type": "decimal128", "precision": 12, "scale": 2}},
+        {"name": "paid", "type": "bool"},
+        {"name": "tags", "type": {"type": "list", "item": "string"}},
+    ]
+}
+
+
+def _orders(n: int) -> list[bytes]:
+    """``n`` JSON orders of about 100 bytes, the values of the typed-stream comparison."""
+    return [
+        b'{"order_id": %d, "country": "NL", "amount": "%d.25", "paid": true, "tags": ["new", "web"]}'
+        % (i, i % 1000)
+        for i in range(n)
+    ]
+
+
+async def typed_single(client: Client, stream: str, values: list[bytes], *, typed: bool) -> float:
+    """Pipelined single publishes of ``values`` (msg/s) to a typed or an untyped stream."""
+    await client.create_stream(stream, f"bench.{stream}", schema=TYPED_ORDERS if typed else None)
+    start = time.perf_counter()
+    futures = [await client.publish_async(stream, value) for value in values]
+    await asyncio.gather(*futures)
+    return len(values) / (time.perf_counter() - start)
+
+
+async def typed_comparison(client: Client, n: int, rounds: int = ROUNDS) -> dict[str, float]:
+    """Typed against untyped publishing of the same JSON values, rounds alternating; medians."""
+    values = _orders(n)
+    typed: list[float] = []
+    raw: list[float] = []
+    for r in range(rounds):
+        raw.append(await typed_single(client, f"raw_json{r}", values, typed=False))
+        typed.append(await typed_single(client, f"typed_json{r}", values, typed=True))
+    results = {
+        "typed_publish_msgs_per_s": statistics.median(typed),
+        "raw_json_publish_msgs_per_s": statistics.median(raw),
+    }
+    results["typed_publish_ratio"] = (
+        results["typed_publish_msgs_per_s"] / results["raw_json_publish_msgs_per_s"]
+    )
+    return results
 
 
 async def jetstream_fill(js: nats.js.JetStreamContext, stream: str, n: int) -> None:
@@ -515,6 +566,7 @@ async def run(size: str) -> dict[str, float]:
         results["sync_publish_msgs_per_s"] = statistics.median(samples["ours_sync"])
         results["jetstream_sync_publish_msgs_per_s"] = statistics.median(samples["js_sync"])
         results["batch_publish_rows_per_s"] = await ours_batches(client, "batches", batch_rows)
+        results.update(await typed_comparison(client, single_n))
 
         await ours_batches(client, "consume", consume_n)
         await jetstream_fill(js, "JS_CONSUME", consume_n)
@@ -629,6 +681,10 @@ def main() -> None:
     print(f"{'measure':<42} {'ours':>14} {'JetStream':>14} {'ratio':>8} {'target':>8}")
     for name, ours, theirs, ratio, target in rows:
         print(f"{name:<42} {ours:>14,.2f} {theirs:>14,.2f} {ratio:>8.2f} {target:>8}")
+    print(
+        f"{'typed stream publish (msg/s, vs untyped)':<42} {r['typed_publish_msgs_per_s']:>14,.2f} "
+        f"{r['raw_json_publish_msgs_per_s']:>14,.2f} {r['typed_publish_ratio']:>8.2f} {'>= 0.7':>8}"
+    )
     print(
         f"broker with 1,000 tailers: {r['broker_threads_1000_tailers']:.0f} threads, "
         f"{r['broker_rss_mib_1000_tailers']:.0f} MiB resident"

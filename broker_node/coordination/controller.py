@@ -31,7 +31,12 @@ from pyspark_jetstream.protocol.errors import (
     StreamExistsError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig, schema_updated
+from pyspark_jetstream.protocol.streams import (
+    StreamConfig,
+    check_dead_letter,
+    check_new_typed,
+    schema_updated,
+)
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from . import reassignment
@@ -256,6 +261,8 @@ class Controller:
         for metadata in streams:
             if metadata.config.name == config.name:
                 return confirm_existing(metadata, config)
+        by_name = {m.config.name: m.config for m in streams}
+        check_new_typed(config, by_name.get)
         leaders = [p.leader for m in streams for p in m.partitions]
         assignment = assign_replicas(
             self.store.live_brokers(), config.partitions, config.replication_factor, leaders
@@ -324,6 +331,7 @@ class Controller:
         config = schema_updated(metadata.config, document)
         if config is None:
             return metadata
+        check_dead_letter(config, {m.config.name: m.config for m in self.store.read_streams()}.get)
         updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
         self.store.write_stream_change(metadata, updated)
         logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})

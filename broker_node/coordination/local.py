@@ -40,7 +40,12 @@ from pyspark_jetstream.protocol.errors import (
     NotEnoughReplicasError,
     UnknownStreamError,
 )
-from pyspark_jetstream.protocol.streams import StreamConfig, schema_updated
+from pyspark_jetstream.protocol.streams import (
+    StreamConfig,
+    check_dead_letter,
+    check_new_typed,
+    schema_updated,
+)
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from .assignment import assign_replicas, grown_config, new_partitions
@@ -113,6 +118,7 @@ class LocalCoordinator(Coordinator):
             existing = self._streams.get(config.name)
             if existing is not None:
                 return confirm_existing(existing, config)
+            check_new_typed(config, lambda name: _config_of(self._streams.get(name)))
             brokers = self.brokers()
             if config.replication_factor > len(brokers):
                 raise NotEnoughReplicasError(
@@ -177,6 +183,7 @@ class LocalCoordinator(Coordinator):
             config = schema_updated(metadata.config, document)
             if config is None:
                 return metadata
+            check_dead_letter(config, lambda other: _config_of(self._streams.get(other)))
             updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
             self._streams[name] = updated
             self._save()
@@ -377,3 +384,7 @@ def rebuild_metadata(data_dir: Path, records: list[dict[str, Any]], broker_id: s
         report.append(f"the unreadable file was kept as {path.name}.unreadable")
     _write(path, streams, set())
     return report
+
+
+def _config_of(metadata: StreamMetadata | None) -> StreamConfig | None:
+    return metadata.config if metadata is not None else None

@@ -95,6 +95,12 @@ class Acks:
         if later:
             self.when_committed(max(a.last_offset for _, a in later), grouped(later))
 
+    async def reply_now(self, replies: list[tuple[AckTarget, Ack]]) -> None:
+        """Send acks now whatever their targets asked: acks of messages stored elsewhere (a dead-letter
+        stream), already as committed there as they asked."""
+        for outgoing in grouped(replies):
+            await self.send(outgoing.subject, outgoing.payload(), outgoing.received)
+
     def when_committed(self, last_offset: int, outgoing: list[Outgoing]) -> None:
         """Send ``outgoing`` once ``last_offset`` is committed, or their error if that fails."""
         loop = asyncio.get_running_loop()

@@ -36,16 +36,17 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.errors import JetStreamError
+from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .acks import Acks, rows_ack
-from .batcher import Batcher
+from .batcher import Batch, Batcher
+from .dead_letter import DeadLetters
 from .decoding import Reader, Refused, Single, Whole, read
 from .latency import LatencyHistogram
-from .port import BatchLimits, IngestPartition, LogTerms, StreamLookup, log_fields
+from .port import BatchLimits, IngestPartition, LogTerms, Refusal, StreamLookup, log_fields
 from .replies import AckTarget
-from .store import PartitionStore
+from .store import Invalid, Outcome, PartitionStore
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class PartitionIngest:
         self.batcher = Batcher(settings, self.flush, name, fields)
         self.store = PartitionStore(partition, terms, name, fields)
         self.acks = Acks(nc, partition, latency if latency is not None else LatencyHistogram(), name, fields)
+        self.dead_letters = DeadLetters(
+            lambda: self.acks.nc, streams or _only(config), config.name, partition.number
+        )
 
     @property
     def nc(self) -> NatsClient:
@@ -165,18 +169,67 @@ class PartitionIngest:
             # The partition remembered the ids with the append: a message repeating one
             # finds it there from now on, and in the batch until now.
             self.batcher.stored(batch)
+        if self.partition.config.schema is not None:
+            await self._reply_typed(batch, outcomes)
+            return
         acks = self.acks
         replies: list[tuple[AckTarget, Ack]] = []
         for outcome, target in zip(outcomes, batch.targets, strict=True):
             if target is not None:
-                replies.append((target, acks.of(outcome, target.correlation_id)))
+                replies.append((target, acks.of(outcome, target.correlation_id)))  # type: ignore[arg-type]
         for index, target in batch.repeats:
             outcome = outcomes[index]
             if isinstance(outcome, int):
                 replies.append((target, acks.duplicate(outcome, target.correlation_id)))
             else:
+                replies.append((target, acks.of(outcome, target.correlation_id)))  # type: ignore[arg-type]
+        await acks.reply(replies)
+
+    async def _reply_typed(self, batch: Batch, outcomes: list[Outcome]) -> None:
+        """A typed stream's flush's acks: as :meth:`flush` sends them, with the invalid messages
+        refused or, stored in the dead-letter stream, acked with its ack at once."""
+        settled = await self._settle_invalid(batch, outcomes)
+        acks = self.acks
+        replies: list[tuple[AckTarget, Ack]] = []
+        elsewhere: list[tuple[AckTarget, Ack]] = []
+        for outcome, target in zip(settled, batch.targets, strict=True):
+            if target is None:
+                continue
+            if isinstance(outcome, Ack):
+                elsewhere.append((target, outcome._replace(correlation_id=target.correlation_id)))
+            else:
+                replies.append((target, acks.of(outcome, target.correlation_id)))
+        for index, target in batch.repeats:
+            outcome = settled[index]
+            if isinstance(outcome, int):
+                replies.append((target, acks.duplicate(outcome, target.correlation_id)))
+            elif isinstance(outcome, Ack):
+                elsewhere.append((target, outcome._replace(correlation_id=target.correlation_id)))
+            else:
                 replies.append((target, acks.of(outcome, target.correlation_id)))
         await acks.reply(replies)
+        if elsewhere:
+            await acks.reply_now(elsewhere)  # committed in the dead-letter stream already
+
+    async def _settle_invalid(self, batch: Batch, outcomes: list[Outcome]) -> list[int | Refusal | Ack]:
+        """Each message's outcome with the invalid ones (a typed stream's) refused -- or stored in
+        the dead-letter stream, whose ack then stands for it (see :mod:`.dead_letter`)."""
+        invalid = [(i, o.reason) for i, o in enumerate(outcomes) if type(o) is Invalid]
+        if not invalid:
+            return outcomes  # type: ignore[return-value] # no Invalid among them
+        settled: list[int | Refusal | Ack] = [
+            (ErrorCode.INVALID_ARGUMENT, o.reason) if isinstance(o, Invalid) else o for o in outcomes
+        ]
+        schema = self.partition.config.schema
+        if schema is None or schema.on_invalid != "dead-letter" or schema.dead_letter is None:
+            logger.debug("%s: refused %d invalid message(s)", self._name, len(invalid), extra=self._fields)
+            return settled
+        stored = await self.dead_letters.store(
+            schema.dead_letter, [(batch.records[i], r) for i, r in invalid]
+        )
+        for (i, _), outcome in zip(invalid, stored, strict=True):
+            settled[i] = outcome
+        return settled
 
     async def _store_whole(self, whole: Whole) -> None:
         """Store an envelope batch on its own (after the pending ones) and ack it."""

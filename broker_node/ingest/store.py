@@ -11,6 +11,14 @@ maps to, see :class:`~.port.LogTerms`).  An envelope batch carrying message
 ids is stored without its rows that repeat an id already stored (or carried
 by an earlier row); an idempotent producer's batch is stored whole (its
 sequence de-duplicates it), its ids remembered, not checked.
+
+A typed stream's partition parses the values of each batch it is given (see
+:mod:`pyspark_jetstream.protocol.typed_values`) and stores nothing of a batch
+in which some do not match (``InvalidValuesError``).  For a coalesced batch
+the messages that do not match become :class:`Invalid` outcomes (the stream's
+``on_invalid`` decides what the caller does with them) and the others are
+appended again, without them.  An envelope batch is one publish with one ack:
+it is refused whole, naming its first bad row, whatever ``on_invalid`` says.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import pyarrow as pa
 
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
+from pyspark_jetstream.protocol.typed_values import InvalidValuesError
 
 from .batcher import Batch
 from .decoding import Whole
@@ -56,6 +65,18 @@ class NewRows(NamedTuple):
         return offset_of
 
 
+class Invalid(NamedTuple):
+    """A message of a typed stream whose value does not match the stream's schema: nothing of it
+    was stored."""
+
+    reason: str
+    """Naming the field and why (``field 'amount': ...``)."""
+
+
+Outcome = int | Refusal | Invalid
+"""What became of one message of a coalesced batch: its offset, or why it was not stored."""
+
+
 class PartitionStore:
     """Appends to one partition, one at a time."""
 
@@ -70,10 +91,11 @@ class PartitionStore:
         self._writing = asyncio.Lock()
         """One append at a time, in arrival order."""
 
-    async def batch(self, batch: Batch) -> list[int | Refusal]:
-        """Append a coalesced batch; for each message, its offset or why it was not stored."""
+    async def batch(self, batch: Batch) -> list[Outcome]:
+        """Append a coalesced batch; for each message, its offset or why it was not stored (a typed
+        stream's messages whose values do not match: :class:`Invalid`, the others stored)."""
         records, targets = batch.records, batch.targets
-        outcomes: list[int | Refusal] = [(ErrorCode.STORAGE, "not stored")] * len(records)
+        outcomes: list[Outcome] = [(ErrorCode.STORAGE, "not stored")] * len(records)
         kept = list(range(len(records)))
         ids = list(batch.ids.items())
         if any(t is not None and t.committed for t in targets):
@@ -91,7 +113,20 @@ class PartitionStore:
                 ids = kept_ids(ids, kept)
         try:
             async with self._writing:
-                offsets = await self._append(records, self._bytes_of(records), ids)
+                try:
+                    offsets = await self._append(records, self._bytes_of(records), ids)
+                except InvalidValuesError as exc:
+                    for row, reason in exc.refused.items():
+                        outcomes[kept[row]] = Invalid(reason)
+                    rows = [row for row in range(len(records)) if row not in exc.refused]
+                    if not rows:
+                        return outcomes
+                    records, ids, kept = (
+                        [records[r] for r in rows],
+                        kept_ids(ids, rows),
+                        [kept[r] for r in rows],
+                    )
+                    offsets = await self._append(records, self._bytes_of(records), ids)
         except self._errors as exc:
             code = self._refusal(exc, "failed to append %d messages to %s", len(records))
             for i in kept:

@@ -21,6 +21,7 @@ from .log_config import FsyncPolicy, LogConfig
 from .memory import MemoryLog
 from .reads import ReplicaFrame
 from .store import LogStore
+from .typed_frames import typed_columns, typed_of
 
 __all__ = [
     "UNDEFINED",
@@ -40,4 +41,6 @@ __all__ = [
     "Record",
     "RecordTooLargeError",
     "ReplicaFrame",
+    "typed_columns",
+    "typed_of",
 ]

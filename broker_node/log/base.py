@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from pyspark_jetstream.protocol.array_builders import constant_ints
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
+from pyspark_jetstream.protocol.typed_values import TypedValues
 
 from .append_input import Records, to_input_columns
 from .arguments import check_limit, check_offset, check_offset_arg, to_micros
@@ -45,6 +46,7 @@ from .log_config import LogConfig
 from .logging_labels import Labels
 from .reads import ReplicaFrame, StoredBatches, read_batches, read_frames
 from .segment import encode_frame
+from .typed_frames import encode_typed_frame
 
 
 class ActiveStore(Protocol):
@@ -251,11 +253,15 @@ class LogBase(abc.ABC):
     # ---- appending -------------------------------------------------------------
 
     @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    def append(
+        self, records: Records, *, wait: Literal[True] = True, typed: TypedValues | None = None
+    ) -> range: ...
     @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
+    def append(self, records: Records, *, wait: bool, typed: TypedValues | None = None) -> range | None: ...
 
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
+    def append(
+        self, records: Records, *, wait: bool = True, typed: TypedValues | None = None
+    ) -> range | None:
         """Append messages and return the offsets they were given.
 
         ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
@@ -272,8 +278,17 @@ class LogBase(abc.ABC):
         With ``wait=False`` the call returns ``None`` at once, appending
         nothing, if another call holds the log (a compaction, say): a caller
         on an event loop can then append from a worker thread instead.
+
+        ``typed``: a typed stream's values parsed, one row per message, stored
+        in the same frame (see :mod:`.typed_frames`); they count against
+        ``max_batch_bytes`` with the rest of the frame.
         """
         inputs = to_input_columns(records, self.config.max_message_bytes)
+        if typed is not None and typed.batch.num_rows != len(inputs[0]):
+            raise InvalidRecordsError(
+                f"typed columns of {typed.batch.num_rows} rows cannot be stored with "
+                f"{len(inputs[0])} messages"
+            )
         if not self._lock.acquire(blocking=wait):
             return None
         try:
@@ -291,7 +306,7 @@ class LogBase(abc.ABC):
                 ],
                 schema=LOG_SCHEMA,
             )
-            frame = encode_frame(batch, self.config.compression)
+            frame = encode_typed_frame(batch, typed, self.config.compression)
             if frame.size > self.config.max_batch_bytes:
                 raise RecordTooLargeError(
                     f"batch of {count} messages is {frame.size} bytes stored, over "

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .errors import InvalidRecordsError, LogStorageError
+from .frames import decode
 
 if TYPE_CHECKING:
     from .segment import Segment
@@ -54,7 +55,7 @@ def damaged_ranges(segments: Sequence[Segment]) -> list[DamagedRange]:
 
 
 def repair_segments(
-    segments: Sequence[Segment], batches: Sequence[pa.RecordBatch], compression: str
+    segments: Sequence[Segment], batches: Sequence[pa.RecordBatch | pa.Buffer], compression: str
 ) -> list[DamagedRange]:
     """Fill damaged ranges of ``segments`` with ``batches``; return the ranges repaired (see ``Log.repair``).
 
@@ -68,7 +69,7 @@ def repair_segments(
     ]
     placed = place(holes, batches)
     by_base = {s.base_offset: s for s in segments}
-    rewrites: list[tuple[Segment, list[pa.RecordBatch]]] = []
+    rewrites: list[tuple[Segment, list[pa.RecordBatch | pa.Buffer]]] = []
     for base in sorted({hole.segment_base for hole in placed}):
         segment = by_base[base]
         missed = [h for h in holes if h.segment_base == base and h not in placed]
@@ -78,10 +79,11 @@ def repair_segments(
                 "segment's damaged ranges in one call"
             )
         fills = {h.batch: placed[h] for h in placed if h.segment_base == base}
-        replacement: list[pa.RecordBatch] = []
+        replacement: list[pa.RecordBatch | pa.Buffer] = []
         for i in range(len(segment.index)):
             # Reading a batch that was never read may find more damage: CorruptSegmentError.
-            replacement.extend(fills[i] if i in fills else [segment.batch(i)])
+            # The others stay as stored (a typed batch's frame keeps its typed columns).
+            replacement.extend(fills[i] if i in fills else [segment.frame(i)])
         rewrites.append((segment, replacement))
     repaired = sorted(
         DamagedRange(
@@ -97,8 +99,13 @@ def repair_segments(
     return repaired
 
 
-def place(holes: Sequence[Hole], batches: Sequence[pa.RecordBatch]) -> dict[Hole, list[pa.RecordBatch]]:
+def place(
+    holes: Sequence[Hole], batches: Sequence[pa.RecordBatch | pa.Buffer]
+) -> dict[Hole, list[pa.RecordBatch | pa.Buffer]]:
     """Assign each replacement batch to the hole it fills; raise ``InvalidRecordsError`` if one does not fit.
+
+    A replacement is a record batch, or a stored frame (a ``pyarrow.Buffer``, as a replica's
+    ``read_frames`` gives it: written as it is, a typed batch's typed columns with it).
 
     Every replacement batch must be in the log schema, non-empty, with
     strictly increasing offsets (also across batches) and one leader epoch,
@@ -109,10 +116,11 @@ def place(holes: Sequence[Hole], batches: Sequence[pa.RecordBatch]) -> dict[Hole
     """
     if not batches:
         raise InvalidRecordsError("repair needs the batches that replace a damaged range; none were given")
-    placed: dict[Hole, list[pa.RecordBatch]] = {}
+    placed: dict[Hole, list[pa.RecordBatch | pa.Buffer]] = {}
+    decoded: dict[int, pa.RecordBatch] = {}
     previous_last: int | None = None
     for batch in batches:
-        first, last = _check_batch(batch)
+        first, last = _check_batch(_decoded(batch, decoded))
         if previous_last is not None and first <= previous_last:
             raise InvalidRecordsError(
                 f"repair batches must hold increasing offsets; offset {first} follows {previous_last}"
@@ -128,8 +136,9 @@ def place(holes: Sequence[Hole], batches: Sequence[pa.RecordBatch]) -> dict[Hole
     for hole, filling in placed.items():
         if hole.rows is None:
             continue
-        first, last = filling[0].column(0)[0].as_py(), filling[-1].column(0)[-1].as_py()
-        rows = sum(b.num_rows for b in filling)
+        shown = [_decoded(b, decoded) for b in filling]
+        first, last = shown[0].column(0)[0].as_py(), shown[-1].column(0)[-1].as_py()
+        rows = sum(b.num_rows for b in shown)
         if (first, last, rows) != (hole.first, hole.last, hole.rows):
             raise InvalidRecordsError(
                 f"the repair of damaged offsets {hole.first} to {hole.last} holds offsets {first} to "
@@ -137,6 +146,18 @@ def place(holes: Sequence[Hole], batches: Sequence[pa.RecordBatch]) -> dict[Hole
                 f"{hole.last} in {hole.rows} rows"
             )
     return placed
+
+
+def _decoded(item: pa.RecordBatch | pa.Buffer, decoded: dict[int, pa.RecordBatch]) -> pa.RecordBatch:
+    """``item``'s batch: itself, or the batch its frame holds (decoded once)."""
+    if not isinstance(item, pa.Buffer):
+        return item
+    if id(item) not in decoded:
+        try:
+            decoded[id(item)] = decode(item)
+        except (pa.ArrowException, ValueError) as exc:
+            raise InvalidRecordsError(f"a repair frame of {item.size} bytes does not decode: {exc}") from None
+    return decoded[id(item)]
 
 
 def _check_batch(batch: pa.RecordBatch) -> tuple[int, int]:

@@ -53,6 +53,7 @@ from .logging_labels import NO_LABELS, Labels
 from .manifest import open_segments, write_manifest
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
 from .store import LogStore
+from .typed_frames import sliced_frame
 
 logger = logging.getLogger(__name__)
 
@@ -316,9 +317,14 @@ class Log(LogBase):
         if cut_inside:
             # Read what stays before deleting anything: a damaged batch among it
             # (CorruptSegmentError) leaves the log as it was.
-            kept = [last.batch(j) for j in range(k)]
+            # Stored frames as they are, and the cut one sliced with its typed columns.
+            kept: list[pa.Buffer] = [last.frame(j) for j in range(k)]
             partial = last.batch(k)
-            kept.append(partial.filter(pc.less(partial.column(0), offset)))
+            sliced = sliced_frame(
+                last.frame(k), partial, pc.less(partial.column(0), offset), self.config.compression
+            )
+            if sliced is not None:
+                kept.append(sliced)
         if len(self._segments) > n:
             while len(self._segments) > n:
                 self._segments.pop().delete()
@@ -468,11 +474,12 @@ class Log(LogBase):
                     checked += segment.index.sizes[i]
         return checked
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Replace damaged ranges (see :attr:`damaged`) with a good copy; return the ranges repaired.
 
         ``batches`` hold the same offsets read from another replica
-        (``read(first, upper_bound=last + 1)`` there), for one or more
+        (``read(first, upper_bound=last + 1)`` there, or its stored frames,
+        which keep a typed batch's typed columns), for one or more
         damaged ranges.  Each must fit its range exactly (see
         :func:`.repair.place`), and every damaged range of a segment must be
         repaired in the same call, since the segment is rewritten whole

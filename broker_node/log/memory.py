@@ -53,6 +53,7 @@ from .log_config import LogConfig
 from .logging_labels import NO_LABELS, Labels
 from .segment import encode_frame
 from .store import LogStore
+from .typed_frames import sliced_frame
 
 
 class _Stored(NamedTuple):
@@ -152,7 +153,11 @@ class _Tail:
 def _stored(batch: pa.RecordBatch, compression: str) -> _Stored:
     """``batch`` (in the log schema, one epoch) as stored: read back from its frame, as the
     file log reads it, so that both hand out the same batches (sizes included)."""
-    frame = encode_frame(batch, compression)
+    return _from_frame(encode_frame(batch, compression))
+
+
+def _from_frame(frame: pa.Buffer) -> _Stored:
+    """A stored frame (of one epoch) with its batch and index entry."""
     batch = decode(frame)
     base, last, epoch, newest = batch_bounds(batch)
     return _Stored(
@@ -270,7 +275,7 @@ class MemoryLog(LogBase):
             self._check_open()
             return 0
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Nothing is damaged, so no batch fits: ``InvalidRecordsError`` (as a file log without damage)."""
         with self._lock:
             self._check_open()
@@ -299,8 +304,10 @@ class MemoryLog(LogBase):
         cut = self._places[n - 1]
         if cut.stored is not None and cut.stored.entry.last_offset >= offset:
             batch = cut.stored.batch
-            part = batch.filter(pc.less(batch.column(0), offset))
-            cut = _Place(cut.base, _stored(part, self.config.compression) if part.num_rows else None)
+            frame = sliced_frame(
+                cut.stored.frame, batch, pc.less(batch.column(0), offset), self.config.compression
+            )
+            cut = _Place(cut.base, _from_frame(frame) if frame is not None else None)
         places = [*self._places[: n - 1], cut]
         if cut.next_offset < offset:
             places.append(_Place(offset, None))

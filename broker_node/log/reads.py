@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from .errors import CorruptSegmentError
 from .index import SegmentIndex
-from .segment import encode_frame
+from .typed_frames import sliced_frame
 
 
 class ReplicaFrame(NamedTuple):
@@ -127,7 +127,7 @@ def read_frames(
                 if offset <= base and last < end:
                     frame = ReplicaFrame(base, last, index.epochs[i], segment.frame(i))
                 else:
-                    frame = _sliced(segment.batch(i), offset, end, compression, index.epochs[i])
+                    frame = _sliced(segment, i, offset, end, compression)
             except CorruptSegmentError:
                 if out:
                     return out
@@ -139,16 +139,17 @@ def read_frames(
     return out
 
 
-def _sliced(
-    batch: pa.RecordBatch, offset: int, end: int, compression: str, epoch: int
-) -> ReplicaFrame | None:
+def _sliced(segment: StoredBatches, i: int, offset: int, end: int, compression: str) -> ReplicaFrame | None:
+    """Batch ``i``'s rows from ``offset`` to before ``end`` as a frame of their own (typed columns
+    sliced alike, see :mod:`.typed_frames`)."""
+    batch = segment.batch(i)
     offsets = batch.column(0)
     keep = pc.and_(pc.greater_equal(offsets, offset), pc.less(offsets, end))
-    part = batch.filter(keep)
-    if part.num_rows == 0:
+    frame = sliced_frame(segment.frame(i), batch, keep, compression)
+    if frame is None:
         return None
-    first, last = part.column(0)[0].as_py(), part.column(0)[-1].as_py()
-    return ReplicaFrame(first, last, epoch, encode_frame(part, compression))
+    kept = pc.filter(offsets, keep)
+    return ReplicaFrame(kept[0].as_py(), kept[-1].as_py(), segment.index.epochs[i], frame)
 
 
 def row_of(batch: pa.RecordBatch, offset: int, base: int, gapless: bool) -> int:

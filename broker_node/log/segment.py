@@ -621,10 +621,12 @@ class Segment:
         self.size = end
         self.open_for_append()
 
-    def rewrite(self, batches: Iterable[pa.RecordBatch], compression: str = "none") -> None:
+    def rewrite(self, batches: Iterable[pa.RecordBatch | pa.Buffer], compression: str = "none") -> None:
         """Replace the segment's contents with ``batches`` (log schema, offsets in order).
 
-        Batches are stored with ``compression`` (see :func:`encode_frame`).
+        Batches are stored with ``compression`` (see :func:`encode_frame`); a
+        stored frame (a ``pyarrow.Buffer``, as :meth:`frame` returns) is written
+        as it is, typed columns and all.
 
         Crash-safe: the new data file and both new index files are written
         and fsynced under temporary names, then the data file is renamed over
@@ -641,10 +643,15 @@ class Segment:
             with open(tmp, "wb") as f:
                 f.write(header)
                 position = len(header)
-                for batch in batches:
+                for item in batches:
+                    if isinstance(item, pa.Buffer):
+                        frame, batch = item, decode(item)
+                    else:
+                        frame, batch = None, item
                     if batch.num_rows == 0:
                         continue
-                    frame = encode_frame(batch, compression)
+                    if frame is None:
+                        frame = encode_frame(batch, compression)
                     base, last, epoch, max_ts = batch_bounds(batch)
                     f.write(frame)
                     index.add(

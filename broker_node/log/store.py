@@ -28,6 +28,8 @@ from typing import Literal, Protocol, overload
 
 import pyarrow as pa
 
+from pyspark_jetstream.protocol.typed_values import TypedValues
+
 from .append_input import Records
 from .damage import DamagedRange
 from .epochs import EpochEndOffset
@@ -96,12 +98,17 @@ class LogStore(Protocol):
     # ---- writing ---------------------------------------------------------------
 
     @overload
-    def append(self, records: Records, *, wait: Literal[True] = True) -> range: ...
+    def append(
+        self, records: Records, *, wait: Literal[True] = True, typed: TypedValues | None = None
+    ) -> range: ...
     @overload
-    def append(self, records: Records, *, wait: bool) -> range | None: ...
-    def append(self, records: Records, *, wait: bool = True) -> range | None:
+    def append(self, records: Records, *, wait: bool, typed: TypedValues | None = None) -> range | None: ...
+    def append(
+        self, records: Records, *, wait: bool = True, typed: TypedValues | None = None
+    ) -> range | None:
         """Append messages as one batch in the current epoch; the offsets they got (``None``:
-        ``wait=False`` and the log was busy, nothing appended)."""
+        ``wait=False`` and the log was busy, nothing appended).  ``typed``: the batch's values
+        parsed, stored in its frame (see :mod:`.typed_frames`)."""
 
     def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
         """Append a leader's stored frames (or batches), keeping its offsets, timestamps and epochs."""
@@ -175,7 +182,7 @@ class LogStore(Protocol):
     def verify(self, max_bytes: int) -> int:
         """Check up to ``max_bytes`` of data no read has checked yet; the bytes checked."""
 
-    def repair(self, batches: Iterable[pa.RecordBatch]) -> list[DamagedRange]:
+    def repair(self, batches: Iterable[pa.RecordBatch | pa.Buffer]) -> list[DamagedRange]:
         """Replace damaged ranges with a good copy read from another replica; the ranges repaired."""
 
     def sync_if_due(self) -> bool:

@@ -37,6 +37,7 @@ from pyarrow import flight
 from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
 from broker_node.log.frames import decode
 from broker_node.log.logging_labels import Labels
+from broker_node.log.typed_frames import sliced_frame
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -283,14 +284,24 @@ class Fetcher:
             first, last = damaged.first_offset, damaged.last_offset
             try:
                 table = self._do_get(request)
-                batches = [decode(frame.as_buffer()) for frame in _frames(table)]
-                wanted = [b for b in batches if b.column(0)[0].as_py() <= last]
-                if not wanted:
+                # The leader's frames as stored (a typed batch's typed columns with them), cut to
+                # the damaged range where they reach past it.
+                copies: list[pa.Buffer] = []
+                for frame in (f.as_buffer() for f in _frames(table)):
+                    batch = decode(frame)
+                    offsets = batch.column(0)
+                    if offsets[0].as_py() > last:
+                        break
+                    if offsets[0].as_py() >= first and offsets[-1].as_py() <= last:
+                        copies.append(frame)
+                        continue
+                    keep = pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))
+                    sliced = sliced_frame(frame, batch, keep, log.config.compression)
+                    if sliced is not None:
+                        copies.append(sliced)
+                if not copies:
                     continue
-                copy = pa.concat_batches(wanted)
-                offsets = copy.column(0)
-                copy = copy.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
-                for fixed in log.repair([copy]):
+                for fixed in log.repair(copies):
                     logger.warning(
                         "%s: repaired offsets %d to %d from the leader",
                         self,

@@ -204,6 +204,10 @@ class ReplicaManager:
                         continue
                 if partition.closed:
                     continue  # shutting down: it takes no role any more
+                if partition.config != metadata.config:
+                    # A schema's new version (or partitions added): a typed stream's next
+                    # append parses with the version current then, without a restart.
+                    partition.config = metadata.config
                 try:
                     self._apply_role(partition, state)
                 except Exception as exc:

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 
 from broker_node.coordination.base import PartitionState
 from broker_node.durable import atomic_write
-from broker_node.log import CorruptSegmentError, FsyncPolicy, LogStore, ReplicaFrame
+from broker_node.log import CorruptSegmentError, FsyncPolicy, LogStore, Record, ReplicaFrame
 from broker_node.log.append_input import Records
 from broker_node.log.frames import decode
 from broker_node.log.logging_labels import Labels
@@ -65,6 +65,7 @@ from pyspark_jetstream.protocol.errors import (
     NotLeaderError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.typed_values import InvalidValuesError, TypedValues, parse_json
 
 from .cursors import CURSOR_STREAM, CursorTable
 from .message_ids import MessageIdTable
@@ -278,13 +279,21 @@ class Partition:
         (see :meth:`Log.append`).  ``message_ids``: the ids the records carry,
         ``(id, index of the record)`` in record order, remembered with the
         append (see :mod:`.message_ids`).
+
+        A typed stream's values are parsed here, under the schema version
+        current now (see :mod:`pyspark_jetstream.protocol.typed_values`), and
+        stored with the batch: ``InvalidValuesError`` names each message that
+        does not match, and nothing is stored.
         """
+        typed = None
+        if self.config.schema is not None:
+            records, typed = self._parsed(records)
         if not self._role_lock.acquire(blocking=wait):
             return None
         try:
             with self._lock:
                 self._check_leader()
-            offsets = self.log.append(records, wait=wait)
+            offsets = self.log.append(records, wait=wait, typed=typed)
             if offsets is not None:
                 self.messages_in += len(offsets)
                 if message_ids:
@@ -295,6 +304,24 @@ class Partition:
             with self._lock:
                 self._advance_high_watermark()
         return offsets
+
+    def _parsed(self, records: Records) -> tuple[Records, TypedValues | None]:
+        """``records`` (an iterable made a list) and their values parsed under the stream's current
+        schema; ``InvalidValuesError`` if any does not match."""
+        schema = self.config.schema
+        assert schema is not None
+        if isinstance(records, pa.Table | pa.RecordBatch):
+            names = records.schema.names
+            values = records.column("value").to_pylist() if "value" in names else [None] * records.num_rows
+        else:
+            records = list(records)
+            values = [r.value if isinstance(r, Record) else None for r in records]
+        if not values:
+            return records, None  # the log refuses an empty append, with its own message
+        parsed = parse_json(values, schema)
+        if parsed.refused:
+            raise InvalidValuesError(parsed.refused, stream=self.stream, partition=self.number)
+        return records, parsed.typed
 
     def append_idempotent(
         self,

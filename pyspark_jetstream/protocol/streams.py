@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,10 +293,20 @@ class StreamConfig:
             )
         if self.schema is not None and not isinstance(self.schema, StreamSchema):
             raise InvalidArgumentError(f"schema must be a StreamSchema or None, got {shown(self.schema)}")
+        if self.schema is not None:
+            self._check_typed(self.schema)
         for option in ("compaction", "ack_reply", "unclean_leader_election"):
             if not isinstance(getattr(self, option), bool):
                 raise InvalidArgumentError(
                     f"{option} must be true or false, got {shown(getattr(self, option))}"
+                )
+
+    def _check_typed(self, schema: StreamSchema) -> None:
+        if schema.dead_letter is not None:
+            validate_stream_name(schema.dead_letter)
+            if schema.dead_letter == self.name:
+                raise InvalidArgumentError(
+                    f"stream {self.name!r} cannot be its own dead-letter stream: name another, untyped one"
                 )
 
     def to_json(self) -> dict[str, Any]:
@@ -334,6 +345,44 @@ class StreamConfig:
     def partition_subjects(self) -> list[str]:
         """The subject of each partition, by partition number."""
         return [partition_subject(self.subject, p) for p in range(self.partitions)]
+
+
+def check_new_typed(config: StreamConfig, existing: Callable[[str], StreamConfig | None]) -> None:
+    """At a stream's creation: raise ``InvalidArgumentError`` if it is typed and compacted (not yet
+    supported: compaction would drop the typed columns stored with its batches), or if its
+    dead-letter stream does not fit (:func:`check_dead_letter`).  Checked at creation, not on
+    every configuration read, so a stream stored before stays readable."""
+    if config.schema is not None and config.compaction:
+        raise InvalidArgumentError(
+            f"stream {config.name!r}: a typed stream cannot be compacted yet (compaction would drop "
+            "the typed columns stored with its batches); leave compaction off or the schema out"
+        )
+    check_dead_letter(config, existing)
+
+
+def check_dead_letter(config: StreamConfig, existing: Callable[[str], StreamConfig | None]) -> None:
+    """At a typed stream's creation (or its policy's change): raise ``InvalidArgumentError`` unless
+    its dead-letter stream, if it names one, exists (``existing(name)``) and is untyped -- a typed
+    one could refuse the very messages it is to keep."""
+    dead_letter = config.schema.dead_letter if config.schema is not None else None
+    if dead_letter is None:
+        return
+    target = existing(dead_letter)
+    if target is None:
+        raise InvalidArgumentError(
+            f"stream {config.name!r}: its dead-letter stream {dead_letter!r} does not exist; create it "
+            "first (untyped)"
+        )
+    if target.schema is not None:
+        raise InvalidArgumentError(
+            f"stream {config.name!r}: its dead-letter stream {dead_letter!r} is typed; invalid messages "
+            "need an untyped one"
+        )
+    if any(token in ("*", ">") for token in target.subject.split(".")):
+        raise InvalidArgumentError(
+            f"stream {config.name!r}: its dead-letter stream {dead_letter!r} listens on a wildcard "
+            f"subject ({target.subject!r}), which cannot be published to; name one on a plain subject"
+        )
 
 
 def schema_updated(config: StreamConfig, document: SchemaDocument) -> StreamConfig | None:

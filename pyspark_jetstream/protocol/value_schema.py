@@ -21,13 +21,29 @@ create --schema FILE`` reads)::
 
 A simple type may also be written as an object (``{"type": "int64"}``); the
 canonical form written back is the string.  Field names are non-empty,
-printable and unique among their siblings.
+printable and unique among their siblings; a top-level field may not take the
+name of one of the log's own columns (:data:`RESERVED_NAMES`: ``offset``,
+``timestamp``, ... and ``partition``, which readers add), so typed columns
+can sit beside them.
+
+What the partition leader does with a message whose value does not match
+(see :mod:`.typed_values`) is the document's too, optional keys beside
+``fields``::
+
+    "on_invalid": "refuse" | "dead-letter"   # "refuse" unless given
+    "dead_letter": "STREAM"                  # with "dead-letter" only: the stream that takes them
+
+``refuse`` answers the publisher with an error naming the field and reason;
+``dead-letter`` stores the raw message in the named stream (which must exist
+when the stream is created, untyped) with the reason in a header.  On an
+update a document without ``on_invalid`` keeps the stream's policy.
 
 A stream keeps every version of its schema (:class:`StreamSchema`), numbered
 from 1, so that data written under an older version stays readable.  Its
 JSON form, inside the stream's configuration::
 
-    {"format": "json", "versions": [{"version": 1, "fields": [...]}, ...]}
+    {"format": "json", "versions": [{"version": 1, "fields": [...]}, ...],
+     "on_invalid": "dead-letter", "dead_letter": "orders-invalid"}   # both left out when "refuse"
 
 A new version must be *compatible* with the current one
 (:func:`check_compatible`): fields are matched by name; a field may be added
@@ -48,6 +64,7 @@ from typing import Any, TypeGuard
 import pyarrow as pa
 
 from .errors import InvalidArgumentError
+from .schema import LOG_SCHEMA
 
 PAYLOAD_FORMATS = ("json",)
 """Payload formats a typed stream may declare (one JSON object per message value)."""
@@ -71,6 +88,11 @@ MAX_FIELDS = 1000
 MAX_SCHEMA_BYTES = 256 * 1024
 """Largest JSON form of a stream's schema versions: it is stored with the stream's metadata
 (a ZooKeeper node holds at most 1 MiB by default, and every broker reads it)."""
+RESERVED_NAMES: tuple[str, ...] = (*LOG_SCHEMA.names, "partition")
+"""Names a top-level value field may not take: the log's own columns, and ``partition``, which
+readers (the client, the Spark source) add beside them."""
+ON_INVALID = ("refuse", "dead-letter")
+"""What a typed stream does with a message whose value does not match its schema."""
 WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
 """Type changes that keep every stored value readable."""
 
@@ -229,18 +251,30 @@ def schema_from_ipc(data: bytes) -> pa.Schema:
 
 @dataclass(frozen=True)
 class SchemaDocument:
-    """One schema as a user gives it: the value's fields and the payload format."""
+    """One schema as a user gives it: the value's fields, the payload format, and what to do
+    with a message that does not match (``None``: ``refuse`` for a new stream, unchanged on an
+    update)."""
 
     schema: pa.Schema
     format: str = "json"
+    on_invalid: str | None = None
+    dead_letter: str | None = None
 
     def __post_init__(self) -> None:
         _check_format(self.format)
         object.__setattr__(self, "schema", check_schema(self.schema))
+        check_reserved(self.schema)
+        if self.on_invalid is not None or self.dead_letter is not None:
+            check_on_invalid(self.on_invalid or "refuse", self.dead_letter)
 
     def to_json(self) -> dict[str, Any]:
-        """The document's JSON form."""
-        return {"format": self.format, "fields": schema_to_json(self.schema)}
+        """The document's JSON form (``on_invalid`` and ``dead_letter`` when given)."""
+        stored: dict[str, Any] = {"format": self.format, "fields": schema_to_json(self.schema)}
+        if self.on_invalid is not None:
+            stored["on_invalid"] = self.on_invalid
+        if self.dead_letter is not None:
+            stored["dead_letter"] = self.dead_letter
+        return stored
 
     @classmethod
     def from_json(cls, data: object) -> SchemaDocument:
@@ -249,8 +283,13 @@ class SchemaDocument:
             raise InvalidArgumentError(
                 f'a schema document is an object {{"format", "fields"}}, got {_shown(data)}'
             )
-        _only(data, {"format", "fields"}, "schema document")
-        return cls(schema_from_json(data.get("fields")), data.get("format", "json"))
+        _only(data, {"format", "fields", "on_invalid", "dead_letter"}, "schema document")
+        return cls(
+            schema_from_json(data.get("fields")),
+            data.get("format", "json"),
+            data.get("on_invalid"),
+            data.get("dead_letter"),
+        )
 
     @classmethod
     def parse(cls, raw: bytes) -> SchemaDocument:
@@ -280,13 +319,19 @@ def as_document(value: object) -> SchemaDocument:
 
 @dataclass(frozen=True)
 class StreamSchema:
-    """Every version of a stream's value schema, oldest first (version ``n`` is ``versions[n - 1]``)."""
+    """Every version of a stream's value schema, oldest first (version ``n`` is ``versions[n - 1]``),
+    and what the partition leader does with a message that does not match the current one."""
 
     format: str
     versions: tuple[pa.Schema, ...] = field(default=())
+    on_invalid: str = "refuse"
+    """``refuse`` or ``dead-letter`` (:data:`ON_INVALID`)."""
+    dead_letter: str | None = None
+    """The stream invalid messages are stored in, with ``on_invalid`` ``dead-letter``."""
 
     def __post_init__(self) -> None:
         _check_format(self.format)
+        check_on_invalid(self.on_invalid, self.dead_letter)
         if not isinstance(self.versions, tuple) or not self.versions:
             raise InvalidArgumentError("a stream schema needs at least one version")
         checked = tuple(check_schema(s) for s in self.versions)
@@ -302,8 +347,8 @@ class StreamSchema:
 
     @classmethod
     def first(cls, document: SchemaDocument) -> StreamSchema:
-        """A new stream's schema: ``document`` as version 1."""
-        return cls(document.format, (document.schema,))
+        """A new stream's schema: ``document`` as version 1 (``refuse`` unless it says otherwise)."""
+        return cls(document.format, (document.schema,), document.on_invalid or "refuse", document.dead_letter)
 
     @property
     def version(self) -> int:
@@ -316,7 +361,8 @@ class StreamSchema:
         return self.versions[-1]
 
     def evolved(self, document: SchemaDocument) -> StreamSchema:
-        """These versions and ``document`` as the next, if compatible (the current one again: ``self``).
+        """These versions and ``document`` as the next, if compatible (the current one again: ``self``,
+        unless the document changes ``on_invalid`` or ``dead_letter``).
 
         Raises ``InvalidArgumentError`` with one line naming the field and why it cannot change so.
         """
@@ -324,24 +370,34 @@ class StreamSchema:
             raise InvalidArgumentError(
                 f"the payload format cannot change (it is {self.format!r}, not {document.format!r})"
             )
+        on_invalid, dead_letter = self.on_invalid, self.dead_letter
+        if document.on_invalid is not None:
+            on_invalid, dead_letter = document.on_invalid, document.dead_letter
         if document.schema.equals(self.current):
-            return self
+            if (on_invalid, dead_letter) == (self.on_invalid, self.dead_letter):
+                return self
+            return StreamSchema(self.format, self.versions, on_invalid, dead_letter)
         check_compatible(self.current, document.schema, self.version + 1)
-        return StreamSchema(self.format, (*self.versions, document.schema))
+        return StreamSchema(self.format, (*self.versions, document.schema), on_invalid, dead_letter)
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form: ``{"format", "versions": [{"version", "fields"}, ...]}``."""
-        return {
+        """The stored form: ``{"format", "versions": [{"version", "fields"}, ...]}``, and
+        ``on_invalid`` and ``dead_letter`` unless ``refuse``."""
+        stored: dict[str, Any] = {
             "format": self.format,
             "versions": [{"version": n, "fields": schema_to_json(s)} for n, s in enumerate(self.versions, 1)],
         }
+        if self.on_invalid != "refuse":
+            stored["on_invalid"] = self.on_invalid
+            stored["dead_letter"] = self.dead_letter
+        return stored
 
     @classmethod
     def from_json(cls, data: object) -> StreamSchema:
         """Parse the stored form strictly (versions numbered 1, 2, ... in order)."""
         if not isinstance(data, dict):
             raise InvalidArgumentError(f"a stream schema is an object, got {_shown(data)}")
-        _only(data, {"format", "versions"}, "stream schema")
+        _only(data, {"format", "versions", "on_invalid", "dead_letter"}, "stream schema")
         versions = data.get("versions")
         if not isinstance(versions, list) or not versions:
             raise InvalidArgumentError(
@@ -355,14 +411,49 @@ class StreamSchema:
                 )
             _only(entry, {"version", "fields"}, f"schema version {number}")
             schemas.append(schema_from_json(entry.get("fields")))
-        return cls(data.get("format"), tuple(schemas))  # type: ignore[arg-type] # checked on construction
+        return cls(
+            data.get("format"),  # type: ignore[arg-type] # checked on construction
+            tuple(schemas),
+            data.get("on_invalid", "refuse"),
+            data.get("dead_letter"),
+        )
 
     def describe(self) -> list[str]:
         """One line per field of the current version: ``name: type`` (``not null`` when so)."""
         return [_describe(f) for f in self.current]
 
     def __repr__(self) -> str:
-        return f"<{self.format} schema version {self.version}: {', '.join(self.describe())}>"
+        policy = f"; invalid messages to {self.dead_letter}" if self.on_invalid == "dead-letter" else ""
+        return f"<{self.format} schema version {self.version}: {', '.join(self.describe())}{policy}>"
+
+
+def check_reserved(schema: pa.Schema) -> None:
+    """Raise ``InvalidArgumentError`` naming the first top-level field named as one of the log's
+    own columns (:data:`RESERVED_NAMES`)."""
+    for name in schema.names:
+        if name in RESERVED_NAMES:
+            raise InvalidArgumentError(
+                f"schema field {name!r}: the name is taken by the log's own columns "
+                f"({', '.join(RESERVED_NAMES)}); rename the field"
+            )
+
+
+def check_on_invalid(on_invalid: object, dead_letter: object) -> None:
+    """Raise ``InvalidArgumentError`` unless ``on_invalid`` is one of :data:`ON_INVALID` and
+    ``dead_letter`` names a stream exactly when it is ``dead-letter``."""
+    if on_invalid not in ON_INVALID:
+        raise InvalidArgumentError(
+            f"on_invalid must be one of {', '.join(ON_INVALID)}, got {_shown(on_invalid)}"
+        )
+    if on_invalid == "dead-letter" and (not isinstance(dead_letter, str) or not dead_letter):
+        raise InvalidArgumentError(
+            f'on_invalid "dead-letter" needs "dead_letter": the name of the stream to store them in, '
+            f"got {_shown(dead_letter)}"
+        )
+    if on_invalid == "refuse" and dead_letter is not None:
+        raise InvalidArgumentError(
+            f'"dead_letter" ({_shown(dead_letter)}) goes with on_invalid "dead-letter", not "refuse"'
+        )
 
 
 def check_compatible(old: pa.Schema, new: pa.Schema, version: int | None = None) -> None:

@@ -1,11 +1,14 @@
 """A typed stream's schema on three real brokers: each version, asked of any broker, goes through the
-controller into ZooKeeper and reaches every broker."""
+controller into ZooKeeper and reaches every broker; the typed columns the leader parses reach every
+replica byte for byte, with the schema version each batch was parsed under."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
+from broker_node.log import typed_of
+from pyspark_jetstream.client import AckPolicy
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
@@ -13,6 +16,7 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from ..broker.harness import wait_until
+from .helpers import caught_up, stored_frames
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
@@ -55,3 +59,29 @@ def test_schema_versions_asked_of_any_broker_reach_every_broker(cluster, client)
         )
     stored = StreamConfig.from_json(client.describe_stream("typed").config).schema
     assert stored is not None and [len(v) for v in stored.versions] == [1, 2, 3, 4]
+
+
+def test_every_replica_holds_the_leaders_typed_columns_and_schema_versions(cluster, client):
+    schema = pa.schema([pa.field("order_id", pa.int32(), nullable=False)])
+    client.create_stream("typed", "typed", replication_factor=3, schema=schema)
+    for i in range(20):
+        client.publish("typed", b'{"order_id": %d}' % i, ack_policy=AckPolicy.ALL)
+    # The next version, asked of the partition's leader: its open partition parses with it at once.
+    leader = client.describe_stream("typed").partitions[0].leader
+    address = next(b.flight for b in cluster.brokers if b.broker_id == leader)
+    connection = BrokerConnection(address)
+    try:
+        evolved = schema.append(pa.field("coupon", pa.string()))
+        body = {"name": "typed", "schema": SchemaDocument(evolved).to_json()}
+        connection.action(ActionType.UPDATE_SCHEMA, body)
+    finally:
+        connection.close()
+    rows = pa.table({"value": [b'{"order_id": %d, "coupon": "c"}' % i for i in range(20, 40)]})
+    client.publish_batch("typed", rows, ack_policy=AckPolicy.ALL)
+    wait_until(lambda: caught_up(cluster, "typed"), message="every replica caught up")
+    cluster.stop()
+    frames = [stored_frames(b, "typed") for b in cluster.brokers]
+    assert len(frames[0]) == 21 and frames[0] == frames[1] == frames[2]
+    typed = [typed_of(pa.py_buffer(f)) for f in frames[0]]
+    assert [t.version for t in typed] == [1] * 20 + [2]  # type: ignore[union-attr]
+    assert typed[-1].batch.column("coupon").to_pylist() == ["c"] * 20  # type: ignore[union-attr]

@@ -375,3 +375,14 @@ def test_partitions_added_to_a_stream_are_read_from_their_earliest(spark, deploy
     finally:
         query.stop()
     assert rows()[-1] == (3, 2, b"three-2") and len(rows()) == 7
+
+
+def test_a_typed_stream_reads_as_any_other(spark, deployment, client, name):
+    # Its batches carry typed columns beside the log's: the source reads the log's, as before.
+    client.create_stream(name, name, schema={"fields": [{"name": "n", "type": "int32", "nullable": False}]})
+    values = [b'{"n": %d}' % i for i in range(5)]
+    client.publish_batch(name, pa.table({"value": values}))
+    client.publish(name, b'{"n": 5}')
+    rows = read(spark, deployment, stream=name).orderBy("offset").collect()
+    assert [r.value for r in rows] == [*values, b'{"n": 5}']
+    assert [r.offset for r in rows] == list(range(6))

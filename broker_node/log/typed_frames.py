@@ -1,0 +1,122 @@
+"""Typed columns stored in a frame, beside the log's own columns.
+
+A typed stream's partition leader parses each batch's values once (see
+:mod:`pyspark_jetstream.protocol.typed_values`) and stores the typed columns in
+the same frame as the batch, so they reach followers through replication
+byte for byte (followers never parse) and every replica holds the same
+schema version per offset range.  An untyped stream's frames are unchanged.
+
+Layout (format version 1 of the segment, unchanged)
+===================================================
+
+The frame is the ordinary record-batch message of the log schema (see
+:mod:`.segment`); its flatbuffer ``Message`` carries ``custom_metadata``
+(Arrow IPC's per-message key-value pairs, which every Arrow reader skips)::
+
+    jetstream.schema_version   the version the values were parsed with, in decimal ("1", "2", ...)
+    jetstream.typed            an Arrow IPC stream: the schema message of that version's fields,
+                               then one record-batch message holding one row per row of the
+                               frame, in the same order (no end-of-stream marker); its buffers
+                               are compressed as the frame's are (same codec, same threshold)
+
+The CRC in the offset index covers the whole frame, so the typed columns are
+checked with the log's columns.  Readers of the log's columns (Flight reads,
+the live tail, the Spark source) decode the frame as before and never see
+them; :func:`typed_of` reads them back.  A frame whose rows are cut (a
+truncation inside a batch, a replica fetch starting inside one) keeps the same
+rows of its typed columns (:func:`sliced_frame`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+from pyspark_jetstream.protocol.typed_values import TypedValues, as_version
+from pyspark_jetstream.protocol.value_schema import StreamSchema
+
+from .errors import InvalidRecordsError
+from .segment import COMPRESS_MIN_BYTES, encode_frame
+
+VERSION_KEY = b"jetstream.schema_version"
+TYPED_KEY = b"jetstream.typed"
+_LOG_SCHEMA_MESSAGE = LOG_SCHEMA.serialize()
+_OPTIONS = {
+    codec: pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec, use_threads=False)
+    for codec in ("none", "lz4", "zstd")
+}
+
+
+def encode_typed_frame(
+    batch: pa.RecordBatch, typed: TypedValues | None, compression: str = "none"
+) -> pa.Buffer:
+    """The frame storing ``batch`` and, if given, its typed columns (one row per row of ``batch``)."""
+    if typed is None:
+        return encode_frame(batch, compression)
+    if typed.batch.num_rows != batch.num_rows:
+        raise InvalidRecordsError(
+            f"typed columns of {typed.batch.num_rows} rows cannot be stored with a batch of {batch.num_rows}"
+        )
+    codec = compression if batch.nbytes >= COMPRESS_MIN_BYTES else "none"
+    if codec == "none":  # the stream's two messages, without a writer's set-up
+        inner = _schema_message(typed.batch.schema) + typed.batch.serialize().to_pybytes()
+    else:
+        sink = pa.BufferOutputStream()
+        pa.ipc.new_stream(sink, typed.batch.schema, options=_OPTIONS[codec]).write_batch(typed.batch)
+        inner = sink.getvalue().to_pybytes()
+    metadata = {VERSION_KEY: str(typed.version).encode(), TYPED_KEY: inner}
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, LOG_SCHEMA, options=_OPTIONS[codec])
+    writer.write_batch(batch, custom_metadata=metadata)
+    return sink.getvalue().slice(_LOG_SCHEMA_MESSAGE.size)
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_message(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+def typed_of(frame: pa.Buffer) -> TypedValues | None:
+    """The typed columns stored in ``frame`` and their schema version; ``None`` for a frame of an
+    untyped batch.  ``ValueError`` if they are there but do not decode."""
+    message = pa.ipc.read_message(frame)
+    if TYPED_KEY not in message.metadata.to_pybytes():
+        return None  # cheap: the key is spelled out in the message's flatbuffer when present
+    reader = pa.ipc.open_stream(pa.py_buffer(_LOG_SCHEMA_MESSAGE.to_pybytes() + frame.to_pybytes()))
+    batch, metadata = reader.read_next_batch_with_custom_metadata()
+    if metadata is None or TYPED_KEY not in metadata:
+        return None
+    try:
+        version = int(metadata[VERSION_KEY])
+        typed = pa.ipc.open_stream(pa.py_buffer(metadata[TYPED_KEY])).read_next_batch()
+    except (KeyError, ValueError, pa.ArrowException) as exc:
+        raise ValueError(f"the frame's typed columns do not decode: {exc}") from exc
+    if typed.num_rows != batch.num_rows:
+        raise ValueError(f"the frame holds {batch.num_rows} rows but typed columns of {typed.num_rows}")
+    return TypedValues(version, typed)
+
+
+def sliced_frame(
+    frame: pa.Buffer, batch: pa.RecordBatch, keep: pa.Array, compression: str
+) -> pa.Buffer | None:
+    """The frame of the rows of ``batch`` (decoded from ``frame``) where ``keep`` is true, with the
+    same rows of its typed columns if it has some; ``None`` if no row is kept."""
+    part = batch.filter(keep)
+    if part.num_rows == 0:
+        return None
+    typed = typed_of(frame)
+    if typed is not None:
+        typed = TypedValues(typed.version, typed.batch.filter(keep))
+    return encode_typed_frame(part, typed, compression)
+
+
+def typed_columns(
+    frame: pa.Buffer, schema: StreamSchema, version: int | None = None
+) -> pa.RecordBatch | None:
+    """The typed columns stored in ``frame`` as the columns of ``version`` of ``schema`` (by default
+    its current one; see :func:`~pyspark_jetstream.protocol.typed_values.as_version`); ``None`` for
+    a frame of an untyped batch."""
+    typed = typed_of(frame)
+    return None if typed is None else as_version(typed, schema, version)

@@ -1,0 +1,242 @@
+"""Typed streams on a real broker: values parsed at ingest and stored as typed columns beside the raw
+value, bad ones refused (client and nats-py publishers) or dead-lettered, schema changes seen at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import nats.js.errors
+import pyarrow as pa
+import pytest
+
+from pyspark_jetstream.client import SyncClient
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+from pyspark_jetstream.protocol.typed_values import TypedValues
+
+from .harness import BrokerProcess, publish_plain
+
+ORDERS = {
+    "fields": [
+        {"name": "order_id", "type": "int32", "nullable": False},
+        {"name": "country", "type": "string"},
+        {
+            "name": "items",
+            "type": {
+                "type": "list",
+                "item": {"type": "struct", "fields": [{"name": "sku", "type": "string", "nullable": False}]},
+            },
+        },
+    ]
+}
+
+
+def stored_typed(broker, stream: str, partition: int = 0) -> list[tuple[int, TypedValues | None]]:
+    """``(first offset, typed columns)`` of every batch in the partition's segment files, read as
+    their layout says (:mod:`broker_node.log.typed_frames`): any Arrow reader opens a segment."""
+    out: list[tuple[int, TypedValues | None]] = []
+    for path in sorted((broker.data_dir / "streams" / stream / str(partition)).glob("*.arrows")):
+        reader = pa.ipc.open_stream(path.read_bytes())
+        while True:
+            try:
+                batch, metadata = reader.read_next_batch_with_custom_metadata()
+            except StopIteration:
+                break
+            assert batch.schema.equals(LOG_SCHEMA)
+            typed = None
+            if metadata is not None and b"jetstream.typed" in metadata:
+                columns = pa.ipc.open_stream(metadata[b"jetstream.typed"]).read_next_batch()
+                assert columns.num_rows == batch.num_rows
+                typed = TypedValues(int(metadata[b"jetstream.schema_version"]), columns)
+            out.append((batch.column(0)[0].as_py(), typed))
+    return out
+
+
+def typed_rows(broker, stream: str) -> list[tuple[int, dict]]:
+    """``(schema version, typed row)`` of every stored message, in offset order."""
+    return [
+        (t.version, row)
+        for _, t in stored_typed(broker, stream)
+        if t is not None
+        for row in t.batch.to_pylist()
+    ]
+
+
+def _js(url: str, work):
+    async def run():
+        nc = await nats.connect(url)
+        try:
+            return await work(nc.jetstream(timeout=5))
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def test_values_are_parsed_at_ingest_and_stored_as_typed_columns(broker, client):
+    client.create_stream("orders", "orders", schema=ORDERS)
+    first = client.publish("orders", b'{"order_id": 1, "country": "NL", "items": [{"sku": "a"}]}')
+    assert first.first_offset == 0
+    pretty = json.dumps({"order_id": 2, "items": []}, indent=2).encode()
+    publish_plain(broker.nats_url, [("orders", pretty, None), ("orders", b'{"order_id": 3}', None)])
+
+    async def work(js):
+        return await js.publish("orders", b'{"order_id": 4, "country": "DE"}')
+
+    assert _js(broker.nats_url, work).seq == 3
+    # Readers of the log get its columns, the raw values as sent.
+    table = client.fetch("orders", 0).to_table()
+    assert table.schema.names == LOG_SCHEMA.names and table.num_rows == 4
+    assert table.column("value").to_pylist()[1] == pretty
+    # Stored beside them: the typed columns, under schema version 1.
+    assert typed_rows(broker, "orders") == [
+        (1, {"order_id": 1, "country": "NL", "items": [{"sku": "a"}]}),
+        (1, {"order_id": 2, "country": None, "items": []}),
+        (1, {"order_id": 3, "country": None, "items": None}),
+        (1, {"order_id": 4, "country": "DE", "items": None}),
+    ]
+
+
+def test_a_value_that_does_not_match_is_refused_with_its_field_and_nothing_is_stored(broker, client):
+    client.create_stream("orders", "orders", schema=ORDERS)
+    with pytest.raises(InvalidArgumentError) as refused:
+        client.publish("orders", b'{"order_id": 3000000000}')
+    assert str(refused.value) == (
+        "orders/0: field 'order_id': Failed to convert JSON to int32, couldn't parse:3000000000"
+    )
+    with pytest.raises(InvalidArgumentError, match=r"field 'items\[\].sku': missing or null"):
+        client.publish("orders", b'{"order_id": 1, "items": [{}]}')
+    with pytest.raises(InvalidArgumentError, match="the value is not one JSON object"):
+        client.publish("orders", b"[1, 2]")
+
+    async def work(js):
+        errors = []
+        for bad in (b'{"order_id": "x"}', b'{"order_id": 1, "coupon": "FREE"}', b"\xff{"):
+            with pytest.raises(nats.js.errors.BadRequestError) as error:
+                await js.publish("orders", bad)
+            errors.append(error.value)
+        good = await js.publish("orders", b'{"order_id": 5}')
+        return errors, good
+
+    errors, good = _js(broker.nats_url, work)
+    assert all(e.code == 400 and e.err_code == 10003 for e in errors)
+    assert "field 'order_id'" in errors[0].description
+    assert "field 'coupon': not in the schema" in errors[1].description
+    assert "not one JSON object" in errors[2].description
+    assert good.seq == 0  # nothing of the refused ones was stored
+    assert client.fetch("orders", 0).to_table().column("value").to_pylist() == [b'{"order_id": 5}']
+    assert typed_rows(broker, "orders") == [(1, {"order_id": 5, "country": None, "items": None})]
+
+
+@pytest.fixture
+def coalescing(tmp_path, nats_server):
+    """A broker that waits up to 0.5 s for more messages before it stores a batch."""
+    process = BrokerProcess(
+        tmp_path / "coalescing", nats_url=nats_server.url, extra_config="[ingest]\nmax_delay = 0.5\n"
+    ).start()
+    yield process
+    process.stop()
+
+
+def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refused(coalescing):
+    broker = coalescing
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("orders", "orders", schema=ORDERS)
+    values = [b'{"order_id": %d}' % i if i % 3 else b'{"order_id": "bad %d"}' % i for i in range(30)]
+
+    async def run():
+        # Plain requests, all in flight at once: the broker stores them in few coalesced batches.
+        nc = await nats.connect(broker.nats_url)
+        try:
+            replies = await asyncio.gather(*(nc.request("orders", v, timeout=5) for v in values))
+        finally:
+            await nc.close()
+        return [json.loads(r.data) for r in replies]
+
+    answers = asyncio.run(run())
+    refused = [i for i, a in enumerate(answers) if "error" in a]
+    assert refused == list(range(0, 30, 3))
+    assert all(answers[i]["error"]["code"] == 400 for i in refused)
+    assert (
+        answers[3]["error"]["description"]
+        == "field 'order_id': Column(/order_id) changed from number to string"
+    )
+    stored = [i for i in range(30) if i % 3]
+    assert sorted(a["seq"] for a in answers if "error" not in a) == list(range(len(stored)))
+    assert [row["order_id"] for _, row in typed_rows(broker, "orders")] == stored
+    assert len(stored_typed(broker, "orders")) == 1  # one coalesced batch: the good ones, parsed again
+
+
+def test_an_envelope_batch_with_a_bad_row_is_refused_whole(broker, client):
+    client.create_stream("orders", "orders", schema=ORDERS)
+    rows = pa.table({"value": [b'{"order_id": 1}', b'{"order_id": null}', b'{"order_id": 3}']})
+    with pytest.raises(
+        InvalidArgumentError, match="message 1 of the batch: field 'order_id': missing or null"
+    ):
+        client.publish_batch("orders", rows)
+    ack = client.publish_batch("orders", pa.table({"value": [b'{"order_id": 1}', b'{"order_id": 2}']}))
+    assert (ack.first_offset, ack.last_offset) == (0, 1)
+    assert [row["order_id"] for _, row in typed_rows(broker, "orders")] == [1, 2]
+
+
+def test_invalid_messages_go_to_the_dead_letter_stream_with_the_reason(broker, client):
+    client.create_stream("orders-invalid", "orders-invalid", partitions=2)
+    document = {**ORDERS, "on_invalid": "dead-letter", "dead_letter": "orders-invalid"}
+    client.create_stream("orders", "orders", schema=document)
+    ok = client.publish("orders", b'{"order_id": 1}', headers={"trace": b"t-1"})
+    dead = client.publish("orders", b'{"order_id": "one"}', key=b"k", headers={"trace": b"t-2"})
+    assert (ok.stream, ok.first_offset) == ("orders", 0)
+    assert (dead.stream, dead.partition, dead.first_offset) == ("orders-invalid", 0, 0)
+    assert dead.message.startswith("invalid, stored in dead-letter stream orders-invalid: field 'order_id'")
+
+    async def work(js):
+        return await js.publish("orders", b"not json")
+
+    pub_ack = _js(broker.nats_url, work)
+    assert (pub_ack.stream, pub_ack.seq) == ("orders-invalid", 1)
+    rows = client.fetch("orders-invalid", 0).to_table().to_pylist()
+    assert [r["value"] for r in rows] == [b'{"order_id": "one"}', b"not json"]
+    assert rows[0]["key"] == b"k"
+    headers = {h["key"]: h["value"] for h in rows[0]["headers"]}
+    assert headers["trace"] == b"t-2"
+    assert headers["Jetstream-Invalid-Reason"].startswith(b"field 'order_id'")
+    assert headers["Jetstream-Invalid-Stream"] == b"orders/0"
+    assert headers["Jetstream-Invalid-Subject"] == b"orders"
+    assert client.fetch("orders", 0).to_table().column("value").to_pylist() == [b'{"order_id": 1}']
+    # The dead-letter stream is checked when the typed stream is created.
+    with pytest.raises(InvalidArgumentError, match="its dead-letter stream 'nowhere' does not exist"):
+        client.create_stream(
+            "other", "other", schema={**ORDERS, "on_invalid": "dead-letter", "dead_letter": "nowhere"}
+        )
+
+
+def test_a_schema_update_is_parsed_with_by_the_open_partition(broker, client):
+    client.create_stream("orders", "orders", schema=ORDERS)
+    client.publish("orders", b'{"order_id": 1}')
+    with pytest.raises(InvalidArgumentError, match="field 'coupon': not in the schema"):
+        client.publish("orders", b'{"order_id": 2, "coupon": "FREE"}')
+    widened = [
+        {**ORDERS["fields"][0], "type": "int64"},
+        *ORDERS["fields"][1:],
+        {"name": "coupon", "type": "string"},
+    ]
+    client.update_schema("orders", {"fields": widened})
+    client.publish("orders", b'{"order_id": 3000000000, "coupon": "FREE"}')
+    assert typed_rows(broker, "orders") == [
+        (1, {"order_id": 1, "country": None, "items": None}),
+        (2, {"order_id": 3000000000, "country": None, "items": None, "coupon": "FREE"}),
+    ]
+
+
+def test_a_field_named_as_a_log_column_is_refused_at_create_and_update(broker, client):
+    with pytest.raises(
+        InvalidArgumentError, match="^schema field 'offset': the name is taken by the log's own columns"
+    ):
+        client.create_stream("t", "t", schema={"fields": [{"name": "offset", "type": "int64"}]})
+    client.create_stream("t", "t", schema={"fields": [{"name": "n", "type": "int64"}]})
+    with pytest.raises(InvalidArgumentError, match="^schema field 'partition': the name is taken"):
+        client.update_schema(
+            "t", {"fields": [{"name": "n", "type": "int64"}, {"name": "partition", "type": "int32"}]}
+        )
