@@ -274,7 +274,12 @@ class Publisher:
                 continue
             heapq.heappop(self._deadlines)
             future = self._acks.pop(correlation_id, None)
-            if future is not None and not future.done():
+            if future is None or future.done():
+                continue
+            refusal = self.resender.refusal(correlation_id)
+            if refusal is not None:  # held for in-sync replicas that did not come back in time
+                future.set_result(refusal)
+            else:
                 future.set_exception(
                     RequestTimeoutError(
                         f"no ack for message {correlation_id} on {subject!r} within {seconds:g}s: "

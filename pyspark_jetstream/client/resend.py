@@ -18,6 +18,10 @@ order first sent, within each message's own ack timeout:
 * a message refused as out of order while an earlier sequence of the same
   producer is still pending here, or refused by a broker that no longer
   leads, is not an answer yet: it waits for the resend of the ones before it;
+* so is one refused for want of in-sync replicas (``not_enough_replicas``:
+  a follower fell behind or died, and may be back within the message's
+  timeout, as Kafka's producer retries it); if the message's timeout comes
+  first, that refusal is its answer, not a timeout;
 * a message already resent is resent again after a growing pause while
   unacked (the new leader may have subscribed only after the resend); so
   is one held, never sooner: resends must not flood a leader that is just
@@ -66,8 +70,10 @@ class Pending:
     pause: float = 0.0
     """Seconds before a resent message is resent again (0: never resent)."""
     held: bool = False
-    """Refused for now (out of order behind a pending one, or by a broker that no longer
-    leads): waits for the next resend of its partition."""
+    """Refused for now (out of order behind a pending one, by a broker that no longer leads, or
+    for want of in-sync replicas): waits for the next resend of its partition."""
+    refusal: Ack | None = None
+    """The last ``not_enough_replicas`` refusal held: the answer if the timeout comes first."""
 
 
 class Resender:
@@ -137,6 +143,9 @@ class Resender:
         if ack.error is ErrorCode.NOT_LEADER:
             pending.held = True
             return True
+        if ack.error is ErrorCode.NOT_ENOUGH_REPLICAS:
+            pending.held, pending.refusal = True, ack
+            return True
         if ack.error is ErrorCode.OUT_OF_ORDER_SEQUENCE and pending.producer is not None:
             earlier = any(
                 other.producer == pending.producer
@@ -148,6 +157,12 @@ class Resender:
                 pending.held = True
                 return True
         return False
+
+    def refusal(self, correlation_id: str) -> Ack | None:
+        """The refusal a message held for a resend last got, if one was held for want of in-sync
+        replicas (its answer when its timeout comes)."""
+        pending = self._pending.get(correlation_id)
+        return None if pending is None else pending.refusal
 
     def close(self) -> None:
         """Stop resending and forget everything."""

@@ -41,6 +41,24 @@ def test_an_out_of_order_refusal_behind_a_pending_sequence_waits_for_the_resend(
     asyncio.run(main())
 
 
+def test_a_refusal_for_want_of_in_sync_replicas_waits_for_the_resend_and_is_the_answer_at_the_timeout():
+    async def main() -> None:
+        resender = Resender(_never, _never, check=60)
+        resender.track("0", "s", b"x", stream="s", partition=0, producer=("p", 0), sequence=0)
+        resender.track("1", "s", b"x", stream="s", partition=0, producer=None, sequence=0)  # a message id
+        assert resender.refusal("0") is None
+        for correlation_id in ("0", "1"):
+            refused = _refusal(correlation_id, ErrorCode.NOT_ENOUGH_REPLICAS)
+            assert resender.holds(refused)  # a follower may be back before the timeout: resent
+            assert resender.refusal(correlation_id) is refused  # the answer if it is not
+        assert not resender.holds(_refusal("5", ErrorCode.NOT_ENOUGH_REPLICAS))  # not tracked: answered
+        resender.done("0")
+        assert resender.refusal("0") is None
+        resender.close()
+
+    asyncio.run(main())
+
+
 def test_only_what_the_broker_deduplicates_is_resendable():
     ids = pa.record_batch({"value": [b"a", b"b"]})
     all_ids = with_ids(ids, ["o-1", "o-2"])

@@ -4,19 +4,22 @@ replica byte for byte, with the schema version each batch was parsed under."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pyarrow as pa
 import pytest
 
 from broker_node.log import typed_of
 from pyspark_jetstream.client import AckPolicy
 from pyspark_jetstream.client.connection import BrokerConnection
-from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
 from pyspark_jetstream.protocol.streams import StreamConfig
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 from ..broker.harness import wait_until
-from .helpers import caught_up, stored_frames
+from .helpers import caught_up, leader_of, publish_all, status, stored_frames
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
@@ -85,3 +88,61 @@ def test_every_replica_holds_the_leaders_typed_columns_and_schema_versions(clust
     typed = [typed_of(pa.py_buffer(f)) for f in frames[0]]
     assert [t.version for t in typed] == [1] * 20 + [2]  # type: ignore[union-attr]
     assert typed[-1].batch.column("coupon").to_pylist() == ["c"] * 20  # type: ignore[union-attr]
+
+
+def _update_schema(client, stream: str, schema: pa.Schema, deadline: float = 60) -> None:
+    """``update_schema``, asked again while the cluster fails over (the same version again is no
+    change, so a retry after a lost answer is harmless)."""
+    stop = time.monotonic() + deadline
+    while True:
+        try:
+            client.update_schema(stream, schema)
+            return
+        except JetStreamError as exc:
+            if not exc.retriable or time.monotonic() > stop:
+                raise
+
+
+def test_schema_changes_through_kill_9_of_the_leader_and_the_controller_leave_every_replica_alike(
+    cluster, client
+):
+    schema = pa.schema([pa.field("order_id", pa.int32(), nullable=False)])
+    client.create_stream("tk", "tk", replication_factor=3, min_insync_replicas=2, schema=schema)
+    values = [b'{"order_id": %d}' % n for n in range(400)]  # valid under every version below
+    acks: list = []
+    failure: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            acks.extend(publish_all(client, "tk", values, "p", deadline=120))
+        except BaseException as exc:
+            failure.append(exc)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        wait_until(lambda: len(acks) >= 50 or failure, message="the first acks")
+        leader = leader_of(client, "tk")
+        cluster.broker(leader).kill()  # SIGKILL, while the next version is asked for
+        schema = schema.append(pa.field("coupon", pa.string()))
+        _update_schema(client, "tk", schema)
+        cluster.broker(leader).start()
+        wait_until(lambda: len(acks) >= 200 or failure, timeout=60, message="acks after the first kill")
+        controller = status(cluster.flight)["controller"]
+        cluster.broker(controller).kill()
+        schema = schema.append(pa.field("note", pa.string()))
+        _update_schema(client, "tk", schema)
+        cluster.broker(controller).start()
+    finally:
+        publisher.join(timeout=180)
+    assert not failure, failure
+    assert len(acks) == len(values) and all(a.ok for a in acks)
+    wait_until(lambda: caught_up(cluster, "tk"), timeout=60, message="every replica caught up")
+    cluster.stop()
+    frames = [stored_frames(b, "tk") for b in cluster.brokers]
+    assert frames[0] == frames[1] == frames[2]
+    typed = [typed_of(pa.py_buffer(f)) for f in frames[0]]
+    versions = [t.version for t in typed]  # type: ignore[union-attr]
+    assert versions == sorted(versions) and versions[0] == 1
+    orders = [n for t in typed for n in t.batch.column("order_id").to_pylist()]  # type: ignore[union-attr]
+    assert orders == list(range(len(values)))  # each once, in order, typed under its version
