@@ -208,6 +208,8 @@ class Resender:
         messages = sorted(
             (p for p in self._pending.values() if (p.stream, p.partition) == key), key=lambda p: p.order
         )
+        if not messages:
+            return  # acked while the leadership was being read
         logger.info(
             "%s/%d: resending %d unacknowledged message(s) after a leadership change (epoch %d) %s-%s",
             *key,

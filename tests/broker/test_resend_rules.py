@@ -9,7 +9,7 @@ import pyarrow as pa
 from pyspark_jetstream.client.publish_options import deduplicated, with_ids
 from pyspark_jetstream.client.resend import Resender
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.errors import ErrorCode
+from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 
 
@@ -72,3 +72,29 @@ def test_only_what_the_broker_deduplicates_is_resendable():
     assert deduplicated({"value": b"v", "message_id": "m"})
     assert deduplicated({"value": b"v", "headers": (("Nats-Msg-Id", b"m"),)})
     assert not deduplicated({"value": b"v", "headers": (("other", b"m"),)})
+
+
+def test_messages_acked_while_the_leadership_is_read_leave_nothing_to_resend():
+    """The resender reads a stalled partition's leaders (a network call); the acks that arrive
+    meanwhile end every pending message, and the resend that follows finds none."""
+
+    async def main() -> None:
+        sent: list[bytes] = []
+
+        async def publish(_subject: str, payload: bytes) -> None:
+            sent.append(payload)
+
+        async def describe(_stream: str):
+            for correlation_id in ("0", "1"):
+                resender.done(correlation_id)  # their acks came in meanwhile
+            raise UnavailableError("no broker answers")
+
+        resender = Resender(describe, publish, check=0.01)
+        for n in range(2):
+            resender.track(str(n), "s", b"x%d" % n, stream="s", partition=0, producer=("p", 0), sequence=n)
+            resender.holds(_refusal(str(n), ErrorCode.NOT_LEADER))
+        await resender._resend_due(asyncio.get_running_loop().time() + 1)
+        assert sent == []
+        resender.close()
+
+    asyncio.run(main())
