@@ -40,3 +40,28 @@ def spark():
     session = delta_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A nats-server and a broker on it shared by a module's tests, metrics on (some tests read the
+    broker's counters).  Directories with their own (a cluster, say) override it."""
+    from broker_node.nats_server import NatsServer
+
+    from .broker.harness import BrokerProcess
+
+    directory = tmp_path_factory.mktemp("module") / "broker"
+    with (
+        NatsServer() as nats_server,
+        BrokerProcess(directory, nats_url=nats_server.url, extra_config="[metrics]\nport = 0\n") as broker,
+    ):
+        yield broker
+
+
+@pytest.fixture(scope="module")
+def client(deployment):
+    """A client of the module's ``deployment``."""
+    from pyspark_jetstream.client import SyncClient
+
+    with SyncClient(nats_urls=deployment.nats_url, broker=deployment.flight) as connected:
+        yield connected

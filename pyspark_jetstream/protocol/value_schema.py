@@ -269,12 +269,13 @@ class SchemaDocument:
 
     def to_json(self) -> dict[str, Any]:
         """The document's JSON form (``on_invalid`` and ``dead_letter`` when given)."""
-        stored: dict[str, Any] = {"format": self.format, "fields": schema_to_json(self.schema)}
-        if self.on_invalid is not None:
-            stored["on_invalid"] = self.on_invalid
-        if self.dead_letter is not None:
-            stored["dead_letter"] = self.dead_letter
-        return stored
+        stored: dict[str, Any] = {
+            "format": self.format,
+            "fields": schema_to_json(self.schema),
+            "on_invalid": self.on_invalid,
+            "dead_letter": self.dead_letter,
+        }
+        return {key: value for key, value in stored.items() if value is not None}
 
     @classmethod
     def from_json(cls, data: object) -> SchemaDocument:

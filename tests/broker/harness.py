@@ -47,6 +47,19 @@ def scrape(broker: LocalBroker) -> dict[tuple[str, tuple[tuple[str, str], ...]],
     }
 
 
+def with_jetstream(url: str, work):
+    """Run ``work(js)`` with nats-py's JetStream context on a fresh connection; its result."""
+
+    async def run():
+        nc = await nats.connect(url)
+        try:
+            return await work(nc.jetstream(timeout=5))
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
 def publish_plain(url: str, messages: Iterable[tuple[str, bytes, dict[str, str] | None]]) -> None:
     """Publish ``(subject, payload, headers)`` with a bare NATS client, as any NATS publisher would."""
 

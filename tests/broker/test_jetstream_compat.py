@@ -8,24 +8,11 @@ import nats
 import nats.js.errors
 import pytest
 
-from .harness import wait_until
+from .harness import wait_until, with_jetstream
 
 
 def _values(client, stream: str, partition: int = 0) -> list[bytes]:
     return client.fetch(stream, partition).to_table().column("value").to_pylist()
-
-
-def _run(url: str, work):
-    """Run ``work(js)`` with nats-py's JetStream context on a fresh connection."""
-
-    async def run():
-        nc = await nats.connect(url)
-        try:
-            return await work(nc.jetstream(timeout=5))
-        finally:
-            await nc.close()
-
-    return asyncio.run(run())
 
 
 def test_js_publish_gets_a_pub_ack_with_the_offset(client, broker):
@@ -39,7 +26,7 @@ def test_js_publish_gets_a_pub_ack_with_the_offset(client, broker):
         pipelined = await asyncio.gather(*futures)
         return first, second, other, pipelined
 
-    first, second, other, pipelined = _run(broker.nats_url, work)
+    first, second, other, pipelined = with_jetstream(broker.nats_url, work)
     assert (first.stream, first.seq, first.duplicate) == ("orders", 0, False)
     assert (second.stream, second.seq, second.duplicate) == ("orders", 1, False)
     assert (other.stream, other.seq) == ("orders", 0)  # partition 1's offset
@@ -60,7 +47,7 @@ def test_a_repeated_msg_id_is_acked_as_a_duplicate_of_the_original(client, broke
             acks.append(await js.publish("dedup", value, headers=headers))
         return acks
 
-    acks = _run(broker.nats_url, work)
+    acks = with_jetstream(broker.nats_url, work)
     assert [(a.seq, a.duplicate) for a in acks] == [(0, False), (1, False), (0, True), (2, False)]
     assert _values(client, "dedup") == [b"a", b"b", b"c"]
     stored = client.fetch("dedup").to_table().column("headers").to_pylist()
@@ -77,7 +64,7 @@ def test_expected_stream_is_honoured(client, broker):
             await js.publish("shared.subject", b"for nobody", stream="missing")
         return named, mismatch.value
 
-    named, error = _run(broker.nats_url, work)
+    named, error = with_jetstream(broker.nats_url, work)
     # Only the stream named stores it and acks; the other listener leaves it alone.
     assert (named.stream, named.seq, named.duplicate) == ("left", 0, False)
     assert (error.code, error.err_code) == (400, 10060)
@@ -107,7 +94,7 @@ def test_errors_raise_nats_py_error_types(client, broker):
         ok = await js.publish("small", b"fits")
         return errors, ok
 
-    errors, ok = _run(broker.nats_url, work)
+    errors, ok = with_jetstream(broker.nats_url, work)
     assert (errors["too_large"].code, errors["too_large"].err_code) == (400, 10054)
     assert "11 bytes, over max_message_bytes=10" in errors["too_large"].description
     assert errors["unsupported"].err_code == 10003

@@ -16,7 +16,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import TypedValues
 
-from .harness import BrokerProcess, publish_plain
+from .harness import BrokerProcess, publish_plain, with_jetstream
 
 ORDERS = {
     "fields": [
@@ -64,17 +64,6 @@ def typed_rows(broker, stream: str) -> list[tuple[int, dict]]:
     ]
 
 
-def _js(url: str, work):
-    async def run():
-        nc = await nats.connect(url)
-        try:
-            return await work(nc.jetstream(timeout=5))
-        finally:
-            await nc.close()
-
-    return asyncio.run(run())
-
-
 def test_values_are_parsed_at_ingest_and_stored_as_typed_columns(broker, client):
     client.create_stream("orders", "orders", schema=ORDERS)
     first = client.publish("orders", b'{"order_id": 1, "country": "NL", "items": [{"sku": "a"}]}')
@@ -85,7 +74,7 @@ def test_values_are_parsed_at_ingest_and_stored_as_typed_columns(broker, client)
     async def work(js):
         return await js.publish("orders", b'{"order_id": 4, "country": "DE"}')
 
-    assert _js(broker.nats_url, work).seq == 3
+    assert with_jetstream(broker.nats_url, work).seq == 3
     # Readers of the log get its columns, the raw values as sent.
     table = client.fetch("orders", 0).to_table()
     assert table.schema.names == LOG_SCHEMA.names and table.num_rows == 4
@@ -120,7 +109,7 @@ def test_a_value_that_does_not_match_is_refused_with_its_field_and_nothing_is_st
         good = await js.publish("orders", b'{"order_id": 5}')
         return errors, good
 
-    errors, good = _js(broker.nats_url, work)
+    errors, good = with_jetstream(broker.nats_url, work)
     assert all(e.code == 400 and e.err_code == 10003 for e in errors)
     assert "field 'order_id'" in errors[0].description
     assert "field 'coupon': not in the schema" in errors[1].description
@@ -133,11 +122,9 @@ def test_a_value_that_does_not_match_is_refused_with_its_field_and_nothing_is_st
 @pytest.fixture
 def coalescing(tmp_path, nats_server):
     """A broker that waits up to 0.5 s for more messages before it stores a batch."""
-    process = BrokerProcess(
-        tmp_path / "coalescing", nats_url=nats_server.url, extra_config="[ingest]\nmax_delay = 0.5\n"
-    ).start()
-    yield process
-    process.stop()
+    config = "[ingest]\nmax_delay = 0.5\n"
+    with BrokerProcess(tmp_path / "coalescing", nats_url=nats_server.url, extra_config=config) as process:
+        yield process
 
 
 def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refused(coalescing):
@@ -194,7 +181,7 @@ def test_invalid_messages_go_to_the_dead_letter_stream_with_the_reason(broker, c
     async def work(js):
         return await js.publish("orders", b"not json")
 
-    pub_ack = _js(broker.nats_url, work)
+    pub_ack = with_jetstream(broker.nats_url, work)
     assert (pub_ack.stream, pub_ack.seq) == ("orders-invalid", 1)
     rows = client.fetch("orders-invalid", 0).to_table().to_pylist()
     assert [r["value"] for r in rows] == [b'{"order_id": "one"}', b"not json"]

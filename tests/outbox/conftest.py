@@ -1,4 +1,5 @@
-"""One broker per module; a harvester run in a thread of its own; reading a stream back."""
+"""A harvester run in a thread of its own; reading a stream back (the module's broker,
+``deployment``, is the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, open_store
 
-from ..broker.harness import BrokerProcess
-
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("outbox") / "broker"
-    with NatsServer() as nats_server, BrokerProcess(directory, nats_url=nats_server.url) as broker:
-        yield broker
-
-
-@pytest.fixture(scope="module")
-def client(deployment):
-    with SyncClient(nats_urls=deployment.nats_url, broker=deployment.flight) as client:
-        yield client
 
 
 @pytest.fixture
