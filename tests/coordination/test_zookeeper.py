@@ -293,9 +293,12 @@ def beside_an_older_broker(zk_settings):
     first = ZooKeeperCoordinator(zk_settings)
     first.start(BrokerInfo("b1", "grpc://127.0.0.1:1001", (), "", FEATURES))
     older = ZooKeeperCoordinator(zk_settings)
-    older.start(broker(2))
     try:
-        wait_until(lambda: first.controller() == "b1" and len(first.brokers()) == 2)
+        # The campaign runs on a thread after start returns: b2 may only register once b1 won,
+        # or a loaded machine lets b2 win it (and the checks below belong to the controller).
+        wait_until(lambda: first.controller() == "b1", message="b1 to win the controller campaign")
+        older.start(broker(2))
+        wait_until(lambda: len(first.brokers()) == 2, message="b2 registered")
         yield first, older
     finally:
         first.close()
