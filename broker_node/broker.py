@@ -1,6 +1,7 @@
 """A broker process: NATS in, logs on disk, Arrow Flight out.  This module is wiring.
 
-Start-up runs in named steps (:meth:`Broker._start`): refuse an insecure
+Start-up runs in named steps (:meth:`Broker._start`, watched by
+:class:`~broker_node.start_watch.StartWatch`, which names a step that hangs): refuse an insecure
 exposure, lock the data directory (:mod:`broker_node.data_dir`), NATS (the
 embedded server, :mod:`broker_node.embedded_nats`, or the configured ones),
 the NATS connection, the Flight server, the metrics, the coordinator (a
@@ -58,6 +59,7 @@ from broker_node.replication.partition import Partition
 from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
+from broker_node.start_watch import StartWatch
 from broker_node.tail.publishers import LiveTails
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import UnknownStreamError
@@ -139,15 +141,23 @@ class Broker:
 
     async def _start(self) -> None:
         self.config.refuse_insecure_exposure()
-        self._lock = DataDirLock.acquire(self.data_dir)
-        await self._start_nats()
-        await self._connect_ingest()
-        self._serve_flight()
-        self._serve_metrics()
-        await self._join_coordination()
-        await self._load_partitions()
-        self._started = True
-        await self._open_to_clients()
+        with StartWatch(self.broker_id) as watch:
+            watch.step("locking the data directory")
+            self._lock = DataDirLock.acquire(self.data_dir)
+            watch.step("starting NATS")
+            await self._start_nats()
+            watch.step("connecting to NATS")
+            await self._connect_ingest()
+            watch.step("serving Flight and metrics")
+            self._serve_flight()
+            self._serve_metrics()
+            watch.step("joining the coordinator")
+            await self._join_coordination()
+            watch.step("loading the partitions")
+            await self._load_partitions()
+            self._started = True
+            watch.step("opening to clients")
+            await self._open_to_clients()
 
     async def _start_nats(self) -> None:
         """The configured NATS servers, or an embedded nats-server, started and supervised."""

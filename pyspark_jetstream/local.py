@@ -17,6 +17,7 @@ system service), one nats-server and several brokers, each a child process::
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from pathlib import Path
 from pyspark_jetstream.protocol.errors import UnavailableError
 
 RUNTIME_FILE = "broker.json"
+_DEBUG_LINE = re.compile(r"\d{4}-\d\d-\d\d \S+ DEBUG ")
+"""A DEBUG record's first line in the broker's text log format."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +156,14 @@ class LocalBroker:
         if self.process is not None:
             self.process.send_signal(signal.SIGCONT)
 
-    def log_tail(self) -> str:
-        """The end of the broker's log."""
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the broker's log without its DEBUG lines (at ``log_level="DEBUG"`` kazoo's
+        alone would fill it), so a warning such as a start-up step's that hangs shows."""
         try:
-            return self.log_path.read_text()[-3000:]
+            text = self.log_path.read_text()
         except OSError:
             return "(no log)"
+        return "\n".join(line for line in text.splitlines() if not _DEBUG_LINE.match(line))[-chars:]
 
     def __enter__(self) -> LocalBroker:
         return self.start()

@@ -9,7 +9,8 @@ stops the cluster and checks the history against the files: lost and
 duplicated acknowledged values, stale reads, offset gaps, divergent replicas
 and the longest unavailability after a heal.  Prints the table, then one
 JSON line of the figures; exits 1 if anything was lost, duplicated, stale,
-missing or divergent.
+missing or divergent.  A run that fails or does not check out keeps its
+files and the brokers' logs (the path is printed); ``--keep`` keeps them always.
 
     make chaos                      # 10 minutes, seed 1
     .venv/bin/python scripts/chaos.py --minutes 2 --seed 7 --keep /tmp/chaos
@@ -66,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             progress=progress,
             brokers=4,  # a broker to move replicas to (reassign)
         )
-    finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
+    except BaseException:
+        if not args.keep:  # what failed is in the brokers' logs: keep them
+            print(f"chaos: the run failed; its files and logs are kept in {base}", file=sys.stderr)
+        raise
     print()
     print(f"chaos: seed {args.seed}, {args.minutes:g} minutes, {time.monotonic() - started:.0f} s in all")
     print(report.table())
@@ -88,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(figures))
     bad = report.lost + report.duplicates + report.stale_reads + report.gaps + report.divergent_replicas
+    if bad and not args.keep:
+        print(f"chaos: the history does not check out; files and logs kept in {base}", file=sys.stderr)
+    elif not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
     return 1 if bad else 0
 
 
