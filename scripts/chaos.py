@@ -2,14 +2,16 @@
 
 Starts ZooKeeper, one nats-server and three brokers (each broker-to-broker
 link through a proxy the nemesis can cut), runs producers with ``ALL`` acks
-and idempotent retries and consumers that record every read, and injects
+and idempotent retries and consumers that record every read (on a plain
+stream, and on a typed one whose schema gains a field now and then), and injects
 faults at random -- one kind, or two at once on different brokers -- for
 ``--minutes``.  Then it heals everything, waits for the replicas to catch up,
 stops the cluster and checks the history against the files: lost and
 duplicated acknowledged values, stale reads, offset gaps, divergent replicas
 and the longest unavailability after a heal.  Prints the table, then one
 JSON line of the figures; exits 1 if anything was lost, duplicated, stale,
-missing or divergent.  A run that fails or does not check out keeps its
+missing, divergent or (on the typed stream) stored without typed columns that
+agree with the value.  A run that fails or does not check out keeps its
 files and the brokers' logs (the path is printed); ``--keep`` keeps them always.
 
     make chaos                      # 10 minutes, seed 1
@@ -86,10 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         "stale_reads": report.stale_reads,
         "gaps": report.gaps,
         "divergent_replicas": report.divergent_replicas,
+        "typed_mismatches": report.typed_mismatches,
+        "schema_changes": report.schema_changes,
         "longest_unavailability_s": round(report.longest_unavailability, 2),
     }
     print(json.dumps(figures))
-    bad = report.lost + report.duplicates + report.stale_reads + report.gaps + report.divergent_replicas
+    bad = (
+        report.lost
+        + report.duplicates
+        + report.stale_reads
+        + report.gaps
+        + report.divergent_replicas
+        + report.typed_mismatches
+    )
     if bad and not args.keep:
         print(f"chaos: the history does not check out; files and logs kept in {base}", file=sys.stderr)
     elif not args.keep:

@@ -4,6 +4,10 @@ Workload: producers publish unique values with ``ALL`` acks, an idempotent
 producer id and retries (a value counts as acknowledged only when its ack
 arrives); consumers read committed data from the leaders, and from in-sync
 followers, and record every ``(partition, offset, value)`` they were served.
+Besides the plain stream, a typed stream (a schema; its leader parses each
+JSON value at ingest and stores the typed columns in the frame) gets a
+producer and a consumer of its own, and its schema gains a field now and
+then while the faults run.
 
 Nemesis: one fault at a time, or two together on different brokers (chosen
 in order or at random, seeded), injected, held, then healed:
@@ -24,8 +28,10 @@ Checker (``judge``), once everything is healed and caught up: every acknowledged
 in the final log exactly once; offsets are contiguous; every value a consumer
 was served is the value the final log holds at that offset (nothing
 uncommitted or later truncated was served); all replicas are byte for byte
-identical; and the cluster acknowledged writes again within a bound after
-each fault was healed.
+identical (the typed columns and their schema version with them); every row
+of the typed stream holds typed columns that agree with its JSON value; and
+the cluster acknowledged writes again within a bound after each fault was
+healed.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import random
 import threading
 import time
@@ -40,16 +47,33 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+import pyarrow as pa
 from kazoo.client import KazooClient
 
 from broker_node.log import Log
+from broker_node.log.frames import decode
+from broker_node.log.typed_frames import typed_of
 from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 from .cluster import FaultCluster, cut_tail, flip_a_bit, partition_dirs
 
 STREAM = "chaos"
+TYPED_STREAM = "chaos-typed"
+"""One partition, a schema; its producer's values are JSON objects of these fields (its producer id,
+epoch and sequence: names of the log's own columns are refused as field names)."""
+TYPED_FIELDS = [
+    {"name": "writer", "type": "string"},
+    {"name": "round", "type": "int64"},
+    {"name": "count", "type": "int64"},
+]
+SCHEMA_CHANGES = 10
+"""At most this many schema changes of the typed stream (a new nullable field each), one every
+``schema_every`` seconds of a run (each version stays in the stream's metadata)."""
+Place = tuple[str, int]
+"""A stream partition: (stream, partition number)."""
 # Followers leave the ISR after 2 s without catching up; sessions expire after 3 s.
 FAST = "[replication]\nreplica_max_lag = 2.0\n"
 PARTITIONS = 2
@@ -74,12 +98,13 @@ FAULTS = (
 class History:
     """What the workload saw."""
 
-    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    """value -> (partition, offset) of its ack"""
-    served: list[tuple[int, int, bytes]] = field(default_factory=list)
+    acked: dict[bytes, tuple[Place, int]] = field(default_factory=dict)
+    """value -> (stream partition, offset) of its ack"""
+    served: list[tuple[Place, int, bytes]] = field(default_factory=list)
     operations: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     ack_times: list[float] = field(default_factory=list)
+    schema_changes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -96,6 +121,9 @@ class Report:
     stale_reads: int
     gaps: int
     divergent_replicas: int
+    typed_mismatches: int
+    """rows of the typed stream whose typed columns are missing or disagree with their value"""
+    schema_changes: int
     longest_unavailability: float
     errors: Counter[str]
     damage: Counter[str] = field(default_factory=Counter)
@@ -113,6 +141,8 @@ class Report:
             ("stale or uncommitted reads", str(self.stale_reads)),
             ("offset gaps", str(self.gaps)),
             ("divergent replicas", str(self.divergent_replicas)),
+            ("typed rows missing or disagreeing", str(self.typed_mismatches)),
+            ("schema changes of the typed stream", str(self.schema_changes)),
             ("longest unavailability after a heal (s)", f"{self.longest_unavailability:.2f}"),
             (
                 "damage done to files",
@@ -127,8 +157,11 @@ class Report:
 class Workload:
     """Producers and consumers on their own event loop thread (see the module docstring)."""
 
-    def __init__(self, cluster: FaultCluster, producers: int = 3, consumers: int = 4) -> None:
+    def __init__(
+        self, cluster: FaultCluster, producers: int = 3, consumers: int = 4, schema_every: float = 30.0
+    ) -> None:
         self.cluster = cluster
+        self._schema_every = schema_every
         self.history = History()
         self._producers = producers
         self._consumers = consumers
@@ -165,12 +198,24 @@ class Workload:
             min_insync_replicas=2,
             segment_bytes=16_384,
         )
+        await self.client.create_stream(
+            TYPED_STREAM,
+            TYPED_STREAM,
+            replication_factor=3,
+            min_insync_replicas=2,
+            segment_bytes=16_384,
+            schema={"format": "json", "fields": TYPED_FIELDS},
+        )
         for n in range(self._producers):
-            self._tasks.append(asyncio.ensure_future(self._produce(f"producer-{n}", n % PARTITIONS)))
-        for n in range(self._consumers):
             self._tasks.append(
-                asyncio.ensure_future(self._consume(n % PARTITIONS, from_replicas=n >= PARTITIONS))
+                asyncio.ensure_future(self._produce(f"producer-{n}", (STREAM, n % PARTITIONS)))
             )
+        self._tasks.append(asyncio.ensure_future(self._produce("typed-0", (TYPED_STREAM, 0))))
+        for n in range(self._consumers):
+            place = (STREAM, n % PARTITIONS)
+            self._tasks.append(asyncio.ensure_future(self._consume(place, from_replicas=n >= PARTITIONS)))
+        self._tasks.append(asyncio.ensure_future(self._consume((TYPED_STREAM, 0), from_replicas=False)))
+        self._tasks.append(asyncio.ensure_future(self._evolve()))
 
     async def _finish(self) -> None:
         for task in self._tasks:
@@ -181,16 +226,20 @@ class Workload:
         if self.client is not None:
             await self.client.close()
 
-    async def _produce(self, producer: str, partition: int) -> None:
+    async def _produce(self, producer: str, place: Place) -> None:
         assert self.client is not None
         history = self.history
+        stream, partition = place
         epoch, sequence = 0, 0
         while not self._stop.is_set():
-            value = f"{producer}/{epoch}/{sequence}".encode()
+            if stream == TYPED_STREAM:
+                value = json.dumps({"writer": producer, "round": epoch, "count": sequence}).encode()
+            else:
+                value = f"{producer}/{epoch}/{sequence}".encode()
             history.operations += 1
             try:
                 ack = await self.client.publish(
-                    STREAM,
+                    stream,
                     value,
                     partition=partition,
                     ack_policy=AckPolicy.ALL,
@@ -208,24 +257,25 @@ class Workload:
                 continue
             assert ack is not None
             with history.lock:
-                history.acked[value] = (partition, ack.first_offset)
+                history.acked[value] = (place, ack.first_offset)
                 history.ack_times.append(time.monotonic())
             sequence += 1
 
-    async def _consume(self, partition: int, from_replicas: bool) -> None:
+    async def _consume(self, place: Place, from_replicas: bool) -> None:
         assert self.client is not None
+        stream, partition = place
         offset = 0
         while not self._stop.is_set():
             try:
                 result = await self.client.fetch(
-                    STREAM, partition, start=offset, max_wait=0.5, from_replicas=from_replicas
+                    stream, partition, start=offset, max_wait=0.5, from_replicas=from_replicas
                 )
             except JetStreamError as exc:
                 self.history.errors[f"read {type(exc).__name__}"] += 1
                 await asyncio.sleep(0.1)
                 continue
             served = [
-                (partition, o, v)
+                (place, o, v)
                 for batch in result.batches
                 for o, v in zip(
                     batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True
@@ -234,6 +284,23 @@ class Workload:
             with self.history.lock:
                 self.history.served += served
             offset = max(offset, result.next_offset)
+
+    async def _evolve(self) -> None:
+        """A new nullable field in the typed stream's schema every ``schema_every`` seconds, up to
+        :data:`SCHEMA_CHANGES` (one refused while the controller is down or being elected is
+        tried again at the next turn)."""
+        assert self.client is not None
+        fields = list(TYPED_FIELDS)
+        while not self._stop.is_set() and self.history.schema_changes < SCHEMA_CHANGES:
+            await asyncio.sleep(self._schema_every)
+            wanted = [*fields, {"name": f"note_{len(fields)}", "type": "string"}]
+            try:
+                await self.client.update_schema(TYPED_STREAM, {"format": "json", "fields": wanted})
+            except JetStreamError as exc:
+                self.history.errors[f"schema {type(exc).__name__}"] += 1
+                continue
+            fields = wanted
+            self.history.schema_changes += 1
 
 
 class Nemesis:
@@ -393,6 +460,7 @@ def settle(cluster: FaultCluster, timeout: float = 120) -> None:
     from pyspark_jetstream.client import BrokerConnection
     from pyspark_jetstream.protocol.flight import ActionType
 
+    expected = {STREAM: PARTITIONS, TYPED_STREAM: 1}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -401,21 +469,21 @@ def settle(cluster: FaultCluster, timeout: float = 120) -> None:
                 connection = BrokerConnection(address, timeout=5)
                 states.append(connection.action(ActionType.STATUS, {}))
                 connection.close()
-            held = [p for s in states for p in s["partitions"] if p["stream"] == STREAM]
-            ends = {(p["partition"], p["log_end_offset"], p["high_watermark"]) for p in held}
-            served = {
-                (s["broker_id"], p["partition"])
-                for s in states
-                for p in s["partitions"]
-                if p["stream"] == STREAM
+            held = [(s["broker_id"], p) for s in states for p in s["partitions"] if p["stream"] in expected]
+            ends = {(p["stream"], p["partition"], p["log_end_offset"], p["high_watermark"]) for _, p in held}
+            served = {(broker_id, p["stream"], p["partition"]) for broker_id, p in held}
+            stored = {
+                (b.broker_id, stream, int(d.name))
+                for b in cluster.brokers
+                for stream in expected
+                for d in partition_dirs(b, stream)
             }
-            stored = {(b.broker_id, int(d.name)) for b in cluster.brokers for d in partition_dirs(b, STREAM)}
             settled = (
                 stored == served
-                and len(held) == 3 * PARTITIONS
-                and all(len(p["isr"]) == 3 and not p["damaged"] for p in held)
-                and len(ends) == PARTITIONS
-                and all(e[1] == e[2] for e in ends)
+                and len(held) == 3 * sum(expected.values())
+                and all(len(p["isr"]) == 3 and not p["damaged"] for _, p in held)
+                and len(ends) == sum(expected.values())
+                and all(e[2] == e[3] for e in ends)
             )
             if settled:
                 return
@@ -425,29 +493,52 @@ def settle(cluster: FaultCluster, timeout: float = 120) -> None:
     raise AssertionError(f"the cluster did not settle within {timeout:g}s")
 
 
-Replica = tuple[dict[int, bytes], list[bytes]]
-"""One copy of a partition: its values by offset, and its stored frames byte for byte."""
+class Replica(NamedTuple):
+    """One copy of a partition."""
+
+    values: dict[int, bytes]
+    """its values by offset"""
+    frames: list[bytes]
+    """its stored frames, byte for byte"""
+    typed_mismatches: int
+    """rows of a typed stream's copy whose typed columns are missing or disagree with the value"""
 
 
-def read_replicas(cluster: FaultCluster) -> dict[int, list[Replica]]:
+def read_replicas(cluster: FaultCluster) -> dict[Place, list[Replica]]:
     """Every replica of each partition, read from the files of the stopped cluster."""
-    replicas: dict[int, list[Replica]] = {}
+    replicas: dict[Place, list[Replica]] = {}
     for broker in cluster.brokers:
-        for directory in partition_dirs(broker, STREAM):
-            with Log.open(directory) as log:
-                values = {}
-                for batch in log.scan():
-                    offsets, data = batch.column("offset").to_pylist(), batch.column("value").to_pylist()
-                    values.update(zip(offsets, data, strict=True))
-                end = log.log_end_offset
-                frames = [f.data.to_pybytes() for f in log.read_frames(log.log_start_offset, upper_bound=end)]
-            replicas.setdefault(int(directory.name), []).append((values, frames))
+        for stream in (STREAM, TYPED_STREAM):
+            for directory in partition_dirs(broker, stream):
+                with Log.open(directory) as log:
+                    values = {}
+                    for batch in log.scan():
+                        offsets, data = batch.column("offset").to_pylist(), batch.column("value").to_pylist()
+                        values.update(zip(offsets, data, strict=True))
+                    end = log.log_end_offset
+                    frames = [f.data for f in log.read_frames(log.log_start_offset, upper_bound=end)]
+                mismatches = (
+                    sum(_typed_mismatches(frame) for frame in frames) if stream == TYPED_STREAM else 0
+                )
+                copy = Replica(values, [f.to_pybytes() for f in frames], mismatches)
+                replicas.setdefault((stream, int(directory.name)), []).append(copy)
     return replicas
+
+
+def _typed_mismatches(frame: pa.Buffer) -> int:
+    """The rows of a typed stream's ``frame`` without typed columns, or whose typed columns do not
+    hold what their JSON value says (the fields of version 1, which every version keeps)."""
+    rows = decode(frame).column("value").to_pylist()
+    typed = typed_of(frame)
+    if typed is None:
+        return len(rows)
+    stored = typed.batch.select([f["name"] for f in TYPED_FIELDS]).to_pylist()
+    return sum(1 for value, columns in zip(rows, stored, strict=True) if json.loads(value) != columns)
 
 
 def judge(
     history: History,
-    replicas: dict[int, list[Replica]],
+    replicas: dict[Place, list[Replica]],
     injected: Counter[str],
     heals: Sequence[float],
     damage: Counter[str] | None = None,
@@ -458,7 +549,7 @@ def judge(
     replica must match it byte for byte (settle() saw all of them at the high
     watermark, so nothing uncommitted is left to differ).
     """
-    final = {p: copies[0][0] for p, copies in replicas.items()}
+    final = {p: copies[0].values for p, copies in replicas.items()}
     stored_where = {(p, v) for p, log in final.items() for v in log.values()}
     values = Counter(v for log in final.values() for v in log.values())
     lost = sum(1 for value, (p, _) in history.acked.items() if (p, value) not in stored_where)
@@ -469,7 +560,10 @@ def judge(
         for log in final.values()
         if sorted(log) != list(range(min(log, default=0), min(log, default=0) + len(log)))
     )
-    divergent = sum(1 for copies in replicas.values() for other in copies[1:] if other != copies[0])
+    divergent = sum(
+        1 for copies in replicas.values() for other in copies[1:] if other.frames != copies[0].frames
+    )
+    typed_mismatches = sum(copy.typed_mismatches for copies in replicas.values() for copy in copies)
     acks = sorted(history.ack_times)
     waits = []
     for healed in heals:
@@ -485,6 +579,8 @@ def judge(
         stale_reads=stale,
         gaps=gaps,
         divergent_replicas=divergent,
+        typed_mismatches=typed_mismatches,
+        schema_changes=history.schema_changes,
         longest_unavailability=max(waits, default=0.0),
         errors=history.errors,
         damage=damage or Counter(),
@@ -519,16 +615,18 @@ def run_matrix(
     until: float | None = None,
     progress: Callable[[str], None] = lambda _: None,
     brokers: int = 3,
+    schema_every: float = 30.0,
 ) -> Report:
     """Start a cluster and the workload, inject ``faults`` one after the other (each held ``hold``
     seconds, then ``rest`` seconds of calm) until they run out or the clock passes ``until``
     (``time.monotonic()``), settle, stop, check.  ``brokers``: 4 gives ``reassign`` a broker to
-    move replicas to (the stream has 3)."""
+    move replicas to (the stream has 3).  ``schema_every``: seconds between the typed stream's
+    schema changes."""
     cluster = FaultCluster(
         brokers, base_dir=base_dir, extra_config=FAST, maintenance_interval=1.0, log_level="DEBUG"
     )
     with cluster:
-        workload = Workload(cluster)
+        workload = Workload(cluster, schema_every=schema_every)
         workload.start()
         nemesis = Nemesis(cluster, rng)
         try:

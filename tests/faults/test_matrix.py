@@ -13,13 +13,25 @@ import random
 
 import pytest
 
-from .matrix import FAULTS, run_matrix
+from .matrix import FAULTS, Report, run_matrix
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
 # After a fault heals, the cluster must acknowledge writes again within this
 # many seconds: a session timeout (3 s) to notice, an election, a retry.
 UNAVAILABILITY_BOUND = 15.0
+_NONE = {"lost": 0, "duplicates": 0, "stale reads": 0, "gaps": 0, "divergent": 0, "typed mismatches": 0}
+
+
+def _findings(report: Report) -> dict[str, int]:
+    return {
+        "lost": report.lost,
+        "duplicates": report.duplicates,
+        "stale reads": report.stale_reads,
+        "gaps": report.gaps,
+        "divergent": report.divergent_replicas,
+        "typed mismatches": report.typed_mismatches,
+    }
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -32,17 +44,13 @@ def test_no_acknowledged_write_is_lost_and_no_read_is_stale(tmp_path, fault):
         hold=3.0,
         rest=3.0,
         brokers=4 if fault == "reassign" else 3,
+        schema_every=3.0,
     )
     print(report.table())
     assert report.faults[fault] == 2, report.table()
     assert report.acked > 50, report.table()
-    assert (report.lost, report.duplicates, report.stale_reads, report.gaps, report.divergent_replicas) == (
-        0,
-        0,
-        0,
-        0,
-        0,
-    ), report.table()
+    assert _findings(report) == _NONE, report.table()
+    assert report.schema_changes >= 1, report.table()
     assert report.longest_unavailability < UNAVAILABILITY_BOUND, report.table()
     # The file faults must have done damage, or they proved nothing.
     if fault == "lose-tail":
@@ -59,16 +67,17 @@ def test_faults_together_on_different_brokers(tmp_path):
         "kill-leader+kill-controller",
     ]
     report = run_matrix(
-        tmp_path / "cluster", faults=faults, rng=random.Random(7), warm_up=2.0, hold=3.0, rest=3.0
+        tmp_path / "cluster",
+        faults=faults,
+        rng=random.Random(7),
+        warm_up=2.0,
+        hold=3.0,
+        rest=3.0,
+        schema_every=3.0,
     )
     print(report.table())
     assert sum(report.faults.values()) == 6, report.table()
     assert report.acked > 50, report.table()
-    assert (report.lost, report.duplicates, report.stale_reads, report.gaps, report.divergent_replicas) == (
-        0,
-        0,
-        0,
-        0,
-        0,
-    ), report.table()
+    assert _findings(report) == _NONE, report.table()
+    assert report.schema_changes >= 1, report.table()
     assert report.longest_unavailability < UNAVAILABILITY_BOUND, report.table()
