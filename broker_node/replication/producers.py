@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -38,6 +39,10 @@ from pyspark_jetstream.protocol.envelope import producer_position, split_positio
 
 WINDOW = 8
 """Sequences remembered per producer with their offsets (Kafka keeps 5)."""
+
+
+SMALL_ROWS = 64
+"""Up to this many rows, batches' producers are learnt row by row in Python (no grouping)."""
 
 
 class Verdict(enum.Enum):
@@ -156,19 +161,54 @@ class ProducerTable:
 
     def learn(self, batch: pa.RecordBatch) -> None:
         """Take in a stored batch, in log order: remember what its producers stored."""
-        producers = batch.column("producer_id")
+        self.learn_many([batch])
+
+    def _learn_rows(self, whole: pa.RecordBatch, numbers: list[int]) -> None:
+        """:meth:`learn_many` row by row in Python: quicker than a grouping for a few rows (a
+        follower learns each replicated frame as it appends it)."""
+        spans: dict[tuple[str, int, int], list[int]] = {}
+        for producer, position, offset, number in zip(
+            whole.column("producer_id").to_pylist(),
+            whole.column("sequence").to_pylist(),
+            whole.column("offset").to_pylist(),
+            numbers,
+            strict=True,
+        ):
+            if producer is None or position is None:
+                continue
+            span = spans.get((producer, position, number))
+            if span is None:
+                spans[(producer, position, number)] = [offset, offset]
+            else:
+                span[0], span[1] = min(span[0], offset), max(span[1], offset)
+        for (producer, position, _), (first, last) in sorted(spans.items(), key=lambda item: item[1][0]):
+            self.record(producer, *split_position(position), first, last)
+
+    def learn_many(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """Take in stored batches, in log order, as :meth:`learn` one by one would (a position is
+        grouped within its own batch), with one grouping for all of them."""
+        if not batches:
+            return
+        whole = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        producers = whole.column("producer_id")
         if producers.null_count == len(producers):
             return
-        stamped = batch.filter(pc.and_(pc.is_valid(producers), pc.is_valid(batch.column("sequence"))))
+        if whole.num_rows <= SMALL_ROWS:
+            self._learn_rows(whole, [n for n, b in enumerate(batches) for _ in range(b.num_rows)])
+            return
+        numbers = pa.concat_arrays(
+            [pa.repeat(pa.scalar(n, pa.int32()), b.num_rows) for n, b in enumerate(batches)]
+        )
+        stamped = pc.and_(pc.is_valid(producers), pc.is_valid(whole.column("sequence")))
+        columns = {
+            "producer_id": producers.filter(stamped),
+            "sequence": whole.column("sequence").filter(stamped),
+            "offset": whole.column("offset").filter(stamped),
+            "batch": numbers.filter(stamped),
+        }
         grouped = (
-            pa.table(
-                {
-                    "producer_id": stamped.column("producer_id"),
-                    "sequence": stamped.column("sequence"),
-                    "offset": stamped.column("offset"),
-                }
-            )
-            .group_by(["producer_id", "sequence"], use_threads=False)
+            pa.table(columns)
+            .group_by(["producer_id", "sequence", "batch"], use_threads=False)
             .aggregate([("offset", "min"), ("offset", "max")])
             .sort_by([("offset_min", "ascending")])
         )

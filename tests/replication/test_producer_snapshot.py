@@ -10,6 +10,7 @@ import pytest
 from broker_node.coordination.base import PartitionState
 from broker_node.log import Log, MemoryLog, Record
 from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
+from broker_node.replication.producers import ProducerTable
 from pyspark_jetstream.protocol.ack import Ack, ErrorCode
 from pyspark_jetstream.protocol.envelope import producer_position
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -269,4 +270,32 @@ def test_two_snapshots_at_once_are_written_one_after_the_other(tmp_path, monkeyp
     assert started and overlaps == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert (tmp_path / "p" / PRODUCER_SNAPSHOT).exists()
+    partition.close()
+
+
+def test_a_rebuild_learns_many_stored_batches_at_once_and_knows_every_producer(tmp_path, monkeypatch):
+    """A restarted broker rebuilds its producers from a log of one-message batches (one publish
+    each) in a few groupings, not one a batch: that took ~1 ms a batch, and a chaos run's
+    restarted broker spent 20 s opening a partition of 11,000 of them."""
+    partition = open_leader(tmp_path / "p")
+    for sequence in range(200):
+        for producer in ("p", "q", "r"):
+            assert send(partition, producer, sequence).error is ErrorCode.OK
+    before = partition.producers.snapshot()
+    partition.close()
+    (tmp_path / "p" / PRODUCER_SNAPSHOT).unlink()  # as after a kill -9 before the next snapshot
+    calls = []
+    original = ProducerTable.learn_many
+
+    def learn_many(self, batches):
+        calls.append(len(batches))
+        return original(self, batches)
+
+    monkeypatch.setattr(ProducerTable, "learn_many", learn_many)
+    partition = open_leader(tmp_path / "p")
+    assert calls == [600]  # every stored batch in one call
+    assert partition.producers.snapshot() == before
+    again = send(partition, "q", 199)  # within the producer's window: acked with its offset
+    assert again.error is ErrorCode.DUPLICATE and again.first_offset == 199 * 3 + 1
+    assert send(partition, "r", 200).error is ErrorCode.OK
     partition.close()
