@@ -16,9 +16,11 @@ leader's log end means the logs diverged again, and truncation runs again.
 Damaged batches of the follower's own log (:attr:`Log.damaged`) are fetched
 again from the leader and repaired in place.
 
-Errors never end the thread: a leader that is unreachable or not ready (it
-has not taken up the epoch yet) is retried with a backoff; the replica
-manager stops the fetcher when leadership moves.
+Errors never end the thread: a leader that cannot be reached is retried
+with a growing backoff; one that answers it is not ready (it has not taken up
+the epoch yet, or its metadata lags) is asked again after a short fixed
+pause (:data:`NOT_READY_PAUSE`); the replica manager stops the fetcher when
+leadership moves.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from broker_node.log.typed_frames import sliced_frame
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     UnavailableError,
 )
@@ -60,6 +63,12 @@ logger = logging.getLogger(__name__)
 
 BACKOFF = (0.05, 2.0)
 """First and longest pause (seconds) between failed attempts."""
+NOT_READY_PAUSE = 0.1
+"""Pause (seconds, never longer) after a broker answered about the partition that it is not ready
+for us yet: it is taking up leadership, or its metadata lags behind ours.  Such an answer is
+quick and the wait is short, so the follower asks again at this pace instead of backing off to
+:data:`BACKOFF`'s longest pause, which once held a follower out of the ISR for 2.8 s after a
+leader change."""
 REPAIR_EVERY = 5.0
 """Seconds between attempts to repair damaged batches from the leader."""
 STREAM_SECONDS = REPAIR_EVERY
@@ -154,6 +163,11 @@ class Fetcher:
                 truncated = False
             except (JetStreamError, LogError, flight.FlightError, OSError) as exc:
                 self._note(exc)
+                if _not_ready(exc):
+                    if self._stopped.wait(NOT_READY_PAUSE):
+                        return
+                    backoff = BACKOFF[0]
+                    continue
             except Exception:
                 logger.exception("%s: unexpected failure", self, extra=self._fields)
             if self._stopped.wait(backoff):
@@ -356,6 +370,13 @@ class Fetcher:
 
 def _frames(table: pa.Table) -> list[pa.Scalar]:
     return [frame for chunk in table.column("frame").chunks for frame in chunk]
+
+
+def _not_ready(exc: BaseException) -> bool:
+    """Whether ``exc`` is a broker's answer that it leads the partition but is still taking up
+    the role, or that it does not lead it (yet or any more): both name the partition, which a
+    failure to reach the broker does not."""
+    return isinstance(exc, UnavailableError | NotLeaderError) and exc.fields.get("partition") is not None
 
 
 def _error(exc: flight.FlightError, address: str | None) -> JetStreamError:

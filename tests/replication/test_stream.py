@@ -8,6 +8,7 @@ service does (the cluster tests run the whole broker, on file logs).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +19,9 @@ from pyarrow import flight
 from broker_node.api.server import FlightApi, ReplicaFetchAnswer
 from broker_node.coordination.base import PartitionState
 from broker_node.log import MemoryLog
-from broker_node.replication.fetcher import Fetcher
+from broker_node.replication.fetcher import BACKOFF, NOT_READY_PAUSE, Fetcher
 from broker_node.replication.partition import Partition
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError, UnavailableError
 from pyspark_jetstream.protocol.flight import error_message
 from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig
@@ -161,3 +162,75 @@ def test_shutting_the_leader_down_ends_its_open_streams(pair):
     # At its next turn (a heartbeat every 0.2 s), not when the follower renews it (every 5 s).
     assert time.monotonic() - started < 2.5
     fetcher.stop()
+
+
+class _Pauses(threading.Event):
+    """A fetcher's stop event that records each pause the fetcher waits out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            self.pauses.append(timeout)
+        return super().wait(timeout)
+
+
+class TakingUpLeaderView(LeaderView):
+    """A leader that answers its first ``refusals`` fetches that it is still taking up the role."""
+
+    def __init__(self, leader: Partition, refusals: int) -> None:
+        super().__init__(leader)
+        self.refusals = refusals
+
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise UnavailableError(
+                "broker a leads orders/0 but cannot serve it: it is taking up the role",
+                stream="orders",
+                partition=0,
+            )
+        return super().replica_fetch(request)
+
+
+def test_a_leader_taking_up_its_role_is_asked_again_at_a_short_pace_not_a_growing_backoff():
+    leader = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
+    leader.become_leader(STATE)
+    follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
+    follower.become_follower(STATE)
+    api = FlightApi("grpc://127.0.0.1:0", TakingUpLeaderView(leader, refusals=8))  # type: ignore[arg-type]
+    fetcher = Fetcher(follower, "a", 1, lambda _: f"grpc://127.0.0.1:{api.port}", max_wait=0.2)
+    fetcher._stopped = stopped = _Pauses()
+    fetcher.start()
+    try:
+        commit(leader, 3)
+        # Eight answers of "taking up the role", each followed by the same short pause (a
+        # growing backoff would have waited 0.05 + 0.1 + ... + 2 + 2 = 7.15 s in all).
+        assert stopped.pauses[:8] == [NOT_READY_PAUSE] * 8
+        assert "taking up the role" not in (fetcher.last_error or "")
+    finally:
+        fetcher.stop()
+        api.shutdown()
+        leader.close()
+        follower.close()
+
+
+def test_a_leader_that_cannot_be_reached_is_retried_with_a_growing_backoff():
+    follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
+    follower.become_follower(STATE)
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    fetcher = Fetcher(follower, "a", 1, lambda _: f"grpc://127.0.0.1:{port}", max_wait=0.2)
+    fetcher._stopped = stopped = _Pauses()
+    fetcher.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(stopped.pauses) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stopped.pauses[:4] == [BACKOFF[0] * 2**n for n in range(4)]
+    finally:
+        fetcher.stop()
+        follower.close()
