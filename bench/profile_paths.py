@@ -1,6 +1,7 @@
 """Where a message's time goes: py-spy records the broker and this client on one path.
 
     .venv/bin/python bench/profile_paths.py sync [--seconds 12]   # one awaited publish at a time
+    .venv/bin/python bench/profile_paths.py pipelined [--seconds 12]   # publish_async, acks awaited later
     .venv/bin/python bench/profile_paths.py tail [--seconds 9]    # live tail at 1,000 msg/s
     .venv/bin/python bench/profile_paths.py rf3 [--seconds 9]     # the same on an RF3 stream of 3 brokers
 
@@ -114,6 +115,13 @@ async def run(path: str, seconds: float, out: Path, gil: bool = False) -> str:
                 await client.publish("p", b"x" * 100)
                 sent += 1
             summary = f"{sent / (time.perf_counter() - start):,.0f} awaited publishes/s"
+        elif path == "pipelined":  # as broker_bench's single publish: the client's window paces it
+            sent, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds - 1:
+                futures = [await client.publish_async("p", b"x" * 100) for _ in range(5_000)]
+                await asyncio.gather(*futures)
+                sent += len(futures)
+            summary = f"{sent / (time.perf_counter() - start):,.0f} pipelined publishes/s"
         else:
             await client.create_stream("l", "bench.l")
             latencies = await tail_latencies(client, nc, "l", seconds - 1)
@@ -131,7 +139,7 @@ async def run(path: str, seconds: float, out: Path, gil: bool = False) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", choices=("sync", "tail", "rf3"))
+    parser.add_argument("path", choices=("sync", "pipelined", "tail", "rf3"))
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
     args = parser.parse_args()
