@@ -102,8 +102,26 @@ class BrokerService:
         return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
     def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
-        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`)."""
+        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`);
+        as an in-sync follower, the leader's own fetch of a range it repairs (no waiting)."""
         manager = self._manager
+        following = manager.get(request.stream, request.partition)
+        if (
+            following is not None
+            and following.role is Role.FOLLOWER
+            and request.replica == following.state.leader
+        ):
+            log = following.log
+            frames = following.frames_for_leader_repair(
+                request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
+            )
+            offsets = LeaderOffsets(
+                high_watermark=following.high_watermark,
+                log_start_offset=log.log_start_offset,
+                log_end_offset=log.log_end_offset,
+                leader_epoch=following.state.leader_epoch,
+            )
+            return ReplicaFetchAnswer(frames, offsets)
         partition = manager.require(request.stream, request.partition, leader=True)
         epoch = partition.state.leader_epoch
         if request.leader_epoch != epoch:

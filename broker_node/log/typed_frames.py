@@ -30,14 +30,17 @@ rows of its typed columns (:func:`sliced_frame`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import TypedValues, as_version
 from pyspark_jetstream.protocol.value_schema import StreamSchema
 
 from .errors import InvalidRecordsError
+from .frames import decode
 from .segment import COMPRESS_MIN_BYTES, encode_frame
 
 VERSION_KEY = b"jetstream.schema_version"
@@ -110,6 +113,26 @@ def sliced_frame(
     if typed is not None:
         typed = TypedValues(typed.version, typed.batch.filter(keep))
     return encode_typed_frame(part, typed, compression)
+
+
+def frames_in_range(frames: Iterable[pa.Buffer], first: int, last: int, compression: str) -> list[pa.Buffer]:
+    """Stored ``frames`` (in offset order) cut to offsets ``first`` to ``last``: a frame within the
+    range as it is, byte for byte; of one reaching past it, the rows within it, with the same rows
+    of its typed columns (:func:`sliced_frame`).  A repair's copy of a damaged range."""
+    copies: list[pa.Buffer] = []
+    for frame in frames:
+        batch = decode(frame)
+        offsets = batch.column(0)
+        if offsets[0].as_py() > last:
+            break
+        if offsets[0].as_py() >= first and offsets[-1].as_py() <= last:
+            copies.append(frame)
+            continue
+        keep = pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))
+        sliced = sliced_frame(frame, batch, keep, compression)
+        if sliced is not None:
+            copies.append(sliced)
+    return copies
 
 
 def typed_columns(

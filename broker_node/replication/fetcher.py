@@ -33,13 +33,11 @@ import time
 from collections.abc import Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyarrow import flight
 
 from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
-from broker_node.log.frames import decode
 from broker_node.log.logging_labels import Labels
-from broker_node.log.typed_frames import sliced_frame
+from broker_node.log.typed_frames import frames_in_range
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -298,21 +296,9 @@ class Fetcher:
             first, last = damaged.first_offset, damaged.last_offset
             try:
                 table = self._do_get(request)
-                # The leader's frames as stored (a typed batch's typed columns with them), cut to
-                # the damaged range where they reach past it.
-                copies: list[pa.Buffer] = []
-                for frame in (f.as_buffer() for f in _frames(table)):
-                    batch = decode(frame)
-                    offsets = batch.column(0)
-                    if offsets[0].as_py() > last:
-                        break
-                    if offsets[0].as_py() >= first and offsets[-1].as_py() <= last:
-                        copies.append(frame)
-                        continue
-                    keep = pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))
-                    sliced = sliced_frame(frame, batch, keep, log.config.compression)
-                    if sliced is not None:
-                        copies.append(sliced)
+                # The leader's frames as stored (a typed batch's typed columns with them).
+                frames = (f.as_buffer() for f in _frames(table))
+                copies = frames_in_range(frames, first, last, log.config.compression)
                 if not copies:
                     continue
                 for fixed in log.repair(copies):

@@ -2,12 +2,18 @@
 
 A follower repairs its own damage from its leader as it fetches (see
 ``fetcher``).  A leader has nobody to fetch from, so the maintenance pass
-reads each damaged range from its in-sync followers instead, with the
-consumers' Flight read (``from_replicas``: a follower answers up to its own
-high watermark), and writes the copy back with ``Log.repair``.  Every
-damaged range of the log goes in one call, since a segment is rewritten
-whole.  A follower that cannot give a good copy (its own range is damaged
-too, or it is behind) is skipped; the next pass tries again.
+asks its in-sync followers instead: a replica fetch sent to a follower by
+its own leader, which the follower answers with its stored frames below its
+high watermark, byte for byte (a typed stream's typed columns with them, so
+the repaired leader stays identical to its followers), and writes the copy
+back with ``Log.repair``.  A follower of a version without that answer
+refuses it as not leading; then the range of a stream without a schema is
+read with the consumers' Flight read (``from_replicas``) as rows (a typed
+stream never has such a follower: a schema is refused while one is live).
+Every damaged range of
+the log goes in one call, since a segment is rewritten whole.  A follower
+that cannot give a good copy (its own range is damaged too, or it is
+behind) is skipped; the next pass tries again.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from pyarrow import flight
 from broker_node.log import LogError
 from broker_node.log.damage import DamagedRange
 from broker_node.log.logging_labels import Labels
-from pyspark_jetstream.protocol.errors import JetStreamError
-from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition
+from broker_node.log.typed_frames import frames_in_range
+from pyspark_jetstream.protocol.errors import JetStreamError, NotLeaderError
+from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, error_from_message
+from pyspark_jetstream.protocol.replication import ReplicaFetch
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .partition import Partition, Role
@@ -31,6 +39,8 @@ from .partition import Partition, Role
 logger = logging.getLogger(__name__)
 
 READ_TIMEOUT = 10.0
+COPY_BYTES = 64 * 1024 * 1024
+"""The most stored bytes asked of a follower for one damaged range (a segment's worth)."""
 
 
 def repair_leader(
@@ -54,7 +64,7 @@ def repair_leader(
         if address is None:
             continue
         try:
-            copies = _read_ranges(connect(address), partition, damaged)
+            copies = _copy_ranges(connect(address), partition, damaged)
             fixed = partition.log.repair(copies)
         except (flight.FlightError, JetStreamError, LogError, pa.ArrowException, ValueError) as exc:
             log.warning("cannot repair offsets from %s yet: %s", replica, exc)
@@ -70,29 +80,77 @@ def repair_leader(
     return []
 
 
+def _copy_ranges(
+    client: flight.FlightClient,
+    partition: Partition,
+    damaged: Sequence[DamagedRange],
+) -> list[pa.Buffer] | list[pa.RecordBatch]:
+    """Each damaged range as the follower ``client`` reaches stores it: its frames, or (from a
+    follower without the leader's repair fetch) its rows, one batch per range."""
+    try:
+        try:
+            return _frames_of_ranges(client, partition, damaged)
+        except NotLeaderError:
+            # A follower of an older version has no repair fetch (nor could it hold a typed
+            # stream: the controller refuses a schema while such a broker is live).  So a typed
+            # stream's refusal is this follower's view of the leadership lagging: the next pass.
+            if partition.config.schema is not None:
+                raise
+            return _read_ranges(client, partition, damaged)
+    finally:
+        client.close()
+
+
+def _frames_of_ranges(
+    client: flight.FlightClient, partition: Partition, damaged: Sequence[DamagedRange]
+) -> list[pa.Buffer]:
+    """Each damaged range's frames as the in-sync follower ``client`` reaches stores them."""
+    copies: list[pa.Buffer] = []
+    for hole in damaged:
+        first, last = hole.first_offset, hole.last_offset
+        request = ReplicaFetch(
+            partition.stream,
+            partition.number,
+            partition.broker_id,
+            first,
+            partition.state.leader_epoch,
+            COPY_BYTES,
+            0.0,
+        )
+        options = flight.FlightCallOptions(timeout=READ_TIMEOUT)
+        try:
+            table = client.do_get(flight.Ticket(request.to_ticket()), options).read_all()
+        except flight.FlightError as exc:
+            known = error_from_message(str(exc), getattr(exc, "extra_info", None))
+            raise known or exc from None
+        frames = [frame.as_buffer() for chunk in table.column("frame").chunks for frame in chunk]
+        part = frames_in_range(frames, first, last, partition.log.config.compression)
+        if not part:
+            raise ValueError(f"the follower holds nothing of offsets {first} to {last} yet")
+        copies += part
+    return copies
+
+
 def _read_ranges(
     client: flight.FlightClient, partition: Partition, damaged: Sequence[DamagedRange]
 ) -> list[pa.RecordBatch]:
     """Each damaged range as the follower ``client`` reaches stores it, one batch per range."""
-    try:
-        copies = []
-        for hole in damaged:
-            first, last = hole.first_offset, hole.last_offset
-            request = ReadRequest(
-                partition.stream,
-                partition.number,
-                StartPosition("offset", first),
-                max_records=last - first + 1,
-                from_replicas=True,
-            )
-            options = flight.FlightCallOptions(timeout=READ_TIMEOUT)
-            table = client.do_get(flight.Ticket(request.to_ticket()), options).read_all()
-            table = pa.Table.from_arrays(table.columns, schema=LOG_SCHEMA)
-            offsets = table.column("offset")
-            table = table.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
-            if table.num_rows == 0:
-                raise ValueError(f"the follower holds nothing of offsets {first} to {last} yet")
-            copies.append(table.combine_chunks().to_batches()[0])
-        return copies
-    finally:
-        client.close()
+    copies = []
+    for hole in damaged:
+        first, last = hole.first_offset, hole.last_offset
+        request = ReadRequest(
+            partition.stream,
+            partition.number,
+            StartPosition("offset", first),
+            max_records=last - first + 1,
+            from_replicas=True,
+        )
+        options = flight.FlightCallOptions(timeout=READ_TIMEOUT)
+        table = client.do_get(flight.Ticket(request.to_ticket()), options).read_all()
+        table = pa.Table.from_arrays(table.columns, schema=LOG_SCHEMA)
+        offsets = table.column("offset")
+        table = table.filter(pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last)))
+        if table.num_rows == 0:
+            raise ValueError(f"the follower holds nothing of offsets {first} to {last} yet")
+        copies.append(table.combine_chunks().to_batches()[0])
+    return copies

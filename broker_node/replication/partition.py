@@ -63,6 +63,8 @@ from pyspark_jetstream.protocol.errors import (
     JetStreamError,
     NotEnoughReplicasError,
     NotLeaderError,
+    OffsetOutOfRangeError,
+    UnavailableError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 from pyspark_jetstream.protocol.typed_values import InvalidValuesError, TypedValues, parse_json
@@ -413,6 +415,45 @@ class Partition:
         return self.log.config.max_batch_bytes
 
     # ---- leader: followers -----------------------------------------------------------------
+
+    def frames_for_leader_repair(
+        self, leader: str, leader_epoch: int, start: int, max_bytes: int
+    ) -> list[ReplicaFrame]:
+        """This in-sync follower's stored frames from ``start`` on, below its high watermark, byte
+        for byte (a typed batch's typed columns with them), for its leader ``leader`` to repair
+        a damaged range of its own log (see ``leader_repair``); nothing is recorded.
+
+        ``NotLeaderError`` if the asker does not lead this partition in ``leader_epoch`` as
+        this replica knows it, ``UnavailableError`` if this replica is not in sync,
+        ``OffsetOutOfRangeError`` if ``start`` is not below its high watermark."""
+        state = self.state
+        if self.role is not Role.FOLLOWER or leader != state.leader or leader_epoch != state.leader_epoch:
+            raise NotLeaderError(
+                f"{leader} asks for a repair copy of {self.stream}/{self.number} in leader epoch "
+                f"{leader_epoch}, but broker {self.broker_id} is {self.role.value} there with "
+                f"{state.leader} leading in epoch {state.leader_epoch}",
+                stream=self.stream,
+                partition=self.number,
+            )
+        if self.broker_id not in state.isr:
+            raise UnavailableError(
+                f"broker {self.broker_id} is not in sync for {self.stream}/{self.number}: it gives no "
+                "repair copy",
+                stream=self.stream,
+                partition=self.number,
+            )
+        log, high_watermark = self.log, self.high_watermark
+        if not log.log_start_offset <= start < high_watermark:
+            raise OffsetOutOfRangeError(
+                f"a repair copy of {self.stream}/{self.number} from {start}, but broker {self.broker_id} "
+                f"holds committed offsets {log.log_start_offset} to {high_watermark - 1}",
+                stream=self.stream,
+                partition=self.number,
+                offset=start,
+                log_start_offset=log.log_start_offset,
+                log_end_offset=high_watermark,
+            )
+        return log.read_frames(start, max_bytes=max_bytes, upper_bound=high_watermark)
 
     def record_fetch(self, replica: str, fetch_offset: int) -> bool:
         """A follower fetched from ``fetch_offset`` (so it holds everything before it).
