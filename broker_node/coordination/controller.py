@@ -331,7 +331,8 @@ class Controller:
         config = schema_updated(metadata.config, document)
         if config is None:
             return metadata
-        check_dead_letter(config, {m.config.name: m.config for m in self.store.read_streams()}.get)
+        streams = {m.config.name: m.config for m in self.store.read_streams()}
+        check_dead_letter(config, streams.get, before=metadata.config)
         updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
         self.store.write_stream_change(metadata, updated)
         logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})

@@ -183,7 +183,9 @@ class LocalCoordinator(Coordinator):
             config = schema_updated(metadata.config, document)
             if config is None:
                 return metadata
-            check_dead_letter(config, lambda other: _config_of(self._streams.get(other)))
+            check_dead_letter(
+                config, lambda other: _config_of(self._streams.get(other)), before=metadata.config
+            )
             updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
             self._streams[name] = updated
             self._save()

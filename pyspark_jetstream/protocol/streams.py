@@ -360,12 +360,22 @@ def check_new_typed(config: StreamConfig, existing: Callable[[str], StreamConfig
     check_dead_letter(config, existing)
 
 
-def check_dead_letter(config: StreamConfig, existing: Callable[[str], StreamConfig | None]) -> None:
+def check_dead_letter(
+    config: StreamConfig,
+    existing: Callable[[str], StreamConfig | None],
+    before: StreamConfig | None = None,
+) -> None:
     """At a typed stream's creation (or its policy's change): raise ``InvalidArgumentError`` unless
     its dead-letter stream, if it names one, exists (``existing(name)``) and is untyped -- a typed
-    one could refuse the very messages it is to keep."""
+    one could refuse the very messages it is to keep.
+
+    ``before``: the stream's config before a schema update.  A dead-letter stream it already
+    named is not checked again: it may have been deleted since (the stream's invalid messages
+    are refused at ingest then), which must not block the stream's schema changes."""
     dead_letter = config.schema.dead_letter if config.schema is not None else None
     if dead_letter is None:
+        return
+    if before is not None and before.schema is not None and before.schema.dead_letter == dead_letter:
         return
     target = existing(dead_letter)
     if target is None:

@@ -156,6 +156,30 @@ def test_a_stream_grows_in_one_write_and_never_shrinks(make):
     wait_until(lambda: grown in again.list_streams(), message="the grown stream after a restart")
 
 
+def test_a_deleted_dead_letter_stream_does_not_block_schema_changes_but_a_new_one_is_checked(make):
+    coordinator = make(dataclasses.replace(ME, features=FEATURES))
+    fields = [{"name": "n", "type": "int32"}]
+    policy = {"on_invalid": "dead-letter", "dead_letter": "bad"}
+    coordinator.create_stream(StreamConfig(name="bad", subject="bad"))
+    document = SchemaDocument.from_json({"fields": fields, **policy})
+    coordinator.create_stream(
+        StreamConfig(name="typed", subject="typed", schema=StreamSchema.first(document))
+    )
+    coordinator.delete_stream("bad")
+    wait_until(lambda: "bad" not in [s.config.name for s in coordinator.list_streams()], message="bad gone")
+    # Its invalid messages are refused at ingest now; its schema still takes a new field.
+    grown = [*fields, {"name": "c", "type": "string"}]
+    updated = coordinator.update_schema("typed", SchemaDocument.from_json({"fields": grown}))
+    assert updated.config.schema is not None and updated.config.schema.version == 2
+    assert updated.config.schema.dead_letter == "bad"
+    # Naming another dead-letter stream is checked as at creation.
+    with pytest.raises(InvalidArgumentError, match="its dead-letter stream 'worse' does not exist"):
+        coordinator.update_schema(
+            "typed",
+            SchemaDocument.from_json({"fields": grown, "on_invalid": "dead-letter", "dead_letter": "worse"}),
+        )
+
+
 def test_a_typed_stream_keeps_every_schema_version_and_refuses_incompatible_ones(make):
     coordinator = make(dataclasses.replace(ME, features=FEATURES))
     heard = threading.Semaphore(0)
