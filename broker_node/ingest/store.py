@@ -137,6 +137,31 @@ class PartitionStore:
         return outcomes
 
     async def _append(self, records: list[Any], size: int, message_ids: MessageIds) -> range:
+        """Append coalesced messages; a batch stored larger than the log's ``max_batch_bytes``
+        goes in two appends, in order, each split again while it is too large.
+
+        The batcher coalesces up to the ingest's own ``max_batch_bytes`` of raw messages; what
+        is stored is larger when a typed stream's parsed columns go beside the values, and
+        refusing every coalesced message for it would refuse messages that each fit.
+        """
+        try:
+            return await self._append_once(records, size, message_ids)
+        except self._errors as exc:
+            too_large = self.terms.refusal(exc) is ErrorCode.TOO_LARGE
+            if (
+                not too_large
+                or len(records) < 2
+                or getattr(exc, "limit", None) != self.partition.max_batch_bytes
+            ):
+                raise
+        half = len(records) // 2
+        head, tail = records[:half], records[half:]
+        stored = await self._append(head, self._bytes_of(head), kept_ids(message_ids, range(half)))
+        after = kept_ids(message_ids, range(half, len(records)))
+        rest = await self._append(tail, self._bytes_of(tail), after)
+        return range(stored.start, rest.stop)
+
+    async def _append_once(self, records: list[Any], size: int, message_ids: MessageIds) -> range:
         """Append in a worker thread -- or right here when that costs less than the hop to a thread.
 
         A small batch (``INLINE_BYTES``) whose log is free and does not fsync

@@ -156,6 +156,37 @@ def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refu
     assert len(stored_typed(broker, "orders")) == 1  # one coalesced batch: the good ones, parsed again
 
 
+@pytest.fixture
+def tight(tmp_path, nats_server):
+    """A coalescing broker whose ingest gathers as many bytes as a stored batch may hold."""
+    config = "[ingest]\nmax_delay = 0.5\nmax_batch_bytes = 16384\n[log]\nmax_batch_bytes = 16384\n"
+    with BrokerProcess(tmp_path / "tight", nats_url=nats_server.url, extra_config=config) as process:
+        yield process
+
+
+def test_a_coalesced_batch_stored_larger_than_a_batch_may_be_is_stored_in_parts(tight):
+    # The parsed columns go beside the values: 16 KiB of coalesced values is well over 16 KiB stored.
+    broker = tight
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("orders", "orders", schema=ORDERS)
+    values = [b'{"order_id": %d, "country": "%s"}' % (i, b"x" * 250) for i in range(120)]
+
+    async def run():
+        nc = await nats.connect(broker.nats_url)
+        try:
+            replies = await asyncio.gather(*(nc.request("orders", v, timeout=10) for v in values))
+        finally:
+            await nc.close()
+        return [json.loads(r.data) for r in replies]
+
+    answers = asyncio.run(run())
+    assert [a for a in answers if "error" in a] == []
+    assert sorted(a["seq"] for a in answers) == list(range(120))
+    assert sorted(row["order_id"] for _, row in typed_rows(broker, "orders")) == list(range(120))
+    # Fewer than 3 frames would mean no coalesced batch was ever split.
+    assert len(stored_typed(broker, "orders")) >= 3
+
+
 def test_an_envelope_batch_with_a_bad_row_is_refused_whole(broker, client):
     client.create_stream("orders", "orders", schema=ORDERS)
     rows = pa.table({"value": [b'{"order_id": 1}', b'{"order_id": null}', b'{"order_id": 3}']})
