@@ -46,7 +46,10 @@ from typing import NamedTuple
 from .errors import ErrorCode, InvalidArgumentError
 
 _FIELDS = ("stream", "partition", "first_offset", "last_offset", "correlation_id", "error", "message")
+_FIELD_SET = frozenset(_FIELDS)
 _WITH_DUPLICATES = frozenset((*_FIELDS, "duplicates"))
+_CODES = {code.value: code for code in ErrorCode}
+"""Each error code by its wire value (a dict lookup; ``ErrorCode(value)`` is slower)."""
 
 
 class Ack(NamedTuple):
@@ -141,18 +144,23 @@ def _json(payload: bytes) -> object:
 
 
 def _ack_from(data: object) -> Ack:
-    if not isinstance(data, dict) or set(data) not in (set(_FIELDS), _WITH_DUPLICATES):
+    # On the client's hot path (an ack per message): the checks cost what they must, no more.
+    if not isinstance(data, dict) or not (data.keys() == _FIELD_SET or data.keys() == _WITH_DUPLICATES):
         raise InvalidArgumentError(f"not an ack: expected fields {', '.join(_FIELDS)} (and duplicates)")
+    error = _CODES.get(data["error"]) if isinstance(data["error"], str) else None
+    if error is None:
+        raise InvalidArgumentError(f"not an ack: {data['error']!r} is not an error code")
     try:
+        duplicates = data.get("duplicates")
         return Ack(
-            stream=str(data["stream"]),
-            partition=int(data["partition"]),
-            first_offset=int(data["first_offset"]),
-            last_offset=int(data["last_offset"]),
-            correlation_id=str(data["correlation_id"]),
-            error=ErrorCode(data["error"]),
-            message=str(data["message"]),
-            duplicates=tuple((int(row), int(offset)) for row, offset in data.get("duplicates", ())),
+            str(data["stream"]),
+            int(data["partition"]),
+            int(data["first_offset"]),
+            int(data["last_offset"]),
+            str(data["correlation_id"]),
+            error,
+            str(data["message"]),
+            tuple((int(row), int(offset)) for row, offset in duplicates) if duplicates else (),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"not an ack: {exc}") from None

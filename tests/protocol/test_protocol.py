@@ -172,7 +172,19 @@ def test_ack_round_trip_and_strictness():
     ack = Ack("s", 2, 10, 12, "c-1", ErrorCode.DUPLICATE, "")
     assert decode_ack(encode_ack(ack)) == ack and ack.ok and ack.duplicate
     assert not Ack("s", 0, -1, -1, "", ErrorCode.TOO_LARGE).ok
-    for bad in [b"nope", b"[]", b'{"stream": "s"}', encode_ack(ack).replace(b'"duplicate"', b'"what"')]:
+    batch = Ack("s", 0, 3, 5, "c-2", ErrorCode.OK, "", duplicates=((1, 0), (2, 1)))
+    assert decode_acks(encode_acks([ack, batch])) == [ack, batch]
+    wire = encode_ack(ack)
+    for bad in [
+        b"nope",
+        b"[]",
+        b'{"stream": "s"}',
+        wire.replace(b'"duplicate"', b'"what"'),  # no such error code
+        wire.replace(b'"duplicate"', b"7"),  # not a code's name at all
+        wire.replace(b'"partition":2', b'"partition":"two"'),
+        wire.replace(b'"message":""', b'"message":"","duplicates":[[1]]'),
+        wire.replace(b'"message":""', b'"message":"","extra":1'),
+    ]:
         with pytest.raises(InvalidArgumentError, match="not an ack"):
             decode_ack(bad)
 
