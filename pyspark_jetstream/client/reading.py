@@ -25,6 +25,7 @@ from pyarrow import flight
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnavailableError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, parse_response_metadata
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
 from .cluster import ClusterConnection
@@ -93,6 +94,8 @@ class Reader:
         max_bytes: int | None = None,
         max_wait: float = 0.0,
         from_replicas: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[ColumnFilter] = (),
     ) -> FetchResult:
         """See :meth:`.Client.fetch`: :meth:`fetch_blocking` in a worker thread."""
         return await asyncio.to_thread(
@@ -104,6 +107,8 @@ class Reader:
             max_bytes=max_bytes,
             max_wait=max_wait,
             from_replicas=from_replicas,
+            columns=columns,
+            filters=filters,
         )
 
     def fetch_blocking(
@@ -116,6 +121,8 @@ class Reader:
         max_bytes: int | None = None,
         max_wait: float = 0.0,
         from_replicas: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[ColumnFilter] = (),
     ) -> FetchResult:
         """See :meth:`.Client.fetch`; blocks the calling thread (``SyncClient`` calls it directly)."""
         request = ReadRequest(
@@ -125,7 +132,9 @@ class Reader:
             max_records,
             max_bytes,
             max_wait,
+            columns=None if columns is None else tuple(columns),
             from_replicas=from_replicas,
+            filters=tuple(filters),
         )
         return self.cluster.read(request)
 
