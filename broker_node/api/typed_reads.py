@@ -43,7 +43,7 @@ class ReadShape:
         """The response's schema (without the offsets' metadata)."""
         self.filters = request.filters
         self._stream_schema = schema
-        self._projected = request.columns is not None
+        self._projected = request.columns is not None and self.schema.names != LOG_SCHEMA.names
         every = read_schema(schema)
         if self.filters:
             filter_mask(_empty(every), self.filters)  # refuses a filter the columns cannot take

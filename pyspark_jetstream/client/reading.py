@@ -26,12 +26,15 @@ from pyarrow import flight
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnavailableError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, parse_response_metadata
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
 from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
 from .live import LiveTail
 
+TAIL_COLUMNS = tuple(LOG_SCHEMA.names)
+"""What a tail reads: the log's columns."""
 FOLLOW_BUFFER = 16
 """Batches a follow stream reads ahead of its consumer."""
 
@@ -185,7 +188,10 @@ class Reader:
         """Batches from a Flight follow stream, reopened after each renewal or leader change."""
         retry_until: float | None = None
         while True:
-            request = ReadRequest(stream, partition, position, max_records, max_bytes, 0.0, follow)
+            # The log's columns only, as the live tail sends (a typed stream's fields are not in it).
+            request = ReadRequest(
+                stream, partition, position, max_records, max_bytes, 0.0, follow, columns=TAIL_COLUMNS
+            )
             try:
                 async for item in self._follow(request):
                     retry_until = None

@@ -4,10 +4,13 @@ change mid-stream reads older messages with the new fields null."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow as pa
 import pytest
 from pyarrow import flight
 
+from pyspark_jetstream.client import Client
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ReadRequest
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
@@ -93,3 +96,27 @@ def test_older_messages_read_under_the_current_version_with_new_fields_null(clie
         {"order_id": 1, "country": "DE", "coupon": None},
         {"order_id": 3000000000, "country": None, "coupon": "FREE"},
     ]
+
+
+def test_a_tail_of_a_typed_stream_reads_the_logs_columns_over_flight_and_live_alike(broker, client):
+    """The live tail publishes the stored frames' log columns: its Flight reads ask for the same."""
+    client.create_stream("orders", "orders", schema=ORDERS)
+    publish_orders(client, 3)
+
+    async def tail(live: bool) -> tuple[list[pa.RecordBatch], object]:
+        async with await Client.connect(nats_urls=broker.nats_url, broker=broker.flight) as reader:
+            batches = reader.tail("orders", start="earliest", live=live)
+            seen: list[pa.RecordBatch] = []
+            while sum(b.num_rows for b in seen) < 3:  # the history...
+                seen.append(await asyncio.wait_for(anext(batches), 30))
+            await reader.publish("orders", b'{"order_id": 3}')  # ...then one more, live
+            while sum(b.num_rows for b in seen) < 4:
+                seen.append(await asyncio.wait_for(anext(batches), 30))
+            await batches.aclose()
+            return seen, getattr(batches, "stats", None)
+
+    for live in (True, False):
+        seen, stats = asyncio.run(tail(live))
+        assert all(b.schema.names == LOG_SCHEMA.names for b in seen), [b.schema.names for b in seen]
+        if live:
+            assert stats.fetched_batches and stats.live_batches, stats  # both paths were taken
