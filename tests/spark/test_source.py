@@ -178,7 +178,10 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
             "unknown option 'startingOffset'; did you mean 'startingOffsets'?",
         ),
         ({"stream": "a", "includeHeader": "true"}, "did you mean 'includeHeaders'?"),
-        ({"stream": "a", "colour": "blue"}, r"unknown option 'colour' \(known: assign, consumerId,"),
+        (
+            {"stream": "a", "flavour": "blue"},
+            r"unknown option 'flavour' \(known: assign, columns, consumerId,",
+        ),
         (
             {"stream": "a", "kafka.bootstrap.servers": "k:9092"},
             "option 'kafka.bootstrap.servers' is Kafka's: use 'servers'",
