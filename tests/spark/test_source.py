@@ -402,7 +402,9 @@ def typed_values(count: int) -> list[bytes]:
     ]
 
 
-def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(spark, deployment, client, name):
+def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(
+    spark, deployment, client, name, tmp_path
+):
     client.create_stream(name, name, schema=TYPED)
     values = typed_values(5)
     client.publish_batch(name, pa.table({"value": values}))
@@ -417,6 +419,22 @@ def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(spark
         (1, "odd", Decimal("1.25"), ["t1"]),
     ]
     assert rows[3].at == datetime(2026, 1, 2, 3, 4, 5, 3000, tzinfo=UTC).astimezone().replace(tzinfo=None)
+    table = f"typed_{name.replace('-', '_')}"
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", name)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    streamed = spark.table(table).orderBy("offset").collect()
+    assert [(r.n, r.label, r.price) for r in streamed] == [(r.n, r.label, r.price) for r in rows]
     binary = read(spark, deployment, stream=name, valueFormat="binary").orderBy("offset")
     assert [r.value for r in binary.collect()] == values
     narrow = read(spark, deployment, stream=name, columns="label")
