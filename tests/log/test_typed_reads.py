@@ -44,6 +44,14 @@ def test_a_typed_read_has_the_current_versions_fields_with_nulls_where_a_frame_h
         {"offset": 4, "id": 4, "name": "n4", "extra": None},
     ]
     assert table.schema.field("id").type == pa.int64() and read.last_offset == 4
+    # A read starting inside a stored batch gets the same rows of its typed columns.
+    middle = ReadShape(ReadRequest("s", columns=("id",)), V2).read(
+        log, 2, max_records=2, max_bytes=None, upper_bound=log.log_end_offset
+    )
+    assert pa.Table.from_batches(middle.batches).to_pylist() == [
+        {"offset": 2, "id": 2},
+        {"offset": 3, "id": 3},
+    ]
     assert table.column("value").to_pylist()[1] == b'{"id": 1, "name": "n1"}'
 
 
