@@ -59,6 +59,9 @@ from pyspark_jetstream.protocol.replication import (
 )
 from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+from pyspark_jetstream.protocol.streams import StreamConfig
+
+from .typed_reads import ReadShape
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,6 +94,7 @@ class ReadablePartition(Protocol):
     """What the server needs of a partition."""
 
     log: LogStore
+    config: StreamConfig
 
     @property
     def high_watermark(self) -> int: ...
@@ -244,6 +248,7 @@ class FlightApi(flight.FlightServerBase):
             request.stream, request.partition, from_replicas=request.from_replicas
         )
         log = partition.log
+        shape = ReadShape(request, partition.config.schema)
         start = self._resolve_start(request, partition)
         if request.follow > 0:
             leave = self._enter_waiting()
@@ -264,11 +269,11 @@ class FlightApi(flight.FlightServerBase):
                 log_start_offset=log.log_start_offset,
                 log_end_offset=log.log_end_offset,
             )
-            follows = self._counting_followers(self._follow(request, partition, start, context), close)
+            follows = self._counting_followers(self._follow(request, shape, partition, start, context), close)
             # A call cancelled before its first batch never runs the generator's finally: the
             # count is released when the generator is dropped instead.
             weakref.finalize(follows, close)
-            return flight.GeneratorStream(_projected_schema(request).with_metadata(metadata), follows)
+            return flight.GeneratorStream(shape.schema.with_metadata(metadata), follows)
         if request.max_wait > 0 and start >= partition.high_watermark:
             leave = self._enter_waiting()
             try:
@@ -277,7 +282,8 @@ class FlightApi(flight.FlightServerBase):
                 leave()
         high_watermark = partition.high_watermark
         try:
-            batches = log.read(
+            read = shape.read(
+                log,
                 start,
                 max_records=request.max_records,
                 max_bytes=request.max_bytes,
@@ -291,17 +297,15 @@ class FlightApi(flight.FlightServerBase):
                 log_start_offset=exc.log_start_offset,
             ) from None
         # Past the last row sent; with nothing sent, past any compaction gap up to the HW.
-        next_offset = batches[-1].column(0)[-1].as_py() + 1 if batches else max(start, high_watermark)
+        next_offset = read.last_offset + 1 if read.last_offset is not None else max(start, high_watermark)
         metadata = response_metadata(
             next_offset=next_offset,
             high_watermark=high_watermark,
             log_start_offset=log.log_start_offset,
             log_end_offset=log.log_end_offset,
         )
-        schema = _projected_schema(request).with_metadata(metadata)
-        if request.columns is not None:
-            batches = [b.select(list(request.columns)) for b in batches]  # zero-copy
-        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+        schema = shape.schema.with_metadata(metadata)
+        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, read.batches))
 
     def _enter_waiting(self) -> Callable[[], None]:
         """Count a reader about to wait for data; ``LimitExceededError`` past the limit.
@@ -336,7 +340,11 @@ class FlightApi(flight.FlightServerBase):
 
     @staticmethod
     def _follow(
-        request: ReadRequest, partition: ReadablePartition, offset: int, context: flight.ServerCallContext
+        request: ReadRequest,
+        shape: ReadShape,
+        partition: ReadablePartition,
+        offset: int,
+        context: flight.ServerCallContext,
     ) -> Iterator[pa.RecordBatch]:
         """Yield committed batches from ``offset`` as they arrive, for ``request.follow`` seconds."""
         deadline = time.monotonic() + request.follow
@@ -345,7 +353,8 @@ class FlightApi(flight.FlightServerBase):
             high_watermark = partition.high_watermark
             if offset < high_watermark:
                 try:
-                    batches = partition.log.read(
+                    read = shape.read(
+                        partition.log,
                         offset,
                         max_records=request.max_records,
                         max_bytes=request.max_bytes,
@@ -358,10 +367,8 @@ class FlightApi(flight.FlightServerBase):
                     return
                 except LogError as exc:
                     raise flight.FlightServerError(error_message(StorageError(str(exc)))) from None
-                offset = batches[-1].column(0)[-1].as_py() + 1 if batches else high_watermark
-                if request.columns is not None:
-                    batches = [b.select(list(request.columns)) for b in batches]
-                yield from batches
+                offset = read.last_offset + 1 if read.last_offset is not None else high_watermark
+                yield from read.batches
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -591,13 +598,6 @@ def _once(call: Callable[[], None]) -> Callable[[], None]:
             call()
 
     return run
-
-
-def _projected_schema(request: ReadRequest) -> pa.Schema:
-    """The response schema: the log schema, or just the requested columns of it."""
-    if request.columns is None:
-        return LOG_SCHEMA
-    return pa.schema([LOG_SCHEMA.field(name) for name in request.columns])
 
 
 _ACTION_NAMES = {a.value for a in ActionType}

@@ -19,7 +19,7 @@ from .errors import (
 from .log import Log
 from .log_config import FsyncPolicy, LogConfig
 from .memory import MemoryLog
-from .reads import ReplicaFrame
+from .reads import ReplicaFrame, TypedRead
 from .store import LogStore
 from .typed_frames import typed_columns, typed_of
 
@@ -41,6 +41,7 @@ __all__ = [
     "Record",
     "RecordTooLargeError",
     "ReplicaFrame",
+    "TypedRead",
     "typed_columns",
     "typed_of",
 ]

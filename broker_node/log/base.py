@@ -44,7 +44,7 @@ from .frames import replicated_entry
 from .index import BatchEntry, crc32
 from .log_config import LogConfig
 from .logging_labels import Labels
-from .reads import ReplicaFrame, StoredBatches, read_batches, read_frames
+from .reads import ReplicaFrame, StoredBatches, TypedRead, read_batches, read_frames, with_typed
 from .segment import encode_frame
 from .typed_frames import encode_typed_frame
 
@@ -470,6 +470,41 @@ class LogBase(abc.ABC):
         with self._lock:
             end = self._read_end(start_offset, upper_bound)
             return self._read(start_offset, end, max_records, max_bytes)
+
+    def read_typed(
+        self,
+        start_offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+    ) -> list[TypedRead]:
+        """:meth:`read`, each batch with the typed columns stored with its rows (see
+        :mod:`.typed_frames`; ``None`` for a batch stored without).  Typed columns that do not
+        decode raise ``CorruptSegmentError`` naming the batch's offsets."""
+        check_offset_arg("start_offset", start_offset, allow_negative=True)
+        check_limit("max_records", max_records)
+        check_limit("max_bytes", max_bytes)
+        if upper_bound is not None:
+            check_offset_arg("upper_bound", upper_bound)
+        frames: list[tuple[pa.Buffer, int]] = []
+        with self._lock:
+            end = self._read_end(start_offset, upper_bound)
+            batches = read_batches(
+                self._segments,
+                self._bases,
+                start_offset,
+                end,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                frames=frames,
+            )
+        try:
+            return with_typed(batches, frames)
+        except ValueError as exc:
+            first = batches[0].column(0)[0].as_py()
+            last = batches[-1].column(0)[-1].as_py()
+            raise CorruptSegmentError(repr(self), first, last, str(exc)) from exc
 
     def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
         """Where a read from ``start_offset`` stops (the log end, or ``upper_bound`` if lower);

@@ -15,9 +15,11 @@ from typing import NamedTuple, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark_jetstream.protocol.typed_values import TypedValues
+
 from .errors import CorruptSegmentError
 from .index import SegmentIndex
-from .typed_frames import sliced_frame
+from .typed_frames import sliced_frame, typed_of
 
 
 class ReplicaFrame(NamedTuple):
@@ -27,6 +29,14 @@ class ReplicaFrame(NamedTuple):
     last_offset: int
     leader_epoch: int
     data: pa.Buffer
+
+
+class TypedRead(NamedTuple):
+    """A batch read for a consumer, and the typed columns stored with its rows (``None`` for a
+    batch stored without: written before its stream was typed, or untyped)."""
+
+    batch: pa.RecordBatch
+    typed: TypedValues | None
 
 
 class StoredBatches(Protocol):
@@ -56,10 +66,12 @@ def read_batches(
     max_records: int | None,
     max_bytes: int | None,
     partial: bool = True,
+    frames: list[tuple[pa.Buffer, int]] | None = None,
 ) -> list[pa.RecordBatch]:
     """Batches (zero-copy slices) from ``offset`` to before ``end``; see ``Log.read``.
 
-    With ``partial``, damage ends a read that has found batches.
+    With ``partial``, damage ends a read that has found batches.  With ``frames``, each batch's
+    stored frame and the row of it the batch starts at are appended there.
     """
     out: list[pa.RecordBatch] = []
     rows = 0
@@ -90,10 +102,25 @@ def read_batches(
             if hi > lo:
                 out.append(batch.slice(lo, hi - lo))
                 rows += hi - lo
+                if frames is not None:
+                    frames.append((segment.frame(i), lo))
             stored_bytes += size
             if max_records is not None and rows >= max_records:
                 return out
             offset = index.lasts[i] + 1
+    return out
+
+
+def with_typed(batches: list[pa.RecordBatch], frames: list[tuple[pa.Buffer, int]]) -> list[TypedRead]:
+    """Each batch of a :func:`read_batches` with ``frames``, and the same rows of its frame's typed
+    columns.  ``CorruptSegmentError``-free: the frames were checked when their batches were read;
+    typed columns that do not decode raise ``ValueError``."""
+    out = []
+    for batch, (frame, lo) in zip(batches, frames, strict=True):
+        typed = typed_of(frame)
+        if typed is not None and (lo or typed.batch.num_rows != batch.num_rows):
+            typed = TypedValues(typed.version, typed.batch.slice(lo, batch.num_rows))
+        out.append(TypedRead(batch, typed))
     return out
 
 

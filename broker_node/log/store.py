@@ -35,7 +35,7 @@ from .damage import DamagedRange
 from .epochs import EpochEndOffset
 from .errors import CorruptSegmentError
 from .log_config import LogConfig
-from .reads import ReplicaFrame
+from .reads import ReplicaFrame, TypedRead
 
 
 class LogStore(Protocol):
@@ -131,6 +131,16 @@ class LogStore(Protocol):
     ) -> list[pa.RecordBatch]:
         """Stored batches from ``start_offset`` on, stopping before ``upper_bound`` (default the
         log end offset) and within the limits, at least one batch when any is in range."""
+
+    def read_typed(
+        self,
+        start_offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        upper_bound: int | None = None,
+    ) -> list[TypedRead]:
+        """:meth:`read`, each batch with the typed columns stored with its rows (or ``None``)."""
 
     @overload
     def read_frames(

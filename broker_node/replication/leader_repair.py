@@ -143,6 +143,7 @@ def _read_ranges(
             partition.number,
             StartPosition("offset", first),
             max_records=last - first + 1,
+            columns=tuple(LOG_SCHEMA.names),  # the log's columns only, a typed stream's too
             from_replicas=True,
         )
         options = flight.FlightCallOptions(timeout=READ_TIMEOUT)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pyspark_jetstream.protocol.ack import Ack
     from pyspark_jetstream.protocol.envelope import AckPolicy
     from pyspark_jetstream.protocol.errors import JetStreamError
+    from pyspark_jetstream.protocol.read_shape import ColumnFilter
 
     from .client import Client
     from .cluster import ClusterConnection
@@ -29,6 +30,7 @@ _WHERE = {
     "Ack": "pyspark_jetstream.protocol.ack",
     "AckPolicy": "pyspark_jetstream.protocol.envelope",
     "JetStreamError": "pyspark_jetstream.protocol.errors",
+    "ColumnFilter": "pyspark_jetstream.protocol.read_shape",
     "Client": "pyspark_jetstream.client.client",
     "Message": "pyspark_jetstream.client.reading",
     "ClusterConnection": "pyspark_jetstream.client.cluster",
@@ -60,6 +62,7 @@ __all__ = [
     "BrokerConnection",
     "Client",
     "ClusterConnection",
+    "ColumnFilter",
     "Credentials",
     "FetchResult",
     "JetStreamError",

@@ -21,6 +21,7 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import StreamConfig, bounded_number
 
 from .admin import LEADERSHIP_TIMEOUT, Admin, stream_config
@@ -456,12 +457,22 @@ class Client:
         max_bytes: int | None = None,
         max_wait: float = 0.0,
         from_replicas: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[ColumnFilter] = (),
     ) -> FetchResult:
         """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet.
 
         Reads go to the partition's leader; with ``from_replicas`` an in-sync
         follower may answer (up to its own high watermark), which spreads
         readers over the replicas.  Leadership changes are followed.
+
+        Batches hold the log's columns and, for a typed stream, its fields (as
+        its current schema version; null where a message has none).
+        ``columns`` asks for only those (``offset`` always comes); ``filters``
+        (:class:`~pyspark_jetstream.protocol.read_shape.ColumnFilter`, all
+        met) sends only the rows that meet them: both are applied by the
+        broker, so what is left out never crosses the network.  The result's
+        ``next_offset`` moves past filtered-out rows too.
         """
         return await self._reader.fetch(
             stream,
@@ -471,6 +482,8 @@ class Client:
             max_bytes=max_bytes,
             max_wait=max_wait,
             from_replicas=from_replicas,
+            columns=columns,
+            filters=filters,
         )
 
     def tail(

@@ -41,6 +41,8 @@ class FetchResult:
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+    schema: pa.Schema = LOG_SCHEMA
+    """The batches' columns: the log's (or those asked for), then a typed stream's fields."""
 
     @property
     def num_rows(self) -> int:
@@ -48,10 +50,8 @@ class FetchResult:
         return sum(b.num_rows for b in self.batches)
 
     def to_table(self) -> pa.Table:
-        """The batches as one table (in the log schema, or the requested columns of it)."""
-        if not self.batches:
-            return LOG_SCHEMA.empty_table()
-        return pa.Table.from_batches(self.batches)
+        """The batches as one table (in :attr:`schema`)."""
+        return pa.Table.from_batches(self.batches, schema=self.schema)
 
 
 class BrokerConnection:
@@ -100,12 +100,14 @@ class BrokerConnection:
         except flight.FlightError as exc:
             raise self.error(exc) from None
         offsets = parse_response_metadata(table.schema.metadata)
+        table = table.replace_schema_metadata(None)
         return FetchResult(
-            batches=table.replace_schema_metadata(None).to_batches(),
+            batches=table.to_batches(),
             next_offset=offsets["next_offset"],
             high_watermark=offsets["high_watermark"],
             log_start_offset=offsets["log_start_offset"],
             log_end_offset=offsets["log_end_offset"],
+            schema=table.schema,
         )
 
     def follow(self, request: ReadRequest) -> flight.FlightStreamReader:

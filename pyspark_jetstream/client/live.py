@@ -26,7 +26,7 @@ Flight alone, as a Flight follow read.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,6 +37,7 @@ from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from pyspark_jetstream.protocol.flight import StartPosition
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS, decode_delivery, tail_subject
 
 from .connection import FetchResult
@@ -72,6 +73,7 @@ class TailSource(Protocol):
         start: StartPosition,
         max_records: int | None,
         max_bytes: int | None,
+        columns: Sequence[str] | None = None,
     ) -> FetchResult:
         """Committed batches from ``start`` (see :meth:`.Client.fetch`)."""
         ...
@@ -223,6 +225,7 @@ class LiveTail:
                 start=start,
                 max_records=self._max_records,
                 max_bytes=self._max_bytes,
+                columns=LOG_SCHEMA.names,  # as the live tail's batches: no typed fields
             )
             self.next_offset = max(self.next_offset, result.next_offset)
             for batch in result.batches:

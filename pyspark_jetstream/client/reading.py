@@ -25,12 +25,16 @@ from pyarrow import flight
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnavailableError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, parse_response_metadata
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
 from .cluster import ClusterConnection
 from .connection import BrokerConnection, FetchResult
 from .live import LiveTail
 
+TAIL_COLUMNS = tuple(LOG_SCHEMA.names)
+"""What a tail reads: the log's columns."""
 FOLLOW_BUFFER = 16
 """Batches a follow stream reads ahead of its consumer."""
 
@@ -93,6 +97,8 @@ class Reader:
         max_bytes: int | None = None,
         max_wait: float = 0.0,
         from_replicas: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[ColumnFilter] = (),
     ) -> FetchResult:
         """See :meth:`.Client.fetch`: :meth:`fetch_blocking` in a worker thread."""
         return await asyncio.to_thread(
@@ -104,6 +110,8 @@ class Reader:
             max_bytes=max_bytes,
             max_wait=max_wait,
             from_replicas=from_replicas,
+            columns=columns,
+            filters=filters,
         )
 
     def fetch_blocking(
@@ -116,6 +124,8 @@ class Reader:
         max_bytes: int | None = None,
         max_wait: float = 0.0,
         from_replicas: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Sequence[ColumnFilter] = (),
     ) -> FetchResult:
         """See :meth:`.Client.fetch`; blocks the calling thread (``SyncClient`` calls it directly)."""
         request = ReadRequest(
@@ -125,7 +135,9 @@ class Reader:
             max_records,
             max_bytes,
             max_wait,
+            columns=None if columns is None else tuple(columns),
             from_replicas=from_replicas,
+            filters=tuple(filters),
         )
         return self.cluster.read(request)
 
@@ -176,7 +188,10 @@ class Reader:
         """Batches from a Flight follow stream, reopened after each renewal or leader change."""
         retry_until: float | None = None
         while True:
-            request = ReadRequest(stream, partition, position, max_records, max_bytes, 0.0, follow)
+            # The log's columns only, as the live tail sends (a typed stream's fields are not in it).
+            request = ReadRequest(
+                stream, partition, position, max_records, max_bytes, 0.0, follow, columns=TAIL_COLUMNS
+            )
             try:
                 async for item in self._follow(request):
                     retry_until = None

@@ -13,9 +13,14 @@ Reads
     timestamps finite and within years 1 to 9999, ``max_wait`` and ``follow``
     0 to 300 seconds.  Tickets and bodies are flat: JSON nested deeper than
     :data:`MAX_JSON_DEPTH` levels is refused.
-    ``columns`` (a list of log-schema column names, ``offset`` always
-    included) asks for only those columns: less to send for the same rows.
-    The response is a stream of record batches in the log schema; its schema
+    ``columns`` (a list of column names, ``offset`` always included) asks
+    for only those columns: less to send for the same rows.  ``filters`` (a
+    list of conditions on columns, all met) sends only the rows that meet
+    them.  Both are described in :mod:`.read_shape`, with the columns of a
+    typed stream's read: the log's, then the fields of its current schema
+    version.
+    The response is a stream of record batches in the log schema (with a
+    typed stream's fields after its columns, see :mod:`.read_shape`); its schema
     metadata carries the partition's offsets at the time of the read under the
     keys of :data:`RESPONSE_KEYS` (``next_offset`` is where to read next).
     If nothing is there yet the broker waits up to ``max_wait`` seconds for
@@ -45,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidArgumentError, JetStreamError, error_from_code
+from .read_shape import ColumnFilter, filters_from_json
 from .schema import LOG_SCHEMA
 from .streams import (
     INT64_MAX,
@@ -135,8 +141,11 @@ class ReadRequest:
     max_wait: float = 0.0
     follow: float = 0.0
     columns: tuple[str, ...] | None = None
+    """Only these columns (the log's, and a typed stream's fields; ``offset`` always)."""
     from_replicas: bool = False
     """Let an in-sync follower serve the read (up to its own high watermark)."""
+    filters: tuple[ColumnFilter, ...] = ()
+    """Only the rows meeting all of these (see :mod:`.read_shape`)."""
 
     def to_ticket(self) -> bytes:
         """The ticket bytes."""
@@ -151,6 +160,7 @@ class ReadRequest:
                 "follow": self.follow,
                 "columns": None if self.columns is None else list(self.columns),
                 "from_replicas": self.from_replicas,
+                **({"filters": [f.to_json() for f in self.filters]} if self.filters else {}),
             }
         ).encode()
 
@@ -168,6 +178,7 @@ class ReadRequest:
             "follow",
             "columns",
             "from_replicas",
+            "filters",
         }
         unknown = sorted(set(data) - allowed)
         if unknown:
@@ -188,14 +199,19 @@ class ReadRequest:
                 )
         columns = data.get("columns")
         if columns is not None:
-            unknown_columns = (
-                [c for c in columns if c not in LOG_SCHEMA.names] if isinstance(columns, list) else None
-            )
-            if unknown_columns is None or unknown_columns or not columns:
+            if (
+                not isinstance(columns, list)
+                or not columns
+                or not all(isinstance(c, str) and c for c in columns)
+            ):
                 raise InvalidArgumentError(
-                    f"columns must be a non-empty list of {', '.join(LOG_SCHEMA.names)}; got {shown(columns)}"
+                    f"columns must be a non-empty list of column names; got {shown(columns)}"
                 )
-            columns = tuple(name for name in LOG_SCHEMA.names if name in columns or name == "offset")
+            # The log's columns in their order (offset always), then the others as given: a typed
+            # stream's fields, checked against its schema by the broker.
+            columns = tuple(name for name in LOG_SCHEMA.names if name in columns or name == "offset") + tuple(
+                dict.fromkeys(c for c in columns if c not in LOG_SCHEMA.names)
+            )
         return cls(
             stream=data["stream"],
             partition=partition,
@@ -206,6 +222,7 @@ class ReadRequest:
             follow=float(follow),
             columns=columns,
             from_replicas=_flag("from_replicas", data.get("from_replicas", False)),
+            filters=filters_from_json(data.get("filters", [])),
         )
 
 

@@ -89,6 +89,9 @@ SOURCE_OPTIONS = (
     "includeHeaders",
     "readFromReplicas",
     "consumerId",
+    "valueFormat",
+    "columns",
+    "pushFilters",
 )
 SINK_OPTIONS = (*COMMON_OPTIONS, "stream", "maxBatchBytes")
 SPARK_OPTIONS = ("path", "checkpointLocation")
@@ -235,6 +238,13 @@ class SourceOptions:
     read_from_replicas: bool = False
     consumer_id: str = ""
     timeout: float = 30.0
+    value_format: str | None = None
+    """``valueFormat``: ``typed``, ``binary``, or ``None`` for typed when the streams are (see
+    :mod:`.typed_source`)."""
+    columns: tuple[str, ...] | None = None
+    """``columns``: the typed fields to read (all of them if ``None``)."""
+    push_filters: bool = False
+    """``pushFilters``: hand Spark's filters on typed fields to the broker (batch reads)."""
     credentials: Credentials = field(default_factory=Credentials)
     options: dict[str, str] = field(default_factory=dict)
     """The options as given, but the credentials' (see :func:`without_credentials`)."""
@@ -323,6 +333,10 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     consumer = opts.get("consumerid") or _default_consumer(opts)
     if "/" in consumer:
         raise InvalidArgumentError(f"option 'consumerId' must not contain '/', got {consumer!r}")
+    if streaming and "pushfilters" in opts:
+        raise InvalidArgumentError(
+            "pushFilters is for batch reads (spark.read): PySpark's streaming readers take no filters"
+        )
     credentials = credentials_option(opts)
     return SourceOptions(
         addresses=addresses_option(opts, nats_always=False),
@@ -347,9 +361,35 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         read_from_replicas=_boolean(opts, "readFromReplicas", False),
         consumer_id=consumer,
         timeout=_seconds(opts, "timeout", 30.0),
+        value_format=_value_format(opts),
+        columns=_columns(opts),
+        push_filters=_boolean(opts, "pushFilters", False),
         credentials=credentials,
         options=without_credentials(options),
     )
+
+
+def _value_format(opts: Mapping[str, str]) -> str | None:
+    given = opts.get("valueformat")
+    if given is None:
+        return None
+    value = given.strip().lower()
+    if value not in ("typed", "binary"):
+        raise InvalidArgumentError(
+            f"option 'valueFormat' must be typed (a typed stream's fields as columns) or binary "
+            f"(Kafka's value bytes), got {shown(given)}"
+        )
+    return value
+
+
+def _columns(opts: Mapping[str, str]) -> tuple[str, ...] | None:
+    given = opts.get("columns")
+    if given is None:
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in given.split(",") if n.strip()))
+    if not names:
+        raise InvalidArgumentError(f"option 'columns' names no field: {shown(given)}")
+    return names
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,8 @@ from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
 from .hints import unknown_stream
@@ -35,6 +38,7 @@ BASE_SCHEMA = (
     "key binary, value binary, stream string, subject string, partition int, offset long, timestamp timestamp"
 )
 HEADERS_FIELD = "headers array<struct<key:string,value:binary>>"
+LOG_COLUMNS = frozenset(LOG_SCHEMA.names)
 READ_BYTES = 16 * 1024 * 1024
 EARLIEST, LATEST = -2, -1
 
@@ -54,15 +58,7 @@ class PartitionState:
 
 def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str, dict[str, PartitionState]]:
     """The streams this source reads, with each partition's readable range."""
-    if options.stream_pattern is not None:
-        pattern = re.compile(options.stream_pattern)
-        infos = [
-            info
-            for info in connection.list_streams()
-            if pattern.fullmatch(info.config["name"]) and not info.config["name"].startswith(INTERNAL_PREFIX)
-        ]
-    else:
-        infos = [_described(connection, name) for name in options.streams]
+    infos = _infos(connection, options)
     layout = {info.config["name"]: _states(info) for info in infos}
     for stream, wanted in (options.assigned or {}).items():
         held = layout[stream]
@@ -73,6 +69,24 @@ def describe(connection: ClusterConnection, options: SourceOptions) -> dict[str,
             )
         layout[stream] = {str(p): held[str(p)] for p in wanted}
     return layout
+
+
+def describe_configs(connection: ClusterConnection, options: SourceOptions) -> dict[str, dict[str, Any]]:
+    """The configurations (their JSON form) of the streams this source reads now, by name."""
+    return {info.config["name"]: info.config for info in _infos(connection, options)}
+
+
+def _infos(connection: ClusterConnection, options: SourceOptions) -> list[StreamInfo]:
+    if options.stream_pattern is not None:
+        pattern = re.compile(options.stream_pattern)
+        infos = [
+            info
+            for info in connection.list_streams()
+            if pattern.fullmatch(info.config["name"]) and not info.config["name"].startswith(INTERNAL_PREFIX)
+        ]
+    else:
+        infos = [_described(connection, name) for name in options.streams]
+    return infos
 
 
 def _described(connection: ClusterConnection, stream: str) -> StreamInfo:
@@ -241,6 +255,7 @@ def read_range(
     timeout: float,
     from_replicas: bool = False,
     credentials: Credentials | None = None,
+    filters: tuple[ColumnFilter, ...] = (),
 ) -> Iterator[pa.RecordBatch]:
     """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
 
@@ -249,7 +264,8 @@ def read_range(
     broker only once.  With ``from_replicas`` an in-sync follower may serve the
     range; the range was planned from the leader's high watermark, so what a
     follower has not committed yet is read from the leader instead of waited
-    for.  ``credentials`` are presented to every broker asked.
+    for.  ``credentials`` are presented to every broker asked.  A typed stream's fields in
+    ``target`` are fetched with the log's columns; ``filters`` are applied by the broker.
     """
     connection = ClusterConnection(spec.broker, timeout=timeout, credentials=credentials)
     columns = _columns_for(target)
@@ -264,6 +280,7 @@ def read_range(
                 max_bytes=READ_BYTES,
                 columns=columns,
                 from_replicas=replicas,
+                filters=filters,
             )
         )
 
@@ -289,7 +306,9 @@ def read_range(
             if offset < result.next_offset < spec.end:
                 ahead = (result.next_offset, replicas, pool.submit(fetch, result.next_offset, replicas))
             for batch in result.batches:
-                # After compaction a row count can reach past the range's end offset.
+                if not batch.num_rows:
+                    continue
+                # After compaction (or filters) a row count can reach past the range's end offset.
                 inside = (
                     batch.filter(pc.less(batch.column(0), spec.end))
                     if batch.column(0)[-1].as_py() >= spec.end
@@ -352,27 +371,34 @@ def _log_start(
     return connection.describe(spec.stream).partitions[spec.partition].log_start_offset
 
 
+ADDED_COLUMNS = ("stream", "partition")
+"""Columns of a Spark row the reader adds (the broker does not send them)."""
+
+
 def _columns_for(target: pa.Schema) -> tuple[str, ...]:
-    """The log columns a Spark row needs: the others never leave the broker."""
-    wanted = {"key", "value", "subject", "offset", "timestamp"}
-    if "headers" in target.names:
-        wanted.add("headers")
-    return tuple(sorted(wanted))
+    """The columns a Spark row needs (the log's, and a typed stream's fields): the others never
+    leave the broker."""
+    wanted = [name for name in target.names if name not in ADDED_COLUMNS]
+    return (*sorted(n for n in wanted if n in LOG_COLUMNS), *(n for n in wanted if n not in LOG_COLUMNS))
 
 
 def to_spark_batch(batch: pa.RecordBatch, stream: str, partition: int, target: pa.Schema) -> pa.RecordBatch:
     """A log batch as the source's row shape, cast to exactly ``target``."""
     n = batch.num_rows
     columns = {
-        "key": batch.column("key"),
-        "value": batch.column("value"),
         "stream": constant_strings(stream, n),
-        "subject": batch.column("subject"),
         "partition": constant_ints(partition, n, pa.int32()),
-        "offset": batch.column("offset"),
-        "timestamp": batch.column("timestamp"),
     }
-    if "headers" in target.names:
-        columns["headers"] = batch.column("headers")
-    arrays = [columns[field.name].cast(field.type) for field in target]
+    arrays = [
+        _cast(columns[field.name] if field.name in columns else batch.column(field.name), field.type)
+        for field in target
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _cast(array: pa.Array, data_type: pa.DataType) -> pa.Array:
+    """``array`` as Spark's Arrow type: timestamps to Spark's microseconds (finer ones truncated,
+    as Spark truncates them), everything else exactly."""
+    if array.type == data_type:
+        return array
+    return array.cast(data_type, safe=not pa.types.is_timestamp(data_type))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NoReturn
 
 import pyarrow as pa
@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    Filter,
     InputPartition,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -38,12 +39,12 @@ from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
 from pyspark_jetstream.protocol.flight import ActionType
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
 
 from . import unpickle
 from .options import (
     Offsets,
     check_option_names,
-    include_headers,
     parse_sink_options,
     parse_source_options,
 )
@@ -56,8 +57,8 @@ from .reading import (
     plan_ranges,
     read_range,
     resolve,
-    spark_schema,
 )
+from .typed_source import check_schema, pushable, spark_struct, value_fields
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +96,23 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         """The format name: ``spark.readStream.format("jetstream")``."""
         return "jetstream"
 
-    def schema(self) -> str:
-        """Rows like Spark's Kafka source, with ``stream`` for ``topic``."""
-        return spark_schema(include_headers(self.options))
+    def schema(self) -> StructType:
+        """Rows like Spark's Kafka source, with ``stream`` for ``topic``; a typed stream's fields in
+        place of ``value`` (see :mod:`.typed_source`), described now."""
+        # Spark does not say whether a batch or a streaming read asks: options of batch reads
+        # only say it is one; otherwise the streaming rules (the laxer about startingOffsets).
+        streaming = not any(name.lower().startswith(("ending", "pushfilters")) for name in self.options)
+        options = parse_source_options(self.options, streaming=streaming)
+        plan = plan_source(options)
+        return spark_struct(options.include_headers, value_fields(connection(plan), options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader (``spark.read.format("jetstream")``)."""
-        return JetStreamBatchReader(plan_source(parse_source_options(self.options, streaming=False)), schema)
+        plan = plan_source(parse_source_options(self.options, streaming=False))
+        fields = _checked_fields(plan, schema)
+        if plan.options.push_filters:
+            return JetStreamFilteringBatchReader(plan, schema, fields)
+        return JetStreamBatchReader(plan, schema, fields)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A streaming reader (``spark.readStream.format("jetstream")``).
@@ -112,9 +123,8 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         used give a reader that raises their error at Spark's first call.
         """
         try:
-            return JetStreamStreamReader(
-                plan_source(parse_source_options(self.options, streaming=True)), schema
-            )
+            plan = plan_source(parse_source_options(self.options, streaming=True))
+            return JetStreamStreamReader(plan, schema, _checked_fields(plan, schema))
         except Exception as exc:  # noqa: BLE001 -- raised again by the reader's first method
             return RefusedStreamReader(exc)
 
@@ -144,13 +154,25 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         return plan_sink(options)
 
 
+def _checked_fields(plan: SourcePlan, schema: StructType) -> pa.Schema | None:
+    """The typed fields the reader reads (see :func:`.typed_source.value_fields`), once
+    ``schema`` (Spark's, perhaps the user's) is checked to be the source's."""
+    fields = value_fields(connection(plan), plan.options)
+    check_schema(schema, spark_struct(plan.options.include_headers, fields))
+    return fields
+
+
 class _Reading(unpickle.ByName):
     """What batch and stream readers share: the options, the schema and the executor read."""
 
-    def __init__(self, plan: SourcePlan, schema: StructType) -> None:
+    def __init__(self, plan: SourcePlan, schema: StructType, fields: pa.Schema | None = None) -> None:
         self.plan = plan
         self.options = plan.options
         self.schema = schema
+        self.fields = fields
+        """A typed stream's fields read as columns (``None``: ``value`` as bytes)."""
+        self.filters: tuple[ColumnFilter, ...] = ()
+        """Filters the broker applies (pushed by Spark to a :class:`JetStreamFilteringBatchReader`)."""
         self._layout: dict[str, dict[str, PartitionState]] = {}
         """The partitions' offsets as last described on the driver: the ranges planned carry them."""
 
@@ -202,6 +224,7 @@ class _Reading(unpickle.ByName):
             timeout=self.options.timeout,
             from_replicas=self.options.read_from_replicas,
             credentials=self.options.credentials,
+            filters=self.filters,
         )
 
 
@@ -224,11 +247,23 @@ class JetStreamBatchReader(_Reading, DataSourceReader):
         return self._ranges(start, end)
 
 
+class JetStreamFilteringBatchReader(JetStreamBatchReader):
+    """A batch reader that hands Spark's filters on typed fields to the broker (option
+    ``pushFilters``; Spark calls :meth:`pushFilters` only with its own
+    ``spark.sql.python.filterPushdown.enabled``, and refuses this reader without it)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Keep the filters the broker can apply (see :mod:`.typed_source`); return the others."""
+        pushed, kept = pushable(filters, self.fields)
+        self.filters = tuple(pushed)
+        return kept
+
+
 class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of committed messages, with admission control and cursors in the log."""
 
-    def __init__(self, plan: SourcePlan, schema: StructType) -> None:
-        super().__init__(plan, schema)
+    def __init__(self, plan: SourcePlan, schema: StructType, fields: pa.Schema | None = None) -> None:
+        super().__init__(plan, schema, fields)
         self._target: Offsets | None = None
         self._last_batch: float | None = None
         """``time.monotonic()`` when the last micro-batch was planned (the first is never delayed)."""

@@ -75,9 +75,9 @@ def test_values_are_parsed_at_ingest_and_stored_as_typed_columns(broker, client)
         return await js.publish("orders", b'{"order_id": 4, "country": "DE"}')
 
     assert with_jetstream(broker.nats_url, work).seq == 3
-    # Readers of the log get its columns, the raw values as sent.
+    # Readers get the log's columns, the raw values as sent, and the typed fields after them.
     table = client.fetch("orders", 0).to_table()
-    assert table.schema.names == LOG_SCHEMA.names and table.num_rows == 4
+    assert table.schema.names == [*LOG_SCHEMA.names, "order_id", "country", "items"] and table.num_rows == 4
     assert table.column("value").to_pylist()[1] == pretty
     # Stored beside them: the typed columns, under schema version 1.
     assert typed_rows(broker, "orders") == [

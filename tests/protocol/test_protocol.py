@@ -38,6 +38,7 @@ from pyspark_jetstream.protocol.flight import (
     response_metadata,
 )
 from pyspark_jetstream.protocol.ipc import decoded_size
+from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import StreamConfig, validate_stream_name, validate_subject
 from pyspark_jetstream.protocol.subjects import subject_matches, subjects_overlap
 
@@ -195,6 +196,12 @@ def test_read_request_round_trip_and_strict_parsing():
     assert ReadRequest.from_ticket(b'{"stream": "s"}') == ReadRequest("s")
     projected = ReadRequest.from_ticket(b'{"stream": "s", "columns": ["value", "key"]}')
     assert projected.columns == ("offset", "key", "value")  # log order, offset always included
+    typed = ReadRequest.from_ticket(b'{"stream": "s", "columns": ["amount", "key", "amount", "region"]}')
+    assert typed.columns == ("offset", "key", "amount", "region")  # fields after: the broker checks them
+    filtered = ReadRequest(
+        "s", filters=(ColumnFilter("in", "region", ("eu", "us")), ColumnFilter("is_null", "x"))
+    )
+    assert ReadRequest.from_ticket(filtered.to_ticket()) == filtered
     for ticket, message in [
         (b"{", "not valid JSON"),
         (b"[]", "must be a JSON object"),
@@ -205,8 +212,14 @@ def test_read_request_round_trip_and_strict_parsing():
         (b'{"stream": "s", "max_wait": 1000}', "max_wait must be 0 to 300"),
         (b'{"stream": "s", "start": {"offset": -4}}', "invalid start"),
         (b'{"stream": "s", "start": "newest"}', "invalid start"),
-        (b'{"stream": "s", "columns": ["value", "colour"]}', "columns must be a non-empty list"),
+        (b'{"stream": "s", "columns": ["value", ""]}', "columns must be a non-empty list"),
         (b'{"stream": "s", "columns": []}', "columns must be a non-empty list"),
+        (b'{"stream": "s", "filters": [["like", "a", "b%"]]}', "unknown filter op 'like'"),
+        (b'{"stream": "s", "filters": [["eq", "a"]]}', "filter 'eq' on 'a' needs a value"),
+        (b'{"stream": "s", "filters": [["eq", "a", null]]}', "a value is a boolean, number or string"),
+        (b'{"stream": "s", "filters": [["in", "a", []]]}', "needs a list of 1 to"),
+        (b'{"stream": "s", "filters": [["is_null", "a", 1]]}', "takes no value"),
+        (b'{"stream": "s", "filters": {"eq": 1}}', "filters must be a list"),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             ReadRequest.from_ticket(ticket)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
 from pyspark.errors import PySparkException
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan, Not
 from pyspark.sql.utils import AnalysisException
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.options import parse_sink_options, parse_source_options
 from pyspark_jetstream.spark.reading import limit_rows
+from pyspark_jetstream.spark.source import JetStreamDataSource
 
 from ..broker.harness import wait_until
 
@@ -175,7 +178,10 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
             "unknown option 'startingOffset'; did you mean 'startingOffsets'?",
         ),
         ({"stream": "a", "includeHeader": "true"}, "did you mean 'includeHeaders'?"),
-        ({"stream": "a", "colour": "blue"}, r"unknown option 'colour' \(known: assign, consumerId,"),
+        (
+            {"stream": "a", "flavour": "blue"},
+            r"unknown option 'flavour' \(known: assign, columns, consumerId,",
+        ),
         (
             {"stream": "a", "kafka.bootstrap.servers": "k:9092"},
             "option 'kafka.bootstrap.servers' is Kafka's: use 'servers'",
@@ -377,12 +383,92 @@ def test_partitions_added_to_a_stream_are_read_from_their_earliest(spark, deploy
     assert rows()[-1] == (3, 2, b"three-2") and len(rows()) == 7
 
 
-def test_a_typed_stream_reads_as_any_other(spark, deployment, client, name):
-    # Its batches carry typed columns beside the log's: the source reads the log's, as before.
-    client.create_stream(name, name, schema={"fields": [{"name": "n", "type": "int32", "nullable": False}]})
-    values = [b'{"n": %d}' % i for i in range(5)]
+TYPED = {
+    "fields": [
+        {"name": "n", "type": "int32", "nullable": False},
+        {"name": "label", "type": "string"},
+        {"name": "at", "type": {"type": "timestamp", "unit": "ms", "tz": "UTC"}},
+        {"name": "price", "type": {"type": "decimal128", "precision": 10, "scale": 2}},
+        {"name": "tags", "type": {"type": "list", "item": "string"}},
+    ]
+}
+
+
+def typed_values(count: int) -> list[bytes]:
+    return [
+        b'{"n": %d, "label": "%s", "at": "2026-01-02T03:04:05.%03dZ", "price": "%d.25", "tags": ["t%d"]}'
+        % (i, b"even" if i % 2 == 0 else b"odd", i, i, i)
+        for i in range(count)
+    ]
+
+
+def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(
+    spark, deployment, client, name, tmp_path
+):
+    client.create_stream(name, name, schema=TYPED)
+    values = typed_values(5)
     client.publish_batch(name, pa.table({"value": values}))
-    client.publish(name, b'{"n": 5}')
-    rows = read(spark, deployment, stream=name).orderBy("offset").collect()
-    assert [r.value for r in rows] == [*values, b'{"n": 5}']
-    assert [r.offset for r in rows] == list(range(6))
+    df = read(spark, deployment, stream=name)
+    assert df.schema.simpleString() == (
+        "struct<key:binary,stream:string,subject:string,partition:int,offset:bigint,timestamp:timestamp,"
+        "n:int,label:string,at:timestamp,price:decimal(10,2),tags:array<string>>"
+    )
+    rows = df.orderBy("offset").collect()
+    assert [(r.n, r.label, r.price, r.tags) for r in rows[:2]] == [
+        (0, "even", Decimal("0.25"), ["t0"]),
+        (1, "odd", Decimal("1.25"), ["t1"]),
+    ]
+    assert rows[3].at == datetime(2026, 1, 2, 3, 4, 5, 3000, tzinfo=UTC).astimezone().replace(tzinfo=None)
+    table = f"typed_{name.replace('-', '_')}"
+    query = (
+        spark.readStream.format("jetstream")
+        .option("servers", deployment.flight)
+        .option("stream", name)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("memory")
+        .queryName(table)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    streamed = spark.table(table).orderBy("offset").collect()
+    assert [(r.n, r.label, r.price) for r in streamed] == [(r.n, r.label, r.price) for r in rows]
+    binary = read(spark, deployment, stream=name, valueFormat="binary").orderBy("offset")
+    assert [r.value for r in binary.collect()] == values
+    narrow = read(spark, deployment, stream=name, columns="label")
+    assert narrow.columns[-2:] == ["timestamp", "label"] and narrow.filter("label = 'odd'").count() == 2
+    with pytest.raises(Exception, match="option 'columns' names 'colour', which is not a field"):
+        read(spark, deployment, stream=name, columns="colour")
+    with pytest.raises(Exception, match="the schema given .* is not this source's"):
+        spark.read.format("jetstream").schema("key binary, value binary").option(
+            "servers", deployment.flight
+        ).option("stream", name).load().collect()
+
+
+def test_filters_on_typed_fields_are_pushed_to_the_broker(spark, deployment, client, name):
+    client.create_stream(name, name, schema=TYPED)
+    client.publish_batch(name, pa.table({"value": typed_values(40)}))
+    options = {"servers": deployment.flight, "stream": name, "pushfilters": "true"}
+    source = JetStreamDataSource(options)
+    schema = source.schema()
+    pushed = [GreaterThanOrEqual(("n",), 30), EqualTo(("label",), "odd")]
+    kept = [LessThan(("price",), 3), EqualTo(("n",), 2**40), Not(EqualTo(("n",), 1))]
+
+    def rows_crossing(filters):
+        reader = source.reader(schema)
+        assert list(reader.pushFilters(filters)) == [f for f in filters if f in kept]
+        return sum(b.num_rows for p in reader.partitions() for b in reader.read(p))
+
+    assert rows_crossing([]) == 40
+    assert rows_crossing(pushed + kept) == 5  # 31, 33, ..., 39: the rest never left the broker
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read(spark, deployment, stream=name, pushFilters="true")
+        found = df.filter("n >= 30 AND label = 'odd' AND n <> 33").orderBy("n").collect()
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+    assert [r.n for r in found] == [31, 35, 37, 39]
+    with pytest.raises(InvalidArgumentError, match="pushFilters is for batch reads"):
+        parse_source_options({"servers": "grpc://x:1", "stream": name, "pushfilters": "true"}, streaming=True)
