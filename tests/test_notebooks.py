@@ -20,6 +20,7 @@ def test_the_notebooks_exist():
         "03_replay_from_a_timestamp",
         "04_outbox_to_spark",
         "05_delta_lake",
+        "06_typed_streams",
     ]
 
 
