@@ -46,14 +46,19 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 from pyspark_jetstream.protocol.typed_rows import conform
 
 from .partitioners import key_hash
-from .publish_options import PublishOptions, as_batch, check_message_id, deduplicated, with_ids
+from .publish_options import (
+    PublishOptions,
+    as_batch,
+    check_message_id,
+    check_typed_batches,
+    deduplicated,
+    with_ids,
+)
 from .resend import Resender
 from .routing import METADATA_MAX_AGE, Routes, Target
 
 logger = logging.getLogger(__name__)
 
-TYPED_BATCHES = "typed-batches"
-"""The feature a broker registers when it stores typed rows sent as typed columns."""
 _CARRIED = ("key", "headers")
 """A typed batch's columns that are not fields: they travel beside the typed columns."""
 
@@ -217,13 +222,7 @@ class Publisher:
             return
         if self._metadata is None:
             raise InvalidArgumentError("this publisher cannot learn the brokers' features: send JSON values")
-        brokers = (await self._metadata())["brokers"]
-        older = sorted(b["broker_id"] for b in brokers if TYPED_BATCHES not in b.get("features", ()))
-        if older:
-            raise InvalidArgumentError(
-                f"broker(s) {', '.join(older)} run a version that cannot store typed rows sent as "
-                "columns: upgrade every broker first, or publish JSON values (a 'value' column)"
-            )
+        check_typed_batches((await self._metadata())["brokers"])
         self._typed_checked = loop.time()
 
     async def partition_for(self, stream: str, key: bytes | None = None) -> int:
