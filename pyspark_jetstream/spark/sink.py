@@ -391,10 +391,11 @@ def _row_sizes(batch: pa.RecordBatch) -> pa.Array:
 
 
 def _value_sizes(array: pa.Array) -> pa.Array:
-    """Bytes of each value of a typed column (a null: 0), a function of the value alone."""
+    """Bytes of each value of a typed column as an Arrow IPC batch holds it (at least: a value's
+    bytes, and its offset and validity bit), a function of the value alone."""
     data_type = array.type
     if pa.types.is_string(data_type) or pa.types.is_binary(data_type):
-        sizes = pc.binary_length(array).cast(pa.int64())
+        sizes = pc.add(pc.fill_null(pc.binary_length(array).cast(pa.int64()), 0), 5)
     elif pa.types.is_struct(data_type):
         sizes = pa.repeat(pa.scalar(1, pa.int64()), len(array))
         for i in range(data_type.num_fields):
@@ -403,10 +404,11 @@ def _value_sizes(array: pa.Array) -> pa.Array:
         items = _value_sizes(array.values)
         ends = pc.cumulative_sum(pa.concat_arrays([pa.array([0], pa.int64()), items]))
         offsets = array.offsets
-        sizes = pc.subtract(ends.take(offsets.slice(1)), ends.take(offsets.slice(0, len(array))))
+        spans = pc.subtract(ends.take(offsets.slice(1)), ends.take(offsets.slice(0, len(array))))
+        sizes = pc.add(spans, 5)
     else:
-        sizes = pa.repeat(pa.scalar(max(data_type.bit_width // 8, 1), pa.int64()), len(array))
-    return pc.if_else(array.is_valid(), sizes, 0) if array.null_count else sizes
+        sizes = pa.repeat(pa.scalar(max(data_type.bit_width // 8, 1) + 1, pa.int64()), len(array))
+    return sizes
 
 
 class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):
