@@ -371,7 +371,7 @@ def test_typed_rows_that_cannot_be_written_fail_at_planning_naming_the_column(
 
 def test_a_value_that_does_not_fit_fails_the_task_naming_the_column(spark, deployment, client, name):
     client.create_stream(name, name, schema=TYPED_ORDERS)
-    df = spark.sql("SELECT CAST(id AS BIGINT) * 10000000000 AS order_id FROM RANGE(3)")
+    df = spark.sql("SELECT (id + 1) * 10000000000 AS order_id FROM RANGE(3)")  # no row fits
     with pytest.raises(Exception, match="column 'order_id': a value does not fit int32"):
         df.write.format("jetstream").mode("append").options(
             servers=deployment.flight, nats=deployment.nats_url, stream=name
