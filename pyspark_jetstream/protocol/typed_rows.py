@@ -126,7 +126,7 @@ def exactly(batch: pa.RecordBatch, fields: pa.Schema) -> pa.RecordBatch:
 
 def render_json(batch: pa.RecordBatch) -> pa.Array:
     """Each row of ``batch`` (typed columns, checked) as the text of one JSON object, ``binary``."""
-    text = _object([(f.name, _json(batch.column(i))) for i, f in enumerate(batch.schema)], None)
+    text = _object([(f.name, batch.column(i)) for i, f in enumerate(batch.schema)], None)
     return text.view(pa.binary())
 
 
@@ -233,7 +233,7 @@ def _json(array: pa.Array) -> pa.Array:
     data_type = array.type
     types = pa.types
     if types.is_struct(data_type):
-        children = [(data_type.field(i).name, _json(array.field(i))) for i in range(data_type.num_fields)]
+        children = [(data_type.field(i).name, array.field(i)) for i in range(data_type.num_fields)]
         text = _object(children, array)
     elif types.is_list(data_type):
         items = _json(array.values)
@@ -243,7 +243,7 @@ def _json(array: pa.Array) -> pa.Array:
     elif types.is_boolean(data_type):
         text = pc.if_else(array, "true", "false")
     elif types.is_string(data_type):
-        text = _quoted(array)
+        text = pc.binary_join_element_wise('"', _escaped(array), '"', "")
     elif types.is_date32(data_type):
         text = array.cast(pa.int32()).cast(pa.string())
     elif types.is_timestamp(data_type):
@@ -256,24 +256,32 @@ def _json(array: pa.Array) -> pa.Array:
 
 
 def _object(children: list[tuple[str, pa.Array]], parent: pa.Array | None) -> pa.Array:
-    """The JSON objects of ``children`` (name, JSON text) row by row; ``null`` where ``parent``
-    (a struct array) is null."""
+    """The JSON objects of ``children`` (name, values) row by row; ``null`` where ``parent`` (a
+    struct array) is null.  One join of every piece: a string field without nulls has its quotes
+    in the constant pieces beside it (a join of its own per field would cost as much again)."""
     pieces: list[str | pa.Array] = []
-    for n, (name, text) in enumerate(children):
-        pieces += [("{" if n == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":", text]
+    before = "{"  # what goes before the next field's name
+    for name, array in children:
+        key = before + json.dumps(name, ensure_ascii=False) + ":"
+        if pa.types.is_string(array.type) and not array.null_count:
+            pieces += [key + '"', _escaped(array)]
+            before = '",'
+        else:
+            pieces += [key, _json(array)]
+            before = ","
     if not pieces:
         length = len(parent) if parent is not None else 0
         return pa.repeat(pa.scalar("{}"), length)
-    text = pc.binary_join_element_wise(*pieces, "}", "")
+    text = pc.binary_join_element_wise(*pieces, before[:-1] + "}", "")
     if parent is not None and parent.null_count:
         text = pc.if_else(parent.is_valid(), text, "null")
     return text
 
 
-def _quoted(array: pa.Array) -> pa.Array:
-    """Strings as JSON strings: ``\\`` and ``"`` escaped by kernels, a control character by ``json``;
-    each pass only when the strings' bytes hold such a character (a scan of the bytes is cheaper
-    than a pass over the strings)."""
+def _escaped(array: pa.Array) -> pa.Array:
+    """Strings as the inside of JSON strings: ``\\`` and ``"`` escaped by kernels, a control
+    character by ``json``; each pass only when the strings' bytes hold such a character (a scan
+    of the bytes is cheaper than a pass over the strings)."""
     data = _utf8_bytes(array)
     escaped = array
     if pc.any(pc.or_(pc.equal(data, 0x22), pc.equal(data, 0x5C))).as_py():
@@ -283,7 +291,7 @@ def _quoted(array: pa.Array) -> pa.Array:
         rows = pc.indices_nonzero(controls)
         replacements = [json.dumps(s, ensure_ascii=False)[1:-1] for s in array.take(rows).to_pylist()]
         escaped = pc.replace_with_mask(escaped, controls, pa.array(replacements, pa.string()))
-    return pc.binary_join_element_wise('"', escaped, '"', "")
+    return escaped
 
 
 def _utf8_bytes(array: pa.Array) -> pa.Array:
