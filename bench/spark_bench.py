@@ -12,7 +12,16 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
 3. Delta: ``readStream.format("jetstream")`` -> ``from_json`` of the orders ->
    ``writeStream.format("delta")`` (AvailableNow, a checkpoint, a new table
    each run), against the same pipeline reading the same rows from Parquet;
-4. Kafka as the peer (``bench/kafka_peer.py`` starts a single-node KRaft
+4. typed rows: batch ``df.write`` of the same orders into a typed stream
+   (the orders' schema), as typed columns (a DataFrame of the fields: no JSON
+   anywhere, the broker renders each row's value from them) against as JSON
+   ``value`` s (which the broker parses), both read from Parquet, a new
+   2-partition stream per run, the sides taking turns at going first
+   (``typed_sink_ratio_to_json_sink``: above 1, typed rows are faster); and
+   against the columns made JSON in Spark (``to_json(struct(...))``, what a
+   pipeline holding columns does without typed rows:
+   ``typed_sink_ratio_to_to_json_sink``);
+5. Kafka as the peer (``bench/kafka_peer.py`` starts a single-node KRaft
    Kafka 3.9 and stops it by pid): the same rows in a 4-partition stream and
    a 4-partition topic, read with ``readStream`` (AvailableNow) into ``noop``
    by each side's source; and batch ``df.write`` of the same rows by each
@@ -83,6 +92,26 @@ ORDER_SCHEMA = (
     "order_id bigint, customer string, amount bigint, currency string, status string, "
     "items array<struct<sku:string,qty:int,price:bigint>>, ts bigint"
 )
+ITEM = {
+    "type": "struct",
+    "fields": [
+        {"name": "sku", "type": "string"},
+        {"name": "qty", "type": "int32"},
+        {"name": "price", "type": "int64"},
+    ],
+}
+TYPED_ORDERS = {
+    "fields": [
+        {"name": "order_id", "type": "int64", "nullable": False},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "int64"},
+        {"name": "currency", "type": "string"},
+        {"name": "status", "type": "string"},
+        {"name": "items", "type": {"type": "list", "item": ITEM}},
+        {"name": "ts", "type": "int64"},
+    ]
+}
+"""The orders as a typed stream's schema (the same fields as ``ORDER_SCHEMA``)."""
 
 
 class ArrowFileSource(DataSource):
@@ -338,6 +367,54 @@ def measure(
     return results
 
 
+def measure_typed_sink(
+    spark: SparkSession, client: SyncClient, broker: LocalBroker, work: Path, n: int, runs: int = RUNS
+) -> dict[str, float]:
+    """Batch writes of ``n`` orders into a typed stream: as typed columns against as JSON values,
+    in rows per second (medians of ``runs`` alternating runs).  Exits when a write stored another
+    number of rows."""
+    from pyspark_jetstream.protocol.typed_values import parse_json
+    from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
+
+    schema = StreamSchema.first(SchemaDocument.from_json(TYPED_ORDERS))
+    (work / "typed-json").mkdir()
+    (work / "typed-columns").mkdir()
+    for p in range(2):
+        values, _ = orders(n // 2, p * (n // 2), seed=SEED + p)
+        pq.write_table(pa.table({"value": values}), work / "typed-json" / f"part-{p}.parquet")
+        parsed = parse_json(values.to_pylist(), schema)  # the same rows as columns, untimed
+        assert parsed.typed is not None and not parsed.refused
+        pq.write_table(pa.table(parsed.typed.batch), work / "typed-columns" / f"part-{p}.parquet")
+    columns = spark.read.parquet(str(work / "typed-columns"))
+    frames = {
+        "json": spark.read.parquet(str(work / "typed-json")),
+        "typed": columns,
+        # What a pipeline holding the columns does without typed rows: renders the JSON in Spark.
+        "to_json": columns.select(sf.to_json(sf.struct(*columns.columns)).alias("value")),
+    }
+    options = {"servers": broker.flight, "nats": str(broker.nats_url)}
+    samples: dict[str, list[float]] = {side: [] for side in frames}
+    for i in range(runs):
+        for side in sorted(frames, reverse=i % 2 == 1):  # the sides take turns at going first
+            stream = f"typed-{side}-{i}"
+            client.create_stream(stream, stream, partitions=2, schema=TYPED_ORDERS)
+            writer = frames[side].write.format("jetstream").mode("append").options(**options, stream=stream)
+            samples[side].append(timed(writer.save))
+            stored = sum(p.high_watermark for p in client.describe_stream(stream).partitions)
+            if stored != n:
+                raise SystemExit(f"the {side} write stored {stored} rows in {stream}, not {n}")
+    typed = n / statistics.median(samples["typed"])
+    json_rows = n / statistics.median(samples["json"])
+    to_json = n / statistics.median(samples["to_json"])
+    return {
+        "typed_sink_rows_per_s": typed,
+        "json_sink_into_typed_rows_per_s": json_rows,
+        "typed_sink_ratio_to_json_sink": typed / json_rows,
+        "to_json_sink_into_typed_rows_per_s": to_json,
+        "typed_sink_ratio_to_to_json_sink": typed / to_json,
+    }
+
+
 def measure_kafka(
     spark: SparkSession,
     client: SyncClient,
@@ -531,6 +608,7 @@ def main() -> None:
                     writer.write_table(table, max_chunksize=chunk)
                 pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
             results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
+            results |= measure_typed_sink(spark, client, broker, work, n, runs)
             results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
     finally:
         spark.stop()
@@ -582,6 +660,19 @@ def main() -> None:
             "delta: Parquet -> from_json -> Delta",
             results["parquet_delta_rows_per_s"],
             results["delta_ratio"],
+            "",
+        ),
+        ("typed: df.write typed rows into a typed stream", results["typed_sink_rows_per_s"], None, ""),
+        (
+            "typed: df.write JSON values into it",
+            results["json_sink_into_typed_rows_per_s"],
+            1 / results["typed_sink_ratio_to_json_sink"],
+            "",
+        ),
+        (
+            "typed: df.write to_json(struct(fields)) into it",
+            results["to_json_sink_into_typed_rows_per_s"],
+            1 / results["typed_sink_ratio_to_to_json_sink"],
             "",
         ),
         ("kafka: readStream jetstream -> noop", results["kafka_peer_jetstream_read_rows_per_s"], None, ""),

@@ -484,6 +484,7 @@ class BrokerService:
                     "flight": b.flight_address,
                     "nats": list(b.nats_urls),
                     "rack": b.rack,
+                    "features": list(b.features),
                 }
                 for b in coordinator.brokers()
             ],

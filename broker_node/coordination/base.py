@@ -156,8 +156,10 @@ class StreamMetadata:
     stream_id: str
 
 
-FEATURES = ("reassign", "schema")
-"""The features this version registers with."""
+FEATURES = ("reassign", "schema", "typed-batches")
+"""The features this version registers with (``typed-batches``: it stores a typed stream's rows
+sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; clients send them only
+when every broker has it)."""
 
 
 def new_stream_id() -> str:

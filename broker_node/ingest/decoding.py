@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark_jetstream.protocol.ack import STREAM_MISMATCH
 from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.envelope import (
+    TYPED_COLUMN,
     AckPolicy,
     BatchTooLargeError,
     Envelope,
@@ -285,7 +286,8 @@ def ids_of(table: pa.Table) -> list[tuple[str, int]]:
 
 
 def envelope_table(envelope: Envelope, subject: str) -> pa.Table:
-    """An envelope's messages as an Arrow table in the log's input columns."""
+    """An envelope's messages as an Arrow table in the log's input columns (a typed batch's: its
+    ``typed`` column instead of ``value``, which the partition renders from it)."""
     if envelope.batch is None:
         headers = [[{"key": k, "value": v} for k, v in envelope.headers] or None]
         batch = pa.record_batch(
@@ -304,4 +306,8 @@ def envelope_table(envelope: Envelope, subject: str) -> pa.Table:
         columns["producer_id"] = constant_strings(envelope.producer_id, n)
         position = producer_position(envelope.producer_epoch, envelope.sequence)
         columns["sequence"] = constant_ints(position, n, pa.int64())
-    return pa.table(columns)
+    table = pa.table(columns)
+    if TYPED_COLUMN in columns:  # its field says the schema version: kept for the partition
+        index = table.schema.get_field_index(TYPED_COLUMN)
+        table = table.set_column(index, batch.schema.field(TYPED_COLUMN), columns[TYPED_COLUMN])
+    return table

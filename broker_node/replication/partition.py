@@ -58,8 +58,10 @@ from broker_node.log.append_input import Records
 from broker_node.log.frames import decode
 from broker_node.log.logging_labels import Labels
 from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.envelope import TYPED_COLUMN, typed_version
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
+    InvalidArgumentError,
     JetStreamError,
     NotEnoughReplicasError,
     NotLeaderError,
@@ -67,6 +69,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.typed_rows import exactly, problem, render_json
 from pyspark_jetstream.protocol.typed_values import InvalidValuesError, TypedValues, parse_json
 
 from .cursors import CURSOR_STREAM, CursorTable
@@ -288,10 +291,15 @@ class Partition:
         A typed stream's values are parsed here, under the schema version
         current now (see :mod:`pyspark_jetstream.protocol.typed_values`), and
         stored with the batch: ``InvalidValuesError`` names each message that
-        does not match, and nothing is stored.
+        does not match, and nothing is stored.  A typed batch (an Arrow input
+        with a ``typed`` column, see :mod:`pyspark_jetstream.protocol.typed_rows`)
+        is checked instead of parsed, and its values are the JSON text of its
+        rows; ``InvalidArgumentError`` names the field that does not match.
         """
         typed = None
-        if self.config.schema is not None:
+        if isinstance(records, pa.Table | pa.RecordBatch) and TYPED_COLUMN in records.schema.names:
+            records, typed = self._checked(records)
+        elif self.config.schema is not None:
             records, typed = self._parsed(records)
         if not self._role_lock.acquire(blocking=wait):
             return None
@@ -327,6 +335,43 @@ class Partition:
         if parsed.refused:
             raise InvalidValuesError(parsed.refused, stream=self.stream, partition=self.number)
         return records, parsed.typed
+
+    def _checked(self, records: pa.Table | pa.RecordBatch) -> tuple[pa.Table, TypedValues]:
+        """A typed batch's typed columns checked against the schema version they say they hold (the
+        client is not trusted), and its records with each row's value rendered from them."""
+        where = f"stream {self.stream!r} partition {self.number}"
+        schema = self.config.schema
+        if schema is None:
+            raise InvalidArgumentError(
+                f"{where} is not typed: typed rows go to a typed stream (send JSON values here)",
+                stream=self.stream,
+                partition=self.number,
+            )
+        version = typed_version(records)
+        if version is None or version > schema.version:
+            raise InvalidArgumentError(
+                f"{where}: the typed rows are of schema version {version}, but the stream has versions "
+                f"1 to {schema.version}",
+                stream=self.stream,
+                partition=self.number,
+            )
+        table = records if isinstance(records, pa.Table) else pa.Table.from_batches([records])
+        column = table.column(TYPED_COLUMN).combine_chunks()
+        fields = schema.versions[version - 1]
+        found = "a row is null" if column.null_count else None
+        columns = pa.RecordBatch.from_struct_array(column) if found is None else None
+        if columns is not None:
+            found = problem(columns, fields)
+        if found is not None or columns is None:
+            raise InvalidArgumentError(
+                f"{where}: the typed rows do not match schema version {version}: {found}",
+                stream=self.stream,
+                partition=self.number,
+            )
+        checked = exactly(columns, fields)
+        index = table.schema.get_field_index(TYPED_COLUMN)
+        rows = table.set_column(index, "value", render_json(checked))
+        return rows, TypedValues(version, checked)
 
     def append_idempotent(
         self,

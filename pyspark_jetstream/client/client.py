@@ -81,6 +81,7 @@ class Client:
             describe=self._admin.describe_stream,
             leadership=self._admin.leadership,
             metadata_max_age=metadata_max_age,
+            metadata=self._admin.metadata,
         )
 
     @classmethod
@@ -380,7 +381,15 @@ class Client:
         """Publish many messages as one Arrow batch in one envelope, stored as one batch.
 
         ``data`` has a ``value`` column and optionally ``key`` and ``headers``
-        (or is a list of dicts with those keys).  All go to one partition:
+        (or is a list of dicts with those keys).  For a typed stream, ``data``
+        may instead hold the stream's fields as columns, beside ``key`` and
+        ``headers`` (no ``value``): the rows are sent as typed columns of the
+        schema's current version, cast where no value is lost (see
+        :mod:`pyspark_jetstream.protocol.typed_rows`); a column that is not a
+        field, a missing non-nullable field or a type that does not fit fails
+        here naming the column, and the broker checks them again and stores
+        them without parsing JSON (each row's value is their JSON text).
+        All go to one partition:
         ``partition`` (default 0), or the one ``subject`` belongs to.
         Idempotence as for :meth:`publish`.
 

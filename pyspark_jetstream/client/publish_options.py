@@ -84,6 +84,22 @@ def deduplicated(fields: Mapping[str, Any]) -> bool:
     return len(rows) == batch.num_rows
 
 
+TYPED_BATCHES = "typed-batches"
+"""The feature a broker registers when it stores a typed stream's rows sent as typed columns."""
+
+
+def check_typed_batches(brokers: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a typed batch while a broker of the cluster's metadata (``brokers``, each with its
+    ``features``) does not register :data:`TYPED_BATCHES`: one of an older version would take it
+    for a plain message, which a typed stream refuses without an ack to the publisher."""
+    older = sorted(str(b["broker_id"]) for b in brokers if TYPED_BATCHES not in b.get("features", ()))
+    if older:
+        raise InvalidArgumentError(
+            f"broker(s) {', '.join(older)} run a version that cannot store typed rows sent as "
+            "columns: upgrade every broker first, or publish JSON values (a 'value' column)"
+        )
+
+
 def check_message_id(
     message_id: object, headers: tuple[tuple[str, bytes], ...], producer_id: str | None
 ) -> None:

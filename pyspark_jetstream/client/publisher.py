@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from pyspark_jetstream.protocol.ack import Ack, decode_acks
-from pyspark_jetstream.protocol.envelope import Envelope, EnvelopeError, encode
+from pyspark_jetstream.protocol.envelope import Envelope, EnvelopeError, encode, typed_batch
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -43,13 +43,24 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.typed_rows import conform
 
 from .partitioners import key_hash
-from .publish_options import PublishOptions, as_batch, check_message_id, deduplicated, with_ids
+from .publish_options import (
+    PublishOptions,
+    as_batch,
+    check_message_id,
+    check_typed_batches,
+    deduplicated,
+    with_ids,
+)
 from .resend import Resender
 from .routing import METADATA_MAX_AGE, Routes, Target
 
 logger = logging.getLogger(__name__)
+
+_CARRIED = ("key", "headers")
+"""A typed batch's columns that are not fields: they travel beside the typed columns."""
 
 PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 """nats-server's error for a publish the user's permissions refuse (nats-py reports it lower-cased)."""
@@ -68,10 +79,12 @@ class Publisher:
         describe: Callable[[str], Awaitable[StreamInfo]],
         leadership: Callable[[str], Awaitable[StreamInfo]],
         metadata_max_age: float = METADATA_MAX_AGE,
+        metadata: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         """``describe(stream)`` reads a stream before its first publish; ``leadership(stream)``
         reads its leaders when the resender checks for a change, and its configuration again
-        after ``metadata_max_age`` seconds; ``user`` is named in refusals."""
+        after ``metadata_max_age`` seconds; ``metadata()`` reads the cluster's brokers (and their
+        features) before a typed batch; ``user`` is named in refusals."""
         self.nc = nc
         self.timeout = timeout
         self._user = user
@@ -91,6 +104,9 @@ class Publisher:
         self._ack_sub: Any = None
         self.resender = Resender(leadership, nc.publish)
         self.routes = Routes(describe, self.resender.learn, user, reread=leadership, max_age=metadata_max_age)
+        self._metadata = metadata
+        self._typed_checked: float | None = None
+        """``loop.time()`` when every broker was last seen to take typed batches."""
 
     async def start(self) -> None:
         """Subscribe to the ack inbox."""
@@ -152,7 +168,10 @@ class Publisher:
         message_ids: Sequence[str] | pa.Array | str | None,
         options: PublishOptions,
     ) -> asyncio.Future[Ack] | None:
-        """Send one Arrow batch; a future for its ack, or ``None`` (see :meth:`.Client.publish_batch`)."""
+        """Send one Arrow batch; a future for its ack, or ``None`` (see :meth:`.Client.publish_batch`).
+
+        A batch without a ``value`` column to a typed stream is a typed batch: its columns but
+        ``key`` and ``headers`` are the stream's fields (see :meth:`_typed`)."""
         batch = as_batch(data)
         if message_ids is not None:
             if options.producer_id is not None:
@@ -166,6 +185,8 @@ class Publisher:
             partition = 0
         async with self._publishing:
             target = await self.routes.target(stream, None, partition, key_hash, options.subject)
+            if stream is not None and "value" not in batch.schema.names:
+                batch = await self._typed(stream, batch)
             fields = {
                 "batch": batch,
                 "producer_id": options.producer_id,
@@ -173,6 +194,36 @@ class Publisher:
                 "sequence": options.sequence,
             }
             return await self._send(target, options, fields)
+
+    async def _typed(self, stream: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (the stream's fields, and maybe ``key`` and ``headers``) as a typed envelope
+        batch of the stream's current schema version, its columns cast as
+        :func:`~pyspark_jetstream.protocol.typed_rows.conform` says; ``InvalidArgumentError``
+        naming the column, or the brokers that cannot store typed batches."""
+        config = self.routes.streams[stream]
+        if config.schema is None:
+            raise InvalidArgumentError(
+                f"the batch has no 'value' column, and stream {stream!r} is not typed (it has no "
+                f"schema whose fields the columns could be): its columns are {', '.join(batch.schema.names)}"
+            )
+        await self._check_typed_batches()
+        schema = config.schema
+        carried = [n for n in batch.schema.names if n in _CARRIED]
+        columns = batch.drop_columns(carried)
+        others = batch.select(carried) if carried else None
+        return typed_batch(conform(columns, schema.current, schema.version), schema.version, others)
+
+    async def _check_typed_batches(self) -> None:
+        """Refuse a typed batch while a broker cannot store it (a broker of an older version takes
+        it for a plain message, which a typed stream refuses); read again after the metadata's
+        ``max_age``."""
+        loop = asyncio.get_running_loop()
+        if self._typed_checked is not None and loop.time() - self._typed_checked < self.routes.max_age:
+            return
+        if self._metadata is None:
+            raise InvalidArgumentError("this publisher cannot learn the brokers' features: send JSON values")
+        check_typed_batches((await self._metadata())["brokers"])
+        self._typed_checked = loop.time()
 
     async def partition_for(self, stream: str, key: bytes | None = None) -> int:
         """The partition a publish of ``key`` to ``stream`` goes to (the default partitioner)."""

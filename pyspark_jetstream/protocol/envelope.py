@@ -10,9 +10,10 @@ Layout, version 2 (integers little-endian)::
     4       1     version: 2
     5       1     flags: bit 0 key present, bit 1 value present,
                   bit 2 payload is an Arrow batch, bit 3 producer present,
-                  bit 4 target present, bit 5 message id present; other bits
-                  zero.  Bits 1 and 2 are exclusive, and so are bit 5 and
-                  bits 2 and 3.
+                  bit 4 target present, bit 5 message id present, bit 6 the
+                  batch is typed; other bits zero.  Bits 1 and 2 are
+                  exclusive, and so are bit 5 and bits 2 and 3; bit 6 goes
+                  with bit 2.
     6       1     ack policy: 0 NONE, 1 LEADER, 2 ALL
     7       1     reserved: 0
     8       ...   str16  ack inbox        (length 0: no ack requested)
@@ -24,7 +25,8 @@ Layout, version 2 (integers little-endian)::
                   u16 header count, then per header: str16 name, bytes32 value
                   if value:    bytes32 value
                   if batch:    bytes32 Arrow IPC stream of one or more batches with
-                               a ``value`` column and optionally ``key`` and ``headers``
+                               a ``value`` column (a typed batch: a ``typed`` column
+                               instead) and optionally ``key`` and ``headers``
 
     str16   = u16 length, then that many bytes of UTF-8
     bytes32 = u32 length, then that many bytes
@@ -58,6 +60,18 @@ Message id
     not combined).  Added without a new version: an envelope without one is
     byte for byte what it was.
 
+Typed batches
+    A typed stream's rows as the columns of its fields rather than JSON
+    values (see :mod:`.typed_rows`): the batch's ``typed`` column is a struct
+    of one schema version's fields, and that column's field metadata says
+    which version (``jetstream.schema_version``, in decimal).  The partition
+    leader checks the columns against that version and stores them without
+    parsing JSON; each row's value is their JSON text.  Added without a new
+    version: a broker from before typed batches refuses bit 6, so it takes
+    the payload for a plain message, which a typed stream refuses (it is not
+    a JSON object) -- and clients send typed batches only once every broker
+    registers the ``typed-batches`` feature.
+
 Batches
     The batch's IPC buffers may be compressed; its decoded size is checked
     against the caller's limit before anything is decompressed
@@ -81,10 +95,15 @@ _HEADER = struct.Struct("<4sBBBB")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _EPOCH_SEQUENCE = struct.Struct("<II")
-_KEY, _VALUE, _BATCH, _PRODUCER, _TARGET, _MESSAGE_ID = 1, 2, 4, 8, 16, 32
+_KEY, _VALUE, _BATCH, _PRODUCER, _TARGET, _MESSAGE_ID, _TYPED = 1, 2, 4, 8, 16, 32, 64
 MAX_EPOCH = 2**31 - 1
 MAX_SEQUENCE = 2**32 - 1
 _BATCH_COLUMNS = frozenset({"key", "value", "headers"})
+TYPED_COLUMN = "typed"
+"""A typed batch's column of the rows' fields (a struct), in place of ``value``."""
+SCHEMA_VERSION_KEY = b"jetstream.schema_version"
+"""The ``typed`` column's field metadata: the schema version of its fields, in decimal."""
+_TYPED_COLUMNS = frozenset({"key", TYPED_COLUMN, "headers"})
 
 
 class AckPolicy(enum.IntEnum):
@@ -144,7 +163,8 @@ class Envelope(NamedTuple):
     producer_id: str | None = None
     sequence: int | None = None
     batch: pa.RecordBatch | None = None
-    """Many messages: columns ``value`` and optionally ``key`` and ``headers``."""
+    """Many messages: columns ``value`` (or ``typed``, see :func:`typed_batch`) and optionally
+    ``key`` and ``headers``."""
     stream: str | None = None
     """The target stream (with ``partition``): only that partition acks."""
     partition: int | None = None
@@ -179,6 +199,7 @@ def encode(envelope: Envelope) -> bytes:
         | (_PRODUCER if envelope.producer_id is not None else 0)
         | (_TARGET if envelope.stream is not None else 0)
         | (_MESSAGE_ID if envelope.message_id is not None else 0)
+        | (_TYPED if envelope.batch is not None and TYPED_COLUMN in envelope.batch.schema.names else 0)
     )
     parts: list[bytes | memoryview] = [
         _HEADER.pack(MAGIC, VERSION, flags, int(envelope.ack_policy), 0),
@@ -231,9 +252,10 @@ def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
     if version != VERSION:
         raise EnvelopeError(f"unsupported envelope version {version}")
     if (
-        flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER | _TARGET | _MESSAGE_ID)
+        flags & ~(_KEY | _VALUE | _BATCH | _PRODUCER | _TARGET | _MESSAGE_ID | _TYPED)
         or reserved
         or (flags & _VALUE and flags & _BATCH)
+        or (flags & _TYPED and not flags & _BATCH)
         or (flags & _MESSAGE_ID and flags & (_BATCH | _PRODUCER))
     ):
         raise EnvelopeError(f"invalid envelope flags {flags:#04x}")
@@ -305,7 +327,7 @@ def decode(payload: bytes, *, max_batch_bytes: int | None = None) -> Envelope:
                         partition=partition,
                     )
                     raise BatchTooLargeError(decoded, max_batch_bytes, header)
-                batch = _parse_batch(body)
+                batch = _parse_batch(body, typed=bool(flags & _TYPED))
     except struct.error:
         raise EnvelopeError(f"envelope ends early: {size} bytes") from None
     except UnicodeDecodeError:
@@ -363,18 +385,47 @@ def _batch_size(data: bytes) -> int:
         raise EnvelopeError(f"the batch is not a valid Arrow IPC stream: {exc}") from None
 
 
-def _parse_batch(data: bytes) -> pa.RecordBatch:
+def typed_batch(typed: pa.RecordBatch, version: int, others: pa.RecordBatch | None = None) -> pa.RecordBatch:
+    """The envelope batch of typed rows: ``typed`` (the columns of version ``version``'s fields)
+    as its ``typed`` column, beside the ``key`` and ``headers`` columns of ``others``."""
+    metadata = {SCHEMA_VERSION_KEY: str(version).encode()}
+    column = pa.StructArray.from_arrays(typed.columns, fields=list(typed.schema))
+    arrays = [] if others is None else [others.column(n) for n in others.schema.names]
+    fields = [] if others is None else list(others.schema)
+    field = pa.field(TYPED_COLUMN, column.type, nullable=False, metadata=metadata)
+    return pa.RecordBatch.from_arrays([*arrays, column], schema=pa.schema([*fields, field]))
+
+
+def typed_version(batch: pa.RecordBatch | pa.Table) -> int | None:
+    """The schema version a typed batch's ``typed`` column says it holds; ``None`` if it has no such
+    column, or it says none (or not a positive number)."""
+    index = batch.schema.get_field_index(TYPED_COLUMN)
+    if index < 0:
+        return None
+    metadata = batch.schema.field(index).metadata or {}
+    text = metadata.get(SCHEMA_VERSION_KEY, b"")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _parse_batch(data: bytes, *, typed: bool = False) -> pa.RecordBatch:
     # Arrow reports malformed input in several ways; all of them mean "not an envelope".
     try:
         table = pa.ipc.open_stream(data).read_all()
         table.validate(full=True)
     except Exception as exc:  # noqa: BLE001
         raise EnvelopeError(f"the batch is not a valid Arrow IPC stream: {exc}") from None
-    unknown = sorted(set(table.schema.names) - _BATCH_COLUMNS)
-    if unknown or "value" not in table.schema.names:
-        raise EnvelopeError(
-            f"a batch needs a 'value' column and only key/value/headers, got {table.schema.names}"
-        )
+    names = table.schema.names
+    if typed:
+        unknown = sorted(set(names) - _TYPED_COLUMNS)
+        struct = TYPED_COLUMN in names and pa.types.is_struct(table.schema.field(TYPED_COLUMN).type)
+        if unknown or not struct:
+            raise EnvelopeError(
+                f"a typed batch needs a struct column 'typed' and only key/typed/headers, got {names}"
+            )
+        if typed_version(table) is None:
+            raise EnvelopeError("a typed batch's 'typed' column does not say its schema version")
+    elif set(names) - _BATCH_COLUMNS or "value" not in names:
+        raise EnvelopeError(f"a batch needs a 'value' column and only key/value/headers, got {names}")
     if table.num_rows == 0:
         raise EnvelopeError("the batch has no rows")
     return table.combine_chunks().to_batches()[0]

@@ -175,7 +175,7 @@ def _read(data: bytes, fields: pa.Schema) -> pa.RecordBatch | Exception:
     """One read of ``data`` by pyarrow's JSON reader: the batch, or the reader's error.
 
     The reader is given ``fields`` with every field nullable: it would refuse a null struct
-    holding a non-nullable field, which the schema allows; :func:`_violation` checks
+    holding a non-nullable field, which the schema allows; :func:`null_violation` checks
     nullability instead, and the columns then take ``fields``' types.
     """
     try:
@@ -188,15 +188,15 @@ def _read(data: bytes, fields: pa.Schema) -> pa.RecordBatch | Exception:
         )
         columns = reader.read_next_batch().columns  # one block: one batch
     except StopIteration:
-        columns = [pa.array([], f.type) for f in _nullable(fields)]
+        columns = [pa.array([], f.type) for f in nullable_schema(fields)]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError) as exc:
         return exc
     for column, field in zip(columns, fields, strict=True):
-        path = _violation(column, field, field.name)
+        path = null_violation(column, field, field.name)
         if path is not None:
             return NullFieldError(path)
     batch = pa.RecordBatch.from_arrays(
-        [_retyped(c, f.type) for c, f in zip(columns, fields, strict=True)], schema=fields
+        [retyped(c, f.type) for c, f in zip(columns, fields, strict=True)], schema=fields
     )
     try:
         batch.validate(full=True)  # the reader does not check that strings are UTF-8
@@ -213,19 +213,19 @@ class NullFieldError(ValueError):
         self.path = path
 
 
-def _retyped(array: pa.Array, data_type: pa.DataType) -> pa.Array:
+def retyped(array: pa.Array, data_type: pa.DataType) -> pa.Array:
     """``array`` (as the reader makes it: offset 0, every field nullable) with ``data_type``, which
-    differs at most in nullability; its nulls are known to be allowed (see :func:`_violation`),
+    differs at most in nullability; its nulls are known to be allowed (see :func:`null_violation`),
     but a cast would refuse the nulls a non-nullable field holds under a null parent."""
     if array.type == data_type:
         return array
     if pa.types.is_struct(data_type):
-        children = [_retyped(array.field(i), data_type.field(i).type) for i in range(data_type.num_fields)]
+        children = [retyped(array.field(i), data_type.field(i).type) for i in range(data_type.num_fields)]
         return pa.Array.from_buffers(
             data_type, len(array), array.buffers()[:1], array.null_count, array.offset, children
         )
     if pa.types.is_list(data_type):
-        values = _retyped(array.values, data_type.value_type)
+        values = retyped(array.values, data_type.value_type)
         return pa.Array.from_buffers(
             data_type, len(array), array.buffers()[:2], array.null_count, array.offset, [values]
         )
@@ -235,22 +235,22 @@ def _retyped(array: pa.Array, data_type: pa.DataType) -> pa.Array:
 @functools.lru_cache(maxsize=64)
 def _options(fields: pa.Schema) -> pa_json.ParseOptions:
     return pa_json.ParseOptions(
-        explicit_schema=_nullable(fields), newlines_in_values=True, unexpected_field_behavior="error"
+        explicit_schema=nullable_schema(fields), newlines_in_values=True, unexpected_field_behavior="error"
     )
 
 
 @functools.lru_cache(maxsize=64)
-def _nullable(fields: pa.Schema) -> pa.Schema:
+def nullable_schema(fields: pa.Schema) -> pa.Schema:
     """``fields`` with every field nullable, at every depth."""
-    return pa.schema([_nullable_field(f) for f in fields])
+    return pa.schema([nullable_field(f) for f in fields])
 
 
-def _nullable_field(field: pa.Field) -> pa.Field:
+def nullable_field(field: pa.Field) -> pa.Field:
     data_type = field.type
     if pa.types.is_struct(data_type):
-        data_type = pa.struct([_nullable_field(f) for f in data_type])
+        data_type = pa.struct([nullable_field(f) for f in data_type])
     elif pa.types.is_list(data_type):
-        data_type = pa.list_(_nullable_field(data_type.value_field))
+        data_type = pa.list_(nullable_field(data_type.value_field))
     return pa.field(field.name, data_type, nullable=True)
 
 
@@ -317,7 +317,7 @@ def _reason(error: Exception) -> str:
     return _ROW.sub("", text.removeprefix("JSON parse error: "))  # the row of a one-value read
 
 
-def _violation(array: pa.Array, field: pa.Field, path: str) -> str | None:
+def null_violation(array: pa.Array, field: pa.Field, path: str) -> str | None:
     if array.null_count:
         if not field.nullable:
             return path
@@ -325,11 +325,11 @@ def _violation(array: pa.Array, field: pa.Field, path: str) -> str | None:
     data_type = field.type
     if pa.types.is_struct(data_type):
         for i, child in enumerate(data_type):
-            found = _violation(array.field(i), child, f"{path}.{child.name}")
+            found = null_violation(array.field(i), child, f"{path}.{child.name}")
             if found is not None:
                 return found
     elif pa.types.is_list(data_type):
-        return _violation(array.flatten(), data_type.value_field, f"{path}[]")
+        return null_violation(array.flatten(), data_type.value_field, f"{path}[]")
     return None
 
 

@@ -33,6 +33,21 @@ column and row).  Other columns are ignored.  The sink's own exactly-once
 comes from its producer sequences: rows with ids are stored as the chunk
 carries them, and the broker remembers their ids, so a later publish of the
 same id by anyone else is a duplicate within the stream's window.
+
+Typed rows: into a typed stream (the ``stream`` option names one with a
+schema), input without a ``value`` column is written as typed rows: every
+column but the sink's own (``key``, ``headers``, ``partition``, ``subject``,
+``messageId``) is a field of the schema's current version, and the rows go
+as Arrow columns of those fields (see
+:mod:`pyspark_jetstream.protocol.typed_rows`), never as JSON; the partition
+leader checks them and stores them as the frame's typed columns, and each
+row's value is their JSON text.  Checked at planning, in one line naming the
+column: a column that is not a field, a missing non-nullable field, a type
+that cannot be cast to the field's without losing values, and a ``value``
+column beside fields (a typed row's value is rendered from its fields: write
+one or the other).  Values that do not fit (an integer out of a narrower
+type's range, a null in a non-nullable field, NaN) fail the task's first
+batch holding one, naming the column.
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.sync import SyncClient
@@ -58,7 +74,8 @@ from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.headers import checked_message_ids, with_message_ids
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
-from pyspark_jetstream.protocol.streams import partition_subject
+from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+from pyspark_jetstream.protocol.typed_rows import conform
 
 from . import unpickle
 from .options import SinkOptions
@@ -74,12 +91,42 @@ RETRY_BACKOFF = 0.2
 """Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
+SINK_COLUMNS = frozenset({"key", "value", "headers", "partition", "subject", "messageid"})
+"""The sink's own input columns (lower-cased, as Spark compares names); in typed rows, every other
+column is a field."""
 
 
-def check_input_schema(schema: StructType, options: SinkOptions) -> None:
-    """Fail at planning, naming the column, if the input cannot be written."""
+def typed_input(schema: StructType, config: StreamConfig | None) -> bool:
+    """Whether the input is written as typed rows: into a typed stream, without a ``value`` column."""
+    return (
+        config is not None
+        and config.schema is not None
+        and "value" not in {f.name.lower() for f in schema.fields}
+    )
+
+
+def check_input_schema(
+    schema: StructType, options: SinkOptions, config: StreamConfig | None = None, *, known: bool = True
+) -> None:
+    """Fail at planning, naming the column, if the input cannot be written into the stream of
+    ``config`` (typed rows are checked against its schema).  ``known=False``: the stream's
+    configuration is not known yet, so input without ``value`` may still be typed rows."""
     names = {f.name.lower(): f for f in schema.fields}
-    if "value" not in names:
+    if config is not None and config.schema is not None:
+        fields = [f.name for f in schema.fields if f.name.lower() not in SINK_COLUMNS]
+        if "value" in names and fields:
+            raise InvalidArgumentError(
+                f"column {names['value'].name!r} beside the fields {', '.join(fields)} of typed stream "
+                f"{config.name!r}: a typed row's value is the JSON of its fields; drop 'value' to write "
+                "typed rows, or the fields to write JSON values"
+            )
+    if typed_input(schema, config):
+        assert config is not None and config.schema is not None
+        data = [f for f in schema.fields if f.name.lower() not in SINK_COLUMNS]
+        arrow = to_arrow_schema(StructType(data), timezone="UTC")
+        # The columns' types checked on no rows: a type that cannot be cast fails now, naming it.
+        conform(_empty(arrow), config.schema.current, config.schema.version)
+    elif "value" not in names and (known or options.stream is None):
         raise InvalidArgumentError(
             "writing to jetstream needs a 'value' column (binary or string); "
             f"the input has {schema.fieldNames()}"
@@ -106,10 +153,12 @@ class _Publishing(unpickle.ByName):
     """The executor side shared by batch and streaming writers."""
 
     def __init__(self, plan: SinkPlan, schema: StructType) -> None:
-        check_input_schema(schema, plan.options)  # again, for a writer made without the data source
+        # Again, for a writer made without the data source.
+        check_input_schema(schema, plan.options, plan.stream_config)
         self.plan = plan
         self.options = plan.options
         self.stream_config = plan.stream_config
+        self.typed = typed_input(schema, plan.stream_config)
 
     def _publish(self, batches: Iterator[pa.RecordBatch], producer_id: str, epoch: int) -> int:
         context = TaskContext.get()
@@ -150,6 +199,8 @@ class _Publishing(unpickle.ByName):
                 batch.column(names["messageid"]), batch.num_rows, f"column {names['messageid']!r}"
             )
             columns["headers"] = with_message_ids(columns.get("headers"), ids)
+        if self.typed:
+            columns.update(self._fields(batch))
         payload = pa.record_batch(columns)
         if "subject" in names:
             subjects = batch.column(names["subject"])
@@ -190,6 +241,18 @@ class _Publishing(unpickle.ByName):
             return
         for number in pc.unique(targets).to_pylist():
             yield partition_subject(config.subject, number), payload.filter(pc.equal(targets, number))
+
+    def _fields(self, batch: pa.RecordBatch) -> dict[str, pa.Array]:
+        """The typed columns of ``batch``: its columns but the sink's, as the schema's fields."""
+        config = self.stream_config
+        assert config is not None and config.schema is not None
+        data = batch.select([n for n in batch.schema.names if n.lower() not in SINK_COLUMNS])
+        typed = conform(data, config.schema.current, config.schema.version)
+        return dict(zip(typed.schema.names, typed.columns, strict=True))
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
 
 
 class _Sent(NamedTuple):
@@ -313,11 +376,39 @@ class Chunker:
 
 
 def _row_sizes(batch: pa.RecordBatch) -> pa.Array:
-    """Bytes per row counted toward a chunk: key, value and header values, plus 16 of overhead."""
-    sizes = pc.add(pc.fill_null(pc.binary_length(batch.column("value")), 0), 16)
+    """Bytes per row counted toward a chunk: key, value and header values, plus 16 of overhead;
+    typed rows (no value): their fields' bytes instead of the value's."""
+    if "value" in batch.schema.names:
+        sizes = pc.add(pc.fill_null(pc.binary_length(batch.column("value")), 0), 16)
+    else:
+        sizes = pa.repeat(pa.scalar(16, pa.int64()), batch.num_rows)
+        for name in batch.schema.names:
+            if name not in ("key", "headers"):
+                sizes = pc.add(sizes, _value_sizes(batch.column(name)))
     if "key" in batch.schema.names:
         sizes = pc.add(sizes, pc.fill_null(pc.binary_length(batch.column("key")), 0))
     return sizes.cast(pa.int64())
+
+
+def _value_sizes(array: pa.Array) -> pa.Array:
+    """Bytes of each value of a typed column as an Arrow IPC batch holds it (at least: a value's
+    bytes, and its offset and validity bit), a function of the value alone."""
+    data_type = array.type
+    if pa.types.is_string(data_type) or pa.types.is_binary(data_type):
+        sizes = pc.add(pc.fill_null(pc.binary_length(array).cast(pa.int64()), 0), 5)
+    elif pa.types.is_struct(data_type):
+        sizes = pa.repeat(pa.scalar(1, pa.int64()), len(array))
+        for i in range(data_type.num_fields):
+            sizes = pc.add(sizes, _value_sizes(array.field(i)))
+    elif pa.types.is_list(data_type):
+        items = _value_sizes(array.values)
+        ends = pc.cumulative_sum(pa.concat_arrays([pa.array([0], pa.int64()), items]))
+        offsets = array.offsets
+        spans = pc.subtract(ends.take(offsets.slice(1)), ends.take(offsets.slice(0, len(array))))
+        sizes = pc.add(spans, 5)
+    else:
+        sizes = pa.repeat(pa.scalar(max(data_type.bit_width // 8, 1) + 1, pa.int64()), len(array))
+    return sizes
 
 
 class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):

@@ -146,12 +146,15 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         return JetStreamStreamWriter(self._sink_plan(schema), schema)
 
     def _sink_plan(self, schema: StructType) -> SinkPlan:
-        """The writer's options and input columns checked, then its plan (the first network call)."""
+        """The writer's options parsed and its input columns checked, then its plan (the first network
+        call: the stream's configuration), and the input checked against that too."""
         from .sink import check_input_schema
 
         options = parse_sink_options(self.options)
-        check_input_schema(schema, options)
-        return plan_sink(options)
+        check_input_schema(schema, options, known=False)  # what needs no stream's configuration
+        plan = plan_sink(options)
+        check_input_schema(schema, options, plan.stream_config)  # typed rows: against its schema
+        return plan
 
 
 def _checked_fields(plan: SourcePlan, schema: StructType) -> pa.Schema | None:

@@ -8,7 +8,7 @@ import pytest
 
 from pyspark_jetstream.client.client import _options
 from pyspark_jetstream.client.partitioners import key_hash
-from pyspark_jetstream.client.publish_options import DEFAULT_OPTIONS, PublishOptions
+from pyspark_jetstream.client.publish_options import DEFAULT_OPTIONS, PublishOptions, check_typed_batches
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
@@ -56,3 +56,16 @@ def test_the_publish_calls_share_one_options_object_at_the_defaults():
     assert _options(**{**defaults, "ack_policy": AckPolicy.ALL}) == PublishOptions(ack_policy=AckPolicy.ALL)
     with pytest.raises(InvalidArgumentError, match="got sequence 1 without a producer_id"):
         _options(**{**defaults, "sequence": 1})
+
+
+def test_typed_batches_are_refused_while_a_broker_does_not_register_them():
+    new = {"broker_id": "b1", "flight": "grpc://a", "features": ["schema", "typed-batches"]}
+    check_typed_batches([new, {**new, "broker_id": "b2"}])
+    older = {"broker_id": "b3", "flight": "grpc://c", "features": ["reassign", "schema"]}
+    oldest = {"broker_id": "b2", "flight": "grpc://b"}  # from before features were listed
+    with pytest.raises(InvalidArgumentError) as refused:
+        check_typed_batches([new, older, oldest])
+    assert str(refused.value) == (
+        "broker(s) b2, b3 run a version that cannot store typed rows sent as columns: upgrade every "
+        "broker first, or publish JSON values (a 'value' column)"
+    )

@@ -258,3 +258,77 @@ def test_a_field_named_as_a_log_column_is_refused_at_create_and_update(broker, c
         client.update_schema(
             "t", {"fields": [{"name": "n", "type": "int64"}, {"name": "partition", "type": "int32"}]}
         )
+
+
+def test_a_typed_batch_is_stored_as_sent_with_its_json_as_the_value(broker, client):
+    client.create_stream("orders", "orders", schema=ORDERS)
+    client.publish("orders", b'{"order_id": 1, "country": "NL"}')  # parsed, as before
+    rows = pa.table(
+        {
+            "order_id": pa.array([2, 3], pa.int64()),  # cast to the schema's int32: the values fit
+            "items": [[{"sku": 'say "hi"'}], None],
+            "key": [b"k2", None],
+        }
+    )
+    ack = client.publish_batch("orders", rows, producer_id="p", sequence=0)
+    assert (ack.first_offset, ack.last_offset) == (1, 2)
+    table = client.fetch("orders", 0).to_table()
+    assert table.column("key").to_pylist() == [None, b"k2", None]
+    # Each typed row's value is the JSON of its fields, every field of the version, in order.
+    assert table.column("value").to_pylist()[1:] == [
+        b'{"order_id":2,"country":null,"items":[{"sku":"say \\"hi\\""}]}',
+        b'{"order_id":3,"country":null,"items":null}',
+    ]
+    assert typed_rows(broker, "orders") == [
+        (1, {"order_id": 1, "country": "NL", "items": None}),
+        (1, {"order_id": 2, "country": None, "items": [{"sku": 'say "hi"'}]}),
+        (1, {"order_id": 3, "country": None, "items": None}),
+    ]
+    # The client refuses what cannot be cast, naming the column, before anything is sent.
+    with pytest.raises(InvalidArgumentError, match="column 'order_id': a value does not fit int32"):
+        client.publish_batch("orders", pa.table({"order_id": pa.array([2**40], pa.int64())}))
+    with pytest.raises(InvalidArgumentError, match="column 'coupon' is not a field"):
+        client.publish_batch("orders", pa.table({"order_id": [1], "coupon": ["FREE"]}))
+    with pytest.raises(InvalidArgumentError, match="column 'order_id' is missing, but the schema"):
+        client.publish_batch("orders", pa.table({"country": ["NL"]}))
+
+
+def test_typed_columns_that_do_not_match_are_refused_by_the_broker_naming_the_field(broker, client):
+    """The broker checks typed columns again (a client is not trusted): sent as a raw envelope."""
+    from pyspark_jetstream.protocol.ack import decode_acks
+    from pyspark_jetstream.protocol.envelope import Envelope, encode, typed_batch
+
+    client.create_stream("orders", "orders", schema=ORDERS)
+    client.create_stream("plain", "plain")
+
+    def send(stream: str, columns: dict, version: int = 1) -> str:
+        batch = typed_batch(pa.record_batch(columns), version)
+        payload = encode(Envelope(batch=batch, ack_inbox="acks", stream=stream, partition=0))
+
+        async def run():
+            nc = await nats.connect(broker.nats_url)
+            try:
+                subscription = await nc.subscribe("acks")
+                await nc.publish(stream, payload)
+                (ack,) = decode_acks((await subscription.next_msg(timeout=5)).data)
+                return ack.message
+            finally:
+                await nc.close()
+
+        return asyncio.run(run())
+
+    wrong_type = send("orders", {"order_id": pa.array([1], pa.int64()), "country": ["NL"]})
+    assert "field 'order_id': int64, but the schema says int32" in wrong_type
+    items = pa.array([None, None], pa.list_(pa.struct([pa.field("sku", pa.string(), nullable=False)])))
+    null = send(
+        "orders", {"order_id": pa.array([1, None], pa.int32()), "country": ["NL", None], "items": items}
+    )
+    assert "field 'order_id': null, but the schema says it is not nullable" in null
+    missing = send("orders", {"order_id": pa.array([1], pa.int32())})
+    assert "field 'country': missing" in missing
+    later = send("orders", {"order_id": pa.array([1], pa.int32())}, version=2)
+    assert "schema version 2, but the stream has versions 1 to 1" in later
+    untyped = send("plain", {"order_id": pa.array([1], pa.int32())})
+    assert "is not typed" in untyped
+    assert client.describe_stream("orders").partitions[0].log_end_offset == 0
+    assert client.describe_stream("plain").partitions[0].log_end_offset == 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import json
 import os
+import re
 import time
 import zlib
 
@@ -124,7 +126,7 @@ def test_rows_can_pick_their_subject(spark, deployment, client, name):
 @pytest.mark.parametrize(
     ("frame", "options", "message"),
     [
-        ("key string", {"stream": "x"}, "needs a 'value' column"),
+        ("key string, subject string", {}, "needs a 'value' column"),
         ("value int", {"stream": "x"}, "column 'value' is int"),
         ("value string, messageId int", {"stream": "x"}, "column 'messageId' is int"),
         ("value string", {}, "set the option 'stream' or give a 'subject' column"),
@@ -290,3 +292,88 @@ def test_the_sink_takes_the_sources_address_options_and_refuses_what_it_cannot_d
     with pytest.raises(Exception, match="column 'partition' has values outside 0..0"):
         writer(wrong).option("servers", deployment.flight).save()
     assert sorted(values_of(client, name)) == [b"a", b"b"]
+
+
+TYPED_ORDERS = {
+    "fields": [
+        {"name": "order_id", "type": "int32", "nullable": False},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": {"type": "decimal128", "precision": 12, "scale": 2}},
+        {"name": "ordered_at", "type": {"type": "timestamp", "unit": "ms", "tz": "UTC"}},
+        {
+            "name": "items",
+            "type": {
+                "type": "list",
+                "item": {
+                    "type": "struct",
+                    "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int32"}],
+                },
+            },
+        },
+    ]
+}
+
+
+def test_typed_rows_are_written_as_typed_columns_and_read_back(spark, deployment, client, name):
+    from ..broker.test_typed_ingest import stored_typed
+
+    client.create_stream(name, name, partitions=2, schema=TYPED_ORDERS)
+    df = spark.sql(
+        "SELECT CAST(id AS BIGINT) AS order_id, IF(id % 3 = 0, NULL, CONCAT('c-', id)) AS customer, "
+        "CAST(id * 1.25 AS DECIMAL(10, 2)) AS amount, "
+        "TIMESTAMP_MILLIS(1700000000000 + id) AS ordered_at, "
+        "ARRAY(NAMED_STRUCT('sku', CONCAT('s', id), 'qty', CAST(id % 5 AS INT))) AS items, "
+        "CAST(id AS STRING) AS key FROM RANGE(200)"
+    ).repartition(2)
+    df.write.format("jetstream").mode("append").options(
+        servers=deployment.flight, nats=deployment.nats_url, stream=name
+    ).save()
+    typed, values = [], []
+    for partition in range(2):
+        stored = stored_typed(deployment, name, partition)
+        assert all(t is not None and t.version == 1 for _, t in stored)  # every batch typed as sent
+        typed += [row for _, t in stored for row in t.batch.to_pylist()]
+        values += client.fetch(name, partition).to_table().column("value").to_pylist()
+    assert sorted(row["order_id"] for row in typed) == list(range(200))
+    first = next(row for row in typed if row["order_id"] == 7)
+    assert first["customer"] == "c-7" and str(first["amount"]) == "8.75"
+    assert first["ordered_at"].timestamp() == 1700000000.007
+    assert first["items"] == [{"sku": "s7", "qty": 2}]
+    # Each row's value is the JSON of its fields, which a plain client can read.
+    assert json.loads(next(v for v in values if v.startswith(b'{"order_id":7,'))) == {
+        "order_id": 7,
+        "customer": "c-7",
+        "amount": 8.75,
+        "ordered_at": "2023-11-14T22:13:20.007Z",
+        "items": [{"sku": "s7", "qty": 2}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ("order_id int, coupon string", "column 'coupon' is not a field of the stream's schema version 1"),
+        ("customer string", "column 'order_id' is missing, but the schema (version 1) says it is not"),
+        ("order_id string", "column 'order_id' is string, but the schema says int32"),
+        ("order_id int, amount double", "column 'amount' is double, but the schema says decimal128"),
+        ("order_id int, value string", "column 'value' beside the fields order_id of typed stream"),
+    ],
+)
+def test_typed_rows_that_cannot_be_written_fail_at_planning_naming_the_column(
+    spark, deployment, client, frame, message
+):
+    if "typed-planning" not in {s.config["name"] for s in client.list_streams()}:
+        client.create_stream("typed-planning", "typed-planning", schema=TYPED_ORDERS)
+    writer = spark.createDataFrame([], frame).write.format("jetstream").mode("append")
+    with pytest.raises(Exception, match=re.escape(message)):  # Spark wraps the error
+        writer.options(servers=deployment.flight, stream="typed-planning").save()
+
+
+def test_a_value_that_does_not_fit_fails_the_task_naming_the_column(spark, deployment, client, name):
+    client.create_stream(name, name, schema=TYPED_ORDERS)
+    df = spark.sql("SELECT (id + 1) * 10000000000 AS order_id FROM RANGE(3)")  # no row fits
+    with pytest.raises(Exception, match="column 'order_id': a value does not fit int32"):
+        df.write.format("jetstream").mode("append").options(
+            servers=deployment.flight, nats=deployment.nats_url, stream=name
+        ).save()
+    assert client.describe_stream(name).partitions[0].log_end_offset == 0
