@@ -21,7 +21,16 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
    against the columns made JSON in Spark (``to_json(struct(...))``, what a
    pipeline holding columns does without typed rows:
    ``typed_sink_ratio_to_to_json_sink``);
-5. Kafka as the peer (``bench/kafka_peer.py`` starts a single-node KRaft
+5. typed reads: the orders-per-currency aggregation (``groupBy("currency")``,
+   count and sum of ``amount``: the demo's orders per country on these
+   orders) as batch reads of the same N orders from a typed stream (its
+   columns, and with ``columns=currency,amount``) against ``from_json`` of
+   the two fields it needs on a raw stream and on Spark's Kafka source (a
+   2-partition topic written from the same values); an untimed run of each
+   first, which also checks that the four answers agree, then the sides in
+   turns (``typed_ratio_to_from_json``, ``typed_ratio_to_kafka_from_json``;
+   above 1, typed is faster);
+6. Kafka as the peer (``bench/kafka_peer.py`` starts a single-node KRaft
    Kafka 3.9 and stops it by pid): the same rows in a 4-partition stream and
    a 4-partition topic, read with ``readStream`` (AvailableNow) into ``noop``
    by each side's source; and batch ``df.write`` of the same rows by each
@@ -415,6 +424,98 @@ def measure_typed_sink(
     }
 
 
+def measure_typed_reads(
+    spark: SparkSession,
+    client: SyncClient,
+    broker: LocalBroker,
+    kafka: KafkaBroker,
+    work: Path,
+    n: int,
+    runs: int = RUNS,
+) -> dict[str, float]:
+    """The orders-per-currency aggregation (the demo's orders per country, on the bench's orders)
+    over ``n`` published JSON orders, batch reads: a typed stream's columns against ``from_json``
+    on a raw stream and on Spark's Kafka source reading the same values; rows/s, medians of
+    ``runs`` rounds, the sides taking turns at going first.  Exits if the answers differ."""
+    for name, schema in (("orders-typed", TYPED_ORDERS), ("orders-raw", None)):
+        client.create_stream(name, name, partitions=2, schema=schema)
+    (work / "typed-read").mkdir()
+    for p in range(2):
+        values, _ = orders(n // 2, p * (n // 2), seed=SEED + p)
+        chunk = min(CHUNK, PUBLISH_BYTES // pc.max(pc.binary_length(values)).as_py())
+        publish(client, "orders-typed", values, p, chunk)
+        publish(client, "orders-raw", values, p, chunk)
+        numbers = pa.array(np.full(len(values), p, np.int32))
+        pq.write_table(
+            pa.table({"value": values, "partition": numbers}), work / "typed-read" / f"{p}.parquet"
+        )
+    admin = KafkaAdmin(spark, kafka.bootstrap)
+    try:
+        admin.create_topic("orders-raw", 2)
+        spark.read.parquet(str(work / "typed-read")).write.format("kafka").mode("append").options(
+            **{"kafka.bootstrap.servers": kafka.bootstrap, **KAFKA_PRODUCER}, topic="orders-raw"
+        ).save()
+        if admin.end_offsets("orders-raw") != n:
+            raise SystemExit(f"Kafka holds {admin.end_offsets('orders-raw')} orders, not {n}")
+    finally:
+        admin.close()
+
+    def ours(stream: str, **options: str) -> DataFrame:
+        return (
+            spark.read.format("jetstream")
+            .option("servers", broker.flight)
+            .option("stream", stream)
+            .options(**options)
+            .load()
+        )
+
+    kafka_rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("subscribe", "orders-raw")
+        .load()
+    )
+    # The peers parse only the two fields the query needs: the least work from_json can do.
+    needed = "currency string, amount bigint"
+
+    def parsed(frame: DataFrame) -> DataFrame:
+        return frame.select(sf.from_json(sf.col("value").cast("string"), needed).alias("o")).select("o.*")
+
+    per_currency = {
+        "typed": ours("orders-typed"),
+        "typed_columns": ours("orders-typed", columns="currency,amount"),
+        "from_json": parsed(ours("orders-raw")),
+        "kafka_from_json": parsed(kafka_rows),
+    }
+
+    def query(frame: DataFrame) -> Callable[[], list[tuple[str, int, int]]]:
+        # A new aggregation each run: collecting the same DataFrame again reuses its shuffle's
+        # output (Spark skips the finished map stage), so nothing would be read a second time.
+        return lambda: sorted(
+            tuple(r) for r in frame.groupBy("currency").agg(sf.count("*"), sf.sum("amount")).collect()
+        )
+
+    runs_of = {side: query(frame) for side, frame in per_currency.items()}
+    answers = {side: run() for side, run in runs_of.items()}  # untimed warm-up, and the answers
+    if len({repr(a) for a in answers.values()}) != 1 or sum(a[1] for a in answers["typed"]) != n:
+        raise SystemExit(f"the per-currency answers differ: {answers}")
+    samples: dict[str, list[float]] = {side: [] for side in runs_of}
+    for i in range(runs):
+        for side in sorted(runs_of, reverse=i % 2 == 1):
+            samples[side].append(timed(runs_of[side]))
+    rates = {side: n / statistics.median(values) for side, values in samples.items()}
+    return {
+        "typed_query_rows_per_s": rates["typed"],
+        "typed_columns_query_rows_per_s": rates["typed_columns"],
+        "from_json_query_rows_per_s": rates["from_json"],
+        "kafka_from_json_query_rows_per_s": rates["kafka_from_json"],
+        "typed_ratio_to_from_json": rates["typed"] / rates["from_json"],
+        "typed_ratio_to_kafka_from_json": rates["typed"] / rates["kafka_from_json"],
+        "typed_columns_ratio_to_from_json": rates["typed_columns"] / rates["from_json"],
+        "typed_columns_ratio_to_kafka_from_json": rates["typed_columns"] / rates["kafka_from_json"],
+    }
+
+
 def measure_kafka(
     spark: SparkSession,
     client: SyncClient,
@@ -610,6 +711,7 @@ def main() -> None:
             results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
             results |= measure_typed_sink(spark, client, broker, work, n, runs)
             results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
+            results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -688,6 +790,25 @@ def main() -> None:
             results["kafka_write_rows_per_s"],
             results["kafka_write_ratio"],
             ">= 1.5",
+        ),
+        ("typed: orders per currency, typed stream", results["typed_query_rows_per_s"], None, ""),
+        (
+            "typed: the same, raw stream + from_json",
+            results["from_json_query_rows_per_s"],
+            results["typed_ratio_to_from_json"],
+            ">= 2",
+        ),
+        (
+            "typed: the same, Kafka source + from_json",
+            results["kafka_from_json_query_rows_per_s"],
+            results["typed_ratio_to_kafka_from_json"],
+            ">= 3",
+        ),
+        (
+            "typed: typed stream, columns=currency,amount",
+            results["typed_columns_query_rows_per_s"],
+            results["typed_columns_ratio_to_from_json"],
+            "",
         ),
     ]
     for label, rate, ratio, target in table:
