@@ -30,6 +30,7 @@ rows of its typed columns (:func:`sliced_frame`).
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Iterable
 
 import pyarrow as pa
@@ -84,21 +85,81 @@ def _schema_message(schema: pa.Schema) -> bytes:
 def typed_of(frame: pa.Buffer) -> TypedValues | None:
     """The typed columns stored in ``frame`` and their schema version; ``None`` for a frame of an
     untyped batch.  ``ValueError`` if they are there but do not decode."""
-    message = pa.ipc.read_message(frame)
-    if TYPED_KEY not in message.metadata.to_pybytes():
-        return None  # cheap: the key is spelled out in the message's flatbuffer when present
-    reader = pa.ipc.open_stream(pa.py_buffer(_LOG_SCHEMA_MESSAGE.to_pybytes() + frame.to_pybytes()))
-    batch, metadata = reader.read_next_batch_with_custom_metadata()
-    if metadata is None or TYPED_KEY not in metadata:
+    try:
+        rows, pairs = _message_parts(pa.ipc.read_message(frame).metadata)
+    except (struct.error, IndexError) as exc:
+        raise ValueError(f"the frame's message header does not decode: {exc}") from exc
+    if TYPED_KEY not in pairs:
         return None
     try:
-        version = int(metadata[VERSION_KEY])
-        typed = pa.ipc.open_stream(pa.py_buffer(metadata[TYPED_KEY])).read_next_batch()
+        version = int(pairs[VERSION_KEY].to_pybytes())
+        typed = pa.ipc.open_stream(pairs[TYPED_KEY]).read_next_batch()
     except (KeyError, ValueError, pa.ArrowException) as exc:
         raise ValueError(f"the frame's typed columns do not decode: {exc}") from exc
-    if typed.num_rows != batch.num_rows:
-        raise ValueError(f"the frame holds {batch.num_rows} rows but typed columns of {typed.num_rows}")
+    if typed.num_rows != rows:
+        raise ValueError(f"the frame holds {rows} rows but typed columns of {typed.num_rows}")
     return TypedValues(version, typed)
+
+
+def _message_parts(header: pa.Buffer) -> tuple[int, dict[bytes, pa.Buffer]]:
+    """The row count and the custom metadata of a record-batch message, read from its flatbuffer
+    ``header`` (``pyarrow.ipc.Message.metadata``) in place: the values are slices of it, so the
+    typed columns are neither copied nor is the frame's batch decoded to find them (pyarrow
+    gives a message's custom metadata only with its batch, from a stream reader).
+
+    The layout is Arrow's ``Message.fbs``: the root table ``Message`` has fields ``version`` (0),
+    ``header_type`` (1), ``header`` (2: a ``RecordBatch`` table, whose field 0 is ``length``),
+    ``bodyLength`` (3) and ``custom_metadata`` (4: a vector of ``KeyValue`` tables, fields
+    ``key`` and ``value``, both strings).  Offsets are little-endian; a flatbuffer that does not
+    hold together raises ``struct.error`` or ``IndexError``."""
+    view = memoryview(header)
+    root = _at(view, 0)
+    batch = _field(view, root, 2)
+    length = None if batch is None else _field(view, _at(view, batch), 0)
+    rows = 0 if length is None else struct.unpack_from("<q", view, length)[0]
+    pairs: dict[bytes, pa.Buffer] = {}
+    vector = _field(view, root, 4)
+    if vector is not None:
+        start = _at(view, vector)
+        for i in range(struct.unpack_from("<I", view, start)[0]):
+            entry = _at(view, start + 4 + 4 * i)
+            key, value = _field(view, entry, 0), _field(view, entry, 1)
+            if key is None or value is None:
+                raise IndexError(f"custom metadata entry {i} lacks its key or value")
+            key_at, key_size = _string(view, key)
+            value_at, value_size = _string(view, value)
+            pairs[bytes(view[key_at : key_at + key_size])] = header.slice(value_at, value_size)
+    return rows, pairs
+
+
+def _at(view: memoryview, position: int) -> int:
+    """Where the offset stored at ``position`` points (offsets count from where they are stored)."""
+    target = position + struct.unpack_from("<I", view, position)[0]
+    if target >= len(view):
+        raise IndexError(f"an offset at {position} points past the header's {len(view)} bytes")
+    return target
+
+
+def _field(view: memoryview, table: int, number: int) -> int | None:
+    """Where field ``number`` of the table at ``table`` is stored, ``None`` if the table lacks it."""
+    vtable = table - struct.unpack_from("<i", view, table)[0]
+    if vtable < 0:
+        raise IndexError(f"the table at {table} names a vtable before the header's start")
+    vtable_size = struct.unpack_from("<H", view, vtable)[0]
+    slot = 4 + 2 * number
+    if slot + 2 > vtable_size:
+        return None
+    offset = struct.unpack_from("<H", view, vtable + slot)[0]
+    return table + offset if offset else None
+
+
+def _string(view: memoryview, position: int) -> tuple[int, int]:
+    """Start and size of the string the offset at ``position`` points to."""
+    at = _at(view, position)
+    size = struct.unpack_from("<I", view, at)[0]
+    if at + 4 + size > len(view):
+        raise IndexError(f"a string of {size} bytes at {at} runs past the header's {len(view)} bytes")
+    return at + 4, size
 
 
 def sliced_frame(

@@ -5,6 +5,7 @@ a batch is cut."""
 from __future__ import annotations
 
 import shutil
+import struct
 
 import pyarrow as pa
 import pytest
@@ -19,7 +20,7 @@ from broker_node.log import (
     typed_of,
 )
 from broker_node.log.segment import encode_frame
-from broker_node.log.typed_frames import encode_typed_frame
+from broker_node.log.typed_frames import _message_parts, encode_typed_frame
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import TypedValues, parse_json
 from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
@@ -178,3 +179,42 @@ def test_a_repair_from_a_replicas_frames_keeps_the_typed_columns(tmp_path):
         assert typed is not None and typed.batch.column("id").to_pylist() == list(range(first, last + 1))
         # Every other batch of the rewritten segment kept its typed columns too.
         assert all(typed_of(f.data) is not None for f in log.read_frames(0))
+
+
+def _log_batch(records: list[Record]) -> pa.RecordBatch:
+    """``records``' values as a stored batch of the log's columns, from offset 0."""
+    n = len(records)
+    given = {
+        "offset": range(n),
+        "timestamp": [0] * n,
+        "leader_epoch": [3] * n,
+        "value": [r.value for r in records],
+    }
+    return pa.RecordBatch.from_arrays(
+        [pa.array(given.get(f.name, [None] * n), f.type) for f in LOG_SCHEMA], schema=LOG_SCHEMA
+    )
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_frames_custom_metadata_is_read_from_its_header_as_arrows_reader_reads_it(compression):
+    # The typed columns are found in the message's flatbuffer without decoding the batch: the
+    # same keys and values as pyarrow's stream reader gives, and the batch's row count.
+    records, typed = messages(range(2500), V2)
+    batch = _log_batch(records)
+    frame = encode_typed_frame(batch, typed, compression)
+    rows, pairs = _message_parts(pa.ipc.read_message(frame).metadata)
+    stream = pa.ipc.open_stream(LOG_SCHEMA.serialize().to_pybytes() + frame.to_pybytes())
+    _, metadata = stream.read_next_batch_with_custom_metadata()
+    assert rows == 2500
+    assert {k: v.to_pybytes() for k, v in pairs.items()} == dict(metadata)
+    found = typed_of(frame)
+    assert found is not None and found.version == 2 and found.batch.equals(typed.batch)
+    assert _message_parts(pa.ipc.read_message(encode_frame(batch)).metadata) == (2500, {})
+
+
+def test_a_header_that_does_not_hold_together_is_refused():
+    records, typed = messages(range(3))
+    header = pa.ipc.read_message(encode_typed_frame(_log_batch(records), typed)).metadata.to_pybytes()
+    for cut in (8, 64):
+        with pytest.raises((struct.error, IndexError)):
+            _message_parts(pa.py_buffer(header[:cut]))
