@@ -349,6 +349,52 @@ def test_typed_rows_are_written_as_typed_columns_and_read_back(spark, deployment
     }
 
 
+def test_a_typed_stream_streams_into_another_as_typed_rows_exactly_once(
+    spark, deployment, client, name, tmp_path
+):
+    # Typed columns in (the source's fields), typed rows out (the sink's): no JSON on the way,
+    # and a second run from the checkpoint with new input stores only the new rows.
+    from ..broker.test_typed_ingest import stored_typed
+
+    schema = {
+        "fields": [{"name": "n", "type": "int64", "nullable": False}, {"name": "label", "type": "string"}]
+    }
+    source, sink = f"{name}-in", f"{name}-out"
+    client.create_stream(source, source, partitions=2, schema=schema)
+    client.create_stream(sink, sink, schema=schema)
+
+    def publish(numbers: range) -> None:
+        for p in range(2):
+            values = [b'{"n": %d, "label": "l%d"}' % (n, n) for n in numbers if n % 2 == p]
+            client.publish_batch(source, pa.table({"value": values}), partition=p)
+
+    def run() -> None:
+        (
+            spark.readStream.format("jetstream")
+            .options(servers=deployment.flight, stream=source, startingOffsets="earliest")
+            .load()
+            .select(col("n") * 10, "label")
+            .toDF("n", "label")
+            .writeStream.format("jetstream")
+            .options(servers=deployment.flight, nats=deployment.nats_url, stream=sink)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
+
+    publish(range(40))
+    run()
+    publish(range(40, 60))
+    run()
+    stored = stored_typed(deployment, sink)
+    assert all(t is not None and t.version == 1 for _, t in stored)  # typed rows, as sent
+    rows = [row for _, t in stored for row in t.batch.to_pylist()]
+    assert sorted(r["n"] for r in rows) == [10 * n for n in range(60)]  # each once
+    values = client.fetch(sink, 0).to_table().column("value").to_pylist()
+    assert json.loads(next(v for v in values if v.startswith(b'{"n":70,'))) == {"n": 70, "label": "l7"}
+
+
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
