@@ -119,6 +119,21 @@ def test_a_value_that_does_not_match_is_refused_with_its_field_and_nothing_is_st
     assert typed_rows(broker, "orders") == [(1, {"order_id": 5, "country": None, "items": None})]
 
 
+def requests_at_once(url: str, subject: str, values: list[bytes], timeout: float) -> list[dict]:
+    """Each value sent as a plain NATS request, all in flight at once (the broker coalesces them
+    into few stored batches); the JSON answers, in the values' order."""
+
+    async def run():
+        nc = await nats.connect(url)
+        try:
+            replies = await asyncio.gather(*(nc.request(subject, v, timeout=timeout) for v in values))
+        finally:
+            await nc.close()
+        return [json.loads(r.data) for r in replies]
+
+    return asyncio.run(run())
+
+
 @pytest.fixture
 def coalescing(tmp_path, nats_server):
     """A broker that waits up to 0.5 s for more messages before it stores a batch."""
@@ -132,17 +147,7 @@ def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refu
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
         client.create_stream("orders", "orders", schema=ORDERS)
     values = [b'{"order_id": %d}' % i if i % 3 else b'{"order_id": "bad %d"}' % i for i in range(30)]
-
-    async def run():
-        # Plain requests, all in flight at once: the broker stores them in few coalesced batches.
-        nc = await nats.connect(broker.nats_url)
-        try:
-            replies = await asyncio.gather(*(nc.request("orders", v, timeout=5) for v in values))
-        finally:
-            await nc.close()
-        return [json.loads(r.data) for r in replies]
-
-    answers = asyncio.run(run())
+    answers = requests_at_once(broker.nats_url, "orders", values, timeout=5)
     refused = [i for i, a in enumerate(answers) if "error" in a]
     assert refused == list(range(0, 30, 3))
     assert all(answers[i]["error"]["code"] == 400 for i in refused)
@@ -170,16 +175,7 @@ def test_a_coalesced_batch_stored_larger_than_a_batch_may_be_is_stored_in_parts(
     with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
         client.create_stream("orders", "orders", schema=ORDERS)
     values = [b'{"order_id": %d, "country": "%s"}' % (i, b"x" * 250) for i in range(120)]
-
-    async def run():
-        nc = await nats.connect(broker.nats_url)
-        try:
-            replies = await asyncio.gather(*(nc.request("orders", v, timeout=10) for v in values))
-        finally:
-            await nc.close()
-        return [json.loads(r.data) for r in replies]
-
-    answers = asyncio.run(run())
+    answers = requests_at_once(broker.nats_url, "orders", values, timeout=10)
     assert [a for a in answers if "error" in a] == []
     assert sorted(a["seq"] for a in answers) == list(range(120))
     assert sorted(row["order_id"] for _, row in typed_rows(broker, "orders")) == list(range(120))
