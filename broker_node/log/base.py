@@ -462,14 +462,7 @@ class LogBase(abc.ABC):
         before it; a read that starts at it raises ``CorruptSegmentError``
         naming the file and the unreadable range.
         """
-        check_offset_arg("start_offset", start_offset, allow_negative=True)
-        check_limit("max_records", max_records)
-        check_limit("max_bytes", max_bytes)
-        if upper_bound is not None:
-            check_offset_arg("upper_bound", upper_bound)
-        with self._lock:
-            end = self._read_end(start_offset, upper_bound)
-            return self._read(start_offset, end, max_records, max_bytes)
+        return self._checked_read(start_offset, max_records, max_bytes, upper_bound)
 
     def read_typed(
         self,
@@ -482,23 +475,8 @@ class LogBase(abc.ABC):
         """:meth:`read`, each batch with the typed columns stored with its rows (see
         :mod:`.typed_frames`; ``None`` for a batch stored without).  Typed columns that do not
         decode raise ``CorruptSegmentError`` naming the batch's offsets."""
-        check_offset_arg("start_offset", start_offset, allow_negative=True)
-        check_limit("max_records", max_records)
-        check_limit("max_bytes", max_bytes)
-        if upper_bound is not None:
-            check_offset_arg("upper_bound", upper_bound)
         frames: list[tuple[pa.Buffer, int]] = []
-        with self._lock:
-            end = self._read_end(start_offset, upper_bound)
-            batches = read_batches(
-                self._segments,
-                self._bases,
-                start_offset,
-                end,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                frames=frames,
-            )
+        batches = self._checked_read(start_offset, max_records, max_bytes, upper_bound, frames=frames)
         try:
             return with_typed(batches, frames)
         except ValueError as exc:
@@ -517,10 +495,37 @@ class LogBase(abc.ABC):
             )
         return end if upper_bound is None else min(end, upper_bound)
 
-    def _read(
-        self, offset: int, end: int, max_records: int | None, max_bytes: int | None, *, partial: bool = True
+    def _checked_read(
+        self,
+        start_offset: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        upper_bound: int | None,
+        *,
+        frames: list[tuple[pa.Buffer, int]] | None = None,
     ) -> list[pa.RecordBatch]:
-        """``read`` without its checks; with ``partial``, damage ends a read that has found batches."""
+        """:meth:`read` (and :meth:`read_typed`, which also collects each batch's ``frames``)."""
+        check_offset_arg("start_offset", start_offset, allow_negative=True)
+        check_limit("max_records", max_records)
+        check_limit("max_bytes", max_bytes)
+        if upper_bound is not None:
+            check_offset_arg("upper_bound", upper_bound)
+        with self._lock:
+            end = self._read_end(start_offset, upper_bound)
+            return self._read(start_offset, end, max_records, max_bytes, frames=frames)
+
+    def _read(
+        self,
+        offset: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        *,
+        partial: bool = True,
+        frames: list[tuple[pa.Buffer, int]] | None = None,
+    ) -> list[pa.RecordBatch]:
+        """``read`` without its checks; with ``partial``, damage ends a read that has found batches;
+        ``frames`` (if given) gets each batch's stored frame and its first row there."""
         return read_batches(
             self._segments,
             self._bases,
@@ -529,6 +534,7 @@ class LogBase(abc.ABC):
             max_records=max_records,
             max_bytes=max_bytes,
             partial=partial,
+            frames=frames,
         )
 
     @overload
