@@ -231,7 +231,7 @@ class Fetcher:
     def _fetch_once(self) -> None:
         table = self._do_get(self._request(self.partition.log.log_end_offset, self._max_wait))
         offsets = parse_fetch_metadata(table.schema.metadata)
-        frames = [frame.as_buffer() for frame in _frames(table)]
+        frames = stored_frames(table)
         self.partition.append_replicated(frames, offsets.high_watermark, self.leader_epoch)
         self.fetches += 1
         self._held_back(frames)
@@ -297,7 +297,7 @@ class Fetcher:
             try:
                 table = self._do_get(request)
                 # The leader's frames as stored (a typed batch's typed columns with them).
-                frames = (f.as_buffer() for f in _frames(table))
+                frames = stored_frames(table)
                 copies = frames_in_range(frames, first, last, log.config.compression)
                 if not copies:
                     continue
@@ -354,8 +354,9 @@ class Fetcher:
         return f"{self.partition.stream}/{self.partition.number} following {self.leader}"
 
 
-def _frames(table: pa.Table) -> list[pa.Scalar]:
-    return [frame for chunk in table.column("frame").chunks for frame in chunk]
+def stored_frames(table: pa.Table) -> list[pa.Buffer]:
+    """The frames of a replica fetch's answer, as the replica stores them."""
+    return [frame.as_buffer() for chunk in table.column("frame").chunks for frame in chunk]
 
 
 def _not_ready(exc: BaseException) -> bool:

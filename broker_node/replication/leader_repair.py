@@ -34,6 +34,7 @@ from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, error_
 from pyspark_jetstream.protocol.replication import ReplicaFetch
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
+from .fetcher import stored_frames
 from .partition import Partition, Role
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,7 @@ def _frames_of_ranges(
         except flight.FlightError as exc:
             known = error_from_message(str(exc), getattr(exc, "extra_info", None))
             raise known or exc from None
-        frames = [frame.as_buffer() for chunk in table.column("frame").chunks for frame in chunk]
-        part = frames_in_range(frames, first, last, partition.log.config.compression)
+        part = frames_in_range(stored_frames(table), first, last, partition.log.config.compression)
         if not part:
             raise ValueError(f"the follower holds nothing of offsets {first} to {last} yet")
         copies += part
