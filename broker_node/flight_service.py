@@ -23,7 +23,7 @@ from broker_node.api.server import ReplicaFetchAnswer
 from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
-from broker_node.log import EpochEndOffset, Record
+from broker_node.log import EpochEndOffset, Record, ReplicaFrame
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
 from broker_node.replication.manager import ReplicaManager
@@ -111,17 +111,10 @@ class BrokerService:
             and following.role is Role.FOLLOWER
             and request.replica == following.state.leader
         ):
-            log = following.log
             frames = following.frames_for_leader_repair(
                 request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
             )
-            offsets = LeaderOffsets(
-                high_watermark=following.high_watermark,
-                log_start_offset=log.log_start_offset,
-                log_end_offset=log.log_end_offset,
-                leader_epoch=following.state.leader_epoch,
-            )
-            return ReplicaFetchAnswer(frames, offsets)
+            return _replica_answer(following, frames, request.leader_epoch)
         partition = manager.require(request.stream, request.partition, leader=True)
         epoch = partition.state.leader_epoch
         if request.leader_epoch != epoch:
@@ -148,13 +141,7 @@ class BrokerService:
         if request.fetch_offset == end and request.max_wait > 0:
             log.wait_for_end(request.fetch_offset, request.max_wait)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
-        offsets = LeaderOffsets(
-            high_watermark=partition.high_watermark,
-            log_start_offset=log.log_start_offset,
-            log_end_offset=log.log_end_offset,
-            leader_epoch=epoch,
-        )
-        return ReplicaFetchAnswer(frames, offsets)
+        return _replica_answer(partition, frames, epoch)
 
     def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> EpochEndOffset:
         """Where ``epoch`` ends in the leader's log (the largest epoch it has <= ``epoch``)."""
@@ -672,3 +659,16 @@ def _call(client: flight.FlightClient, address: str, action: ActionType, body: d
     finally:
         client.close()
     return json.loads(results[0].body.to_pybytes()) if results else None
+
+
+def _replica_answer(partition: Partition, frames: list[ReplicaFrame], epoch: int) -> ReplicaFetchAnswer:
+    """A replica fetch's answer: ``frames`` and the offsets of ``partition``'s log now, in leader
+    epoch ``epoch`` (the one the fetch was checked against)."""
+    log = partition.log
+    offsets = LeaderOffsets(
+        high_watermark=partition.high_watermark,
+        log_start_offset=log.log_start_offset,
+        log_end_offset=log.log_end_offset,
+        leader_epoch=epoch,
+    )
+    return ReplicaFetchAnswer(frames, offsets)
