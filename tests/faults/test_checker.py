@@ -8,10 +8,10 @@ from collections import Counter
 import pyarrow as pa
 
 from broker_node.log.typed_frames import encode_typed_frame
-from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import parse_json
 from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
+from ..log.helpers import stored_batch
 from .matrix import TYPED_FIELDS, History, Replica, _typed_mismatches, judge
 
 P0, P1 = ("chaos", 0), ("chaos", 1)
@@ -100,10 +100,7 @@ def test_no_ack_after_a_heal_is_unbounded_unavailability():
 
 def _frame(values: list[bytes], typed_from: list[bytes] | None) -> pa.Buffer:
     """A typed stream's frame of ``values``, its typed columns parsed from ``typed_from``."""
-    n = len(values)
-    given = {"offset": range(n), "timestamp": [0] * n, "leader_epoch": [0] * n, "value": values}
-    columns = [pa.array(given.get(f.name, [None] * n), f.type) for f in LOG_SCHEMA]
-    batch = pa.record_batch(columns, schema=LOG_SCHEMA)
+    batch = stored_batch(len(values), value=values)
     if typed_from is None:
         return encode_typed_frame(batch, None)
     schema = StreamSchema.first(SchemaDocument.from_json({"fields": TYPED_FIELDS}))

@@ -14,6 +14,7 @@ import pytest
 
 from broker_node.log import Log, Record
 from broker_node.log import segment as segment_module
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 
 def values(n: int, size: int = 100, start: int = 0) -> list[Record]:
@@ -111,3 +112,16 @@ def open_files_under(directory: Path) -> list[str]:
     with open("/proc/self/maps") as maps:
         found.update(line.split()[-1] for line in maps if prefix in line)
     return sorted(found)
+
+
+def stored_batch(rows: int, first_offset: int = 0, leader_epoch: int = 0, **columns: Any) -> pa.RecordBatch:
+    """A batch of the log's columns as the log stores it: ``rows`` rows from ``first_offset``,
+    timestamp 0, ``leader_epoch``, the given ``columns`` (value lists by name), nulls elsewhere."""
+    given = {
+        "offset": range(first_offset, first_offset + rows),
+        "timestamp": [0] * rows,
+        "leader_epoch": [leader_epoch] * rows,
+        **columns,
+    }
+    arrays = [pa.array(given.get(f.name, [None] * rows), f.type) for f in LOG_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=LOG_SCHEMA)

@@ -25,7 +25,7 @@ from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import TypedValues, parse_json
 from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
-from .helpers import FakeClock
+from .helpers import FakeClock, stored_batch
 from .test_store_contract import KINDS, open_log
 
 
@@ -183,16 +183,7 @@ def test_a_repair_from_a_replicas_frames_keeps_the_typed_columns(tmp_path):
 
 def _log_batch(records: list[Record]) -> pa.RecordBatch:
     """``records``' values as a stored batch of the log's columns, from offset 0."""
-    n = len(records)
-    given = {
-        "offset": range(n),
-        "timestamp": [0] * n,
-        "leader_epoch": [3] * n,
-        "value": [r.value for r in records],
-    }
-    return pa.RecordBatch.from_arrays(
-        [pa.array(given.get(f.name, [None] * n), f.type) for f in LOG_SCHEMA], schema=LOG_SCHEMA
-    )
+    return stored_batch(len(records), leader_epoch=3, value=[r.value for r in records])
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

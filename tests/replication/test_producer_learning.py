@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from broker_node.replication.producers import SMALL_ROWS, ProducerTable
 from pyspark_jetstream.protocol.envelope import producer_position
-from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+
+from ..log.helpers import stored_batch
 
 # A row: its producer (or none) and its (epoch, sequence) (or none); few values, so positions
 # repeat within and across batches (as after a producer's state was lost and it started over).
@@ -22,17 +23,10 @@ BATCHES = st.lists(st.lists(ROW, min_size=1, max_size=SMALL_ROWS + 20), min_size
 def _stored(batches: list[list[tuple]]) -> list[pa.RecordBatch]:
     stored, offset = [], 0
     for rows in batches:
-        n = len(rows)
-        given_columns = {
-            "offset": range(offset, offset + n),
-            "timestamp": [0] * n,
-            "leader_epoch": [0] * n,
-            "producer_id": [producer for producer, _ in rows],
-            "sequence": [None if at is None else producer_position(*at) for _, at in rows],
-        }
-        columns = [pa.array(given_columns.get(f.name, [None] * n), f.type) for f in LOG_SCHEMA]
-        stored.append(pa.record_batch(columns, schema=LOG_SCHEMA))
-        offset += n
+        producers = [producer for producer, _ in rows]
+        positions = [None if at is None else producer_position(*at) for _, at in rows]
+        stored.append(stored_batch(len(rows), offset, producer_id=producers, sequence=positions))
+        offset += len(rows)
     return stored
 
 
