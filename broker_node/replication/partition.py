@@ -895,6 +895,8 @@ class Partition:
                     if b.column(0)[-1].as_py() >= producers_from
                 ]
             )
+            if ids_from is None and cursors is None:
+                return  # the producers alone: their learn_many joins the batches itself
             batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
             if ids_from is not None:
                 message_ids.learn(batch)  # ids older than the window are left out by timestamp
