@@ -102,10 +102,10 @@ class BrokerService:
         return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
     def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
-        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`);
-        as an in-sync follower, the leader's own fetch of a range it repairs (no waiting)."""
-        manager = self._manager
-        following = manager.get(request.stream, request.partition)
+        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`):
+        acknowledge its fetch offset, then answer what follows it; as an in-sync follower, the
+        leader's own fetch of a range it repairs (no waiting)."""
+        following = self._manager.get(request.stream, request.partition)
         if (
             following is not None
             and following.role is Role.FOLLOWER
@@ -115,7 +115,29 @@ class BrokerService:
                 request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
             )
             return _replica_answer(following, frames, request.leader_epoch)
-        partition = manager.require(request.stream, request.partition, leader=True)
+        self.replica_acknowledge(request)
+        return self.replica_read(request)
+
+    def replica_acknowledge(self, request: ReplicaFetch) -> None:
+        """A follower holds everything before ``request.fetch_offset``: record it as leader (the
+        high watermark may move; a follower that caught up is asked into the ISR)."""
+        partition = self._led_for(request)
+        if partition.record_fetch(request.replica, request.fetch_offset):
+            self._manager.request_isr(partition, request.replica)
+
+    def replica_read(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+        """As leader, the stored frames from ``request.fetch_offset`` on, waiting up to ``max_wait``
+        for some if there are none yet; records nothing."""
+        partition = self._led_for(request)
+        log = partition.log
+        if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
+            log.wait_for_end(request.fetch_offset, request.max_wait)
+        frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
+        return _replica_answer(partition, frames, request.leader_epoch)
+
+    def _led_for(self, request: ReplicaFetch) -> Partition:
+        """The partition ``request`` fetches, led here in the request's epoch, holding its offset."""
+        partition = self._manager.require(request.stream, request.partition, leader=True)
         epoch = partition.state.leader_epoch
         if request.leader_epoch != epoch:
             raise NotLeaderError(
@@ -136,12 +158,7 @@ class BrokerService:
                 log_start_offset=start,
                 log_end_offset=end,
             )
-        if partition.record_fetch(request.replica, request.fetch_offset):
-            manager.request_isr(partition, request.replica)
-        if request.fetch_offset == end and request.max_wait > 0:
-            log.wait_for_end(request.fetch_offset, request.max_wait)
-        frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
-        return _replica_answer(partition, frames, epoch)
+        return partition
 
     def offsets_for_leader_epoch(self, stream: str, partition: int, epoch: int) -> EpochEndOffset:
         """Where ``epoch`` ends in the leader's log (the largest epoch it has <= ``epoch``)."""

@@ -50,17 +50,15 @@ from pyspark_jetstream.protocol.flight import (
 )
 from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
-    STREAM_SCHEMA,
     LeaderOffsets,
     ReplicaFetch,
     fetch_metadata,
-    parse_stream_ack,
-    stream_message_metadata,
 )
 from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from .replica_stream import ReplicaStream
 from .typed_reads import ReadShape
 
 logger = logging.getLogger(__name__)
@@ -113,6 +111,8 @@ class BrokerView(AdminService, Protocol):
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
     def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer: ...
+    def replica_read(self, request: ReplicaFetch) -> ReplicaFetchAnswer: ...
+    def replica_acknowledge(self, request: ReplicaFetch) -> None: ...
 
 
 class Access(Protocol):
@@ -443,25 +443,9 @@ class FlightApi(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """Turn by turn: what follows the acknowledged offset (or a heartbeat after
-        ``max_wait``), then the follower's acknowledgement, checked as a fetch."""
-        writer.begin(STREAM_SCHEMA)
-        # Not context.is_cancelled() each turn: it costs ~75 µs, and a cancelled call fails
-        # the next read or write anyway.
-        while not self._stopping.is_set():
-            answer = self.broker.replica_fetch(request)
-            try:
-                writer.write_with_metadata(
-                    pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
-                    pa.py_buffer(stream_message_metadata(answer.offsets)),
-                )
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return  # the follower ended this stream; it opens another
-            except flight.FlightError as exc:  # the follower went away (stopped, crashed, timed out)
-                logger.debug("replication stream of %s ended: %s", request.replica, exc)
-                return
-            request = dataclasses.replace(request, fetch_offset=parse_stream_ack(chunk.app_metadata))
+        """Pipelined: what is appended goes at once, acknowledgements are read beside it (see
+        :mod:`.replica_stream`)."""
+        ReplicaStream(self.broker, request, reader, writer, self._stopping).run()
 
     def shutdown(self) -> None:
         """Stop serving: replication streams end at their next turn, then the server stops."""

@@ -41,9 +41,15 @@ class LeaderView:
 
     def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
         self.fetches += 1
-        if request.leader_epoch != self.leader.state.leader_epoch:
-            raise NotLeaderError(f"epoch {request.leader_epoch} is not this leader's")
+        self.replica_acknowledge(request)
+        return self.replica_read(request)
+
+    def replica_acknowledge(self, request: ReplicaFetch) -> None:
+        self._check(request)
         self.leader.record_fetch(request.replica, request.fetch_offset)
+
+    def replica_read(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+        self._check(request)
         log = self.leader.log
         if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
             log.wait_for_end(request.fetch_offset, request.max_wait)
@@ -55,6 +61,10 @@ class LeaderView:
             leader_epoch=self.leader.state.leader_epoch,
         )
         return ReplicaFetchAnswer(frames, offsets)
+
+    def _check(self, request: ReplicaFetch) -> None:
+        if request.leader_epoch != self.leader.state.leader_epoch:
+            raise NotLeaderError(f"epoch {request.leader_epoch} is not this leader's")
 
 
 class OlderLeaderApi(FlightApi):

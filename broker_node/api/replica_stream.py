@@ -1,0 +1,185 @@
+"""A leader's side of one replication stream, pipelined (wire: protocol.replication).
+
+The call's own thread sends: what follows the last offset *sent* as soon as it
+is appended (or a heartbeat after ``max_wait``), without waiting for the
+follower's acknowledgement of the message before, up to :data:`IN_FLIGHT`
+messages ahead.  A second thread reads the acknowledgements and records each
+as a fetch, which is what moves the high watermark.  So a commit waits for
+one trip to the follower and back, never for the turn before it to finish.
+
+The reader reads only acknowledgements it is owed (the follower answers every
+message), so once the sender stops the reader ends by itself after the last
+one, or when the follower closes its side; the call returns only after both
+threads are done, because the call's reader and writer die with it.  A
+refused acknowledgement (a stale leader epoch, an offset out of range) ends
+the stream with that error at the sender's next turn, at most ``max_wait``
+later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Protocol
+
+import pyarrow as pa
+from pyarrow import flight
+
+from broker_node.log import ReplicaFrame
+from pyspark_jetstream.protocol.array_builders import large_binary_of
+from pyspark_jetstream.protocol.errors import JetStreamError
+from pyspark_jetstream.protocol.replication import (
+    STREAM_SCHEMA,
+    LeaderOffsets,
+    ReplicaFetch,
+    parse_stream_ack,
+    stream_message_metadata,
+)
+
+logger = logging.getLogger(__name__)
+
+IN_FLIGHT = 4
+"""Messages the leader sends ahead of the follower's acknowledgements on one stream.  One is the
+turn-by-turn stream; more lets a batch appended while an acknowledgement travels go at once."""
+
+
+class StreamAnswer(Protocol):
+    """A leader's answer for the stream: frames and where its log stands."""
+
+    @property
+    def frames(self) -> list[ReplicaFrame]: ...
+
+    @property
+    def offsets(self) -> LeaderOffsets: ...
+
+
+class ReplicaLeader(Protocol):
+    """What a stream needs of the broker: the three steps of a follower's fetch, each checked as
+    a fetch is (the leader epoch, the offset range)."""
+
+    def replica_fetch(self, request: ReplicaFetch) -> StreamAnswer:
+        """Acknowledge ``request.fetch_offset`` and answer what follows it (the first turn)."""
+
+    def replica_read(self, request: ReplicaFetch) -> StreamAnswer:
+        """What follows ``request.fetch_offset``, waiting up to ``max_wait`` for it; records nothing."""
+
+    def replica_acknowledge(self, request: ReplicaFetch) -> None:
+        """Record that the follower holds everything before ``request.fetch_offset``."""
+
+
+class ReplicaStream:
+    """One follower's stream, served by :meth:`run` on the call's thread (module docstring)."""
+
+    def __init__(
+        self,
+        leader: ReplicaLeader,
+        request: ReplicaFetch,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+        stopping: threading.Event,
+        *,
+        in_flight: int = IN_FLIGHT,
+    ) -> None:
+        self._leader = leader
+        self._request = request
+        self._reader = reader
+        self._writer = writer
+        self._stopping = stopping
+        self._limit = in_flight
+        self._changed = threading.Condition()
+        self._owed = 0
+        """Messages sent and not acknowledged yet."""
+        self._sending = True
+        self._ended = False
+        """The follower closed its side or the call failed: nothing more is sent."""
+        self._refusal: JetStreamError | None = None
+
+    def run(self) -> None:
+        """Serve the stream until the server stops, the follower ends it, or a check fails."""
+        self._writer.begin(STREAM_SCHEMA)
+        answer = self._leader.replica_fetch(self._request)
+        acknowledgements = threading.Thread(
+            target=self._read_acknowledgements,
+            name=f"replica-acks-{self._request.replica}-{self._request.stream}-{self._request.partition}",
+            daemon=True,
+        )
+        acknowledgements.start()
+        try:
+            sent = self._request.fetch_offset
+            while True:
+                if not self._send(answer):
+                    return
+                if answer.frames:
+                    sent = answer.frames[-1].last_offset + 1
+                if not self._room():
+                    return
+                answer = self._leader.replica_read(dataclasses.replace(self._request, fetch_offset=sent))
+        finally:
+            with self._changed:
+                self._sending = False
+                self._changed.notify_all()
+            acknowledgements.join()
+            if self._refusal is not None:
+                raise self._refusal
+
+    def _send(self, answer: StreamAnswer) -> bool:
+        """Send ``answer``; whether the stream goes on."""
+        with self._changed:
+            if self._ended or self._refusal is not None:
+                return False
+            self._owed += 1
+            self._changed.notify_all()
+        try:
+            self._writer.write_with_metadata(
+                pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
+                pa.py_buffer(stream_message_metadata(answer.offsets)),
+            )
+        except flight.FlightError as exc:  # the follower went away (stopped, crashed, timed out)
+            logger.debug("replication stream of %s ended: %s", self._request.replica, exc)
+            with self._changed:
+                self._owed -= 1
+                self._ended = True
+                self._changed.notify_all()
+            return False
+        return True
+
+    def _room(self) -> bool:
+        """Wait until fewer than the limit are in flight; whether the stream goes on."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._owed < self._limit or self._ended or self._refusal is not None
+            )
+            return not (self._ended or self._refusal is not None or self._stopping.is_set())
+
+    def _read_acknowledgements(self) -> None:
+        request = self._request
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._owed > 0 or not self._sending)
+                if self._owed == 0:
+                    return  # the sender stopped and every message it sent is acknowledged
+            try:
+                chunk = self._reader.read_chunk()
+                offset = parse_stream_ack(chunk.app_metadata)
+                self._leader.replica_acknowledge(dataclasses.replace(request, fetch_offset=offset))
+            except StopIteration:  # the follower ended this stream; it opens another
+                self._end()
+                return
+            except flight.FlightError as exc:  # the follower went away
+                logger.debug("replication stream of %s ended: %s", request.replica, exc)
+                self._end()
+                return
+            except JetStreamError as exc:
+                with self._changed:
+                    self._refusal = exc
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                self._owed -= 1
+                self._changed.notify_all()
+
+    def _end(self) -> None:
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
