@@ -56,6 +56,20 @@ async def collect(tail, until: int, seen: list[pa.RecordBatch]) -> None:
             return
 
 
+@contextlib.asynccontextmanager
+async def consuming(tail, until: int, timeout: float, seen: list[pa.RecordBatch] | None = None):
+    """Collects ``tail``'s batches (into ``seen``, which it yields) up to offset ``until`` while the
+    block runs; on leaving, waits up to ``timeout`` seconds for the rest and closes the tail."""
+    seen = [] if seen is None else seen
+    consumer = asyncio.ensure_future(collect(tail, until, seen))
+    try:
+        yield seen
+        await asyncio.wait_for(consumer, timeout)
+    finally:
+        consumer.cancel()
+        await tail.aclose()
+
+
 def test_exactly_once_across_the_switch_from_history_to_live(broker):
     """A publisher at full speed while the consumer starts: every offset once, in order."""
     total = 20_000
@@ -175,13 +189,11 @@ def test_a_broker_restart_leaves_no_gap_and_no_repeat(tmp_path, nats_server):
                 tail = client.tail("restart", start="earliest")
                 seen: list[pa.RecordBatch] = []
                 await asyncio.wait_for(collect(tail, 100, seen), 30)
-                consumer = asyncio.ensure_future(collect(tail, 300, seen))
-                await publish_rows(client, "restart", 100, 100)
-                await asyncio.to_thread(broker.kill)
-                await asyncio.to_thread(broker.start)
-                await publish_rows(client, "restart", 200, 100)
-                await asyncio.wait_for(consumer, 60)
-                await tail.aclose()
+                async with consuming(tail, 300, 60, seen):
+                    await publish_rows(client, "restart", 100, 100)
+                    await asyncio.to_thread(broker.kill)
+                    await asyncio.to_thread(broker.start)
+                    await publish_rows(client, "restart", 200, 100)
                 return seen, tail
 
         seen, tail = asyncio.run(main())
@@ -331,17 +343,14 @@ def test_off_in_the_broker_means_consumers_tail_over_flight(tmp_path, nats_serve
             async with await connect(broker) as client:
                 await client.create_stream("off", "off")
                 tail = client.tail("off", start="earliest")
-                seen: list[pa.RecordBatch] = []
-                consumer = asyncio.ensure_future(collect(tail, 10, seen))
 
                 async def fallen_back() -> None:  # three silent checks, 3 s apart
                     while not tail.stats.flight_only:
                         await asyncio.sleep(0.1)
 
-                await asyncio.wait_for(fallen_back(), 30)
-                await publish_rows(client, "off", 0, 10)
-                await asyncio.wait_for(consumer, 30)
-                await tail.aclose()
+                async with consuming(tail, 10, 30) as seen:
+                    await asyncio.wait_for(fallen_back(), 30)
+                    await publish_rows(client, "off", 0, 10)
                 return seen, tail
 
         seen, tail = asyncio.run(main())
@@ -358,15 +367,12 @@ def test_garbage_on_the_tail_subject_is_ignored(broker, bad):
         async with await connect(broker) as client:
             await client.create_stream("noise", "noise")
             tail = client.tail("noise", start="earliest")
-            seen: list[pa.RecordBatch] = []
-            consumer = asyncio.ensure_future(collect(tail, 5, seen))
-            await publish_rows(client, "noise", 0, 2)
-            while tail.next_offset < 2:
-                await asyncio.sleep(0.01)
-            await client.nc.publish(tail_subject("noise", 0), bad)
-            await publish_rows(client, "noise", 2, 3)
-            await asyncio.wait_for(consumer, 30)
-            await tail.aclose()
+            async with consuming(tail, 5, 30) as seen:
+                await publish_rows(client, "noise", 0, 2)
+                while tail.next_offset < 2:
+                    await asyncio.sleep(0.01)
+                await client.nc.publish(tail_subject("noise", 0), bad)
+                await publish_rows(client, "noise", 2, 3)
             return seen, tail
 
     seen, tail = asyncio.run(main())
