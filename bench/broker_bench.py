@@ -87,16 +87,6 @@ async def ours_single(client: Client, stream: str, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def jetstream_single(js: nats.js.JetStreamContext, stream: str, n: int) -> float:
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"js.{stream}"], storage=StorageType.FILE))
-    payload = b"x" * VALUE
-    start = time.perf_counter()
-    for _ in range(n):
-        await js.publish_async(f"js.{stream}", payload)
-    await js.publish_async_completed()
-    return n / (time.perf_counter() - start)
-
-
 async def ours_sync(client: Client, stream: str, n: int) -> float:
     """One publish at a time, each ack awaited before the next (msg/s)."""
     await client.create_stream(stream, f"bench.{stream}")
@@ -107,13 +97,17 @@ async def ours_sync(client: Client, stream: str, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def jetstream_sync(js: nats.js.JetStreamContext, stream: str, n: int) -> float:
-    """JetStream's awaited ``js.publish``, one at a time (msg/s)."""
+async def jetstream_publish(js: nats.js.JetStreamContext, stream: str, n: int, *, awaited: bool) -> float:
+    """JetStream's publishes to a file-stored stream (msg/s): pipelined ``js.publish_async``, or
+    with ``awaited`` its ``js.publish``, one at a time."""
     await js.add_stream(StreamConfig(name=stream, subjects=[f"js.{stream}"], storage=StorageType.FILE))
+    publish = js.publish if awaited else js.publish_async
     payload = b"x" * VALUE
     start = time.perf_counter()
     for _ in range(n):
-        await js.publish(f"js.{stream}", payload)
+        await publish(f"js.{stream}", payload)
+    if not awaited:
+        await js.publish_async_completed()
     return n / (time.perf_counter() - start)
 
 
@@ -553,10 +547,14 @@ async def run(size: str) -> dict[str, float]:
         our_latency: list[float] = []
         follow_latency: list[float] = []
         for r in range(ROUNDS):
-            samples.setdefault("js", []).append(await jetstream_single(js, f"JS_SINGLE{r}", single_n))
+            samples.setdefault("js", []).append(
+                await jetstream_publish(js, f"JS_SINGLE{r}", single_n, awaited=False)
+            )
             samples.setdefault("ours", []).append(await ours_single(client, f"single{r}", single_n))
             samples.setdefault("ours_sync", []).append(await ours_sync(client, f"sync{r}", sync_n))
-            samples.setdefault("js_sync", []).append(await jetstream_sync(js, f"JS_SYNC{r}", sync_n))
+            samples.setdefault("js_sync", []).append(
+                await jetstream_publish(js, f"JS_SYNC{r}", sync_n, awaited=True)
+            )
             js_latency += await jetstream_latency(js, nc, f"JS_LATENCY{r}", latency_s / ROUNDS)
             our_latency += await ours_latency(client, nc, f"latency{r}", latency_s / ROUNDS)
             await client.create_stream(f"follow{r}", f"bench.follow{r}")

@@ -191,7 +191,7 @@ class Broker:
         return f"nats://{advertised}:{nats.url.rsplit(':', 1)[1]}"
 
     async def _connect_ingest(self) -> None:
-        self.runtime.ingestor = await Ingestor.connect(
+        ingestor = Ingestor(
             self.runtime.nats_urls,
             self.config.nats,
             self.config.ingest,
@@ -201,8 +201,9 @@ class Broker:
             streams=self._stream_config,
             connect_arguments=self.credentials.nats_arguments(),
         )
+        await ingestor.start()
+        self.runtime.ingestor = ingestor
         if self.config.ingest.live_tail:
-            ingestor = self.runtime.ingestor
             self.runtime.tails = LiveTails(lambda: ingestor.nc)
 
     def _serve_flight(self) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark_jetstream.lifecycle import StartStop
 from pyspark_jetstream.protocol.errors import UnavailableError
 
 RUNTIME_FILE = "broker.json"
@@ -172,7 +173,7 @@ class LocalBroker:
         self.stop()
 
 
-class LocalCluster:
+class LocalCluster(StartStop):
     """ZooKeeper, one nats-server and ``brokers`` broker processes, each with its own data directory.
 
     Broker ids are ``broker-1`` ... ``broker-N``.  ``extra_config`` is TOML
@@ -267,13 +268,3 @@ class LocalCluster:
                 pass
         self.nats.stop()
         self.zookeeper.kill()
-
-    def __enter__(self) -> LocalCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

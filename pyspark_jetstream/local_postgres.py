@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from pyspark_jetstream.lifecycle import StartStop
+
 logger = logging.getLogger(__name__)
 
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
@@ -102,7 +104,7 @@ def _psycopg() -> ModuleType:
     return psycopg
 
 
-class LocalPostgres:
+class LocalPostgres(StartStop):
     """A PostgreSQL server child process; ``start()``/``stop()`` or use it as a context manager."""
 
     host = "127.0.0.1"
@@ -288,16 +290,6 @@ class LocalPostgres:
             return self.log_path.read_text(errors="replace")[-3000:]
         except (OSError, LocalPostgresError):
             return "(no log)"
-
-    def __enter__(self) -> LocalPostgres:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _run_as(self) -> tuple[list[str], pwd.struct_passwd | None]:
         """The command prefix that runs the server (as ``postgres`` when we are root, and

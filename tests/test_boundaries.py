@@ -46,7 +46,7 @@ def test_checker_reads_the_documented_table():
     assert rules["broker_node/metrics.py"] == ("prometheus_client",)
     assert "psycopg" in rules["pyspark_jetstream/outbox"] and rules[
         "pyspark_jetstream/local_postgres.py"
-    ] == ("psycopg",)
+    ] == ("psycopg", "pyspark_jetstream.lifecycle")
     assert "pyspark" in rules["pyspark_jetstream/spark"] and "kazoo" not in rules["broker_node"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,17 @@ from broker_node.config import BrokerConfig, ConfigError, load_broker_config, lo
 from broker_node.log import FsyncPolicy, LogConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def refusal(
+    tmp_path: Path, text: str, load: Callable[[Path], object] = load_broker_config
+) -> tuple[Path, str]:
+    """The file holding ``text`` and the message with which ``load`` refuses it."""
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    return path, str(info.value)
 
 
 def test_shipped_log_config_documents_the_defaults():
@@ -41,10 +54,8 @@ def test_log_config_values_are_applied(tmp_path):
     ],
 )
 def test_bad_log_config_names_the_problem(tmp_path, text, message):
-    path = tmp_path / "bad.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=message):
-        load_log_config(path)
+    _, error = refusal(tmp_path, text, load_log_config)
+    assert re.search(message, error)
 
 
 def test_shipped_broker_config_documents_the_defaults():
@@ -86,11 +97,9 @@ def test_shipped_broker_config_documents_the_defaults():
     ],
 )
 def test_broker_options_are_bounded_and_errors_name_option_value_and_range(tmp_path, text, message):
-    path = tmp_path / "bad.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=message) as info:
-        load_broker_config(path)
-    assert str(path) in str(info.value)
+    path, error = refusal(tmp_path, text)
+    assert re.search(message, error)
+    assert str(path) in error
 
 
 def test_option_limits_are_inclusive(tmp_path):
@@ -128,10 +137,8 @@ def test_the_cluster_configs_load_and_differ_only_where_they_must():
     ],
 )
 def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
-    path = tmp_path / "c.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=message):
-        load_broker_config(path)
+    _, error = refusal(tmp_path, text)
+    assert re.search(message, error)
 
 
 @pytest.mark.parametrize(
@@ -148,8 +155,5 @@ def test_bad_cluster_settings_are_refused_by_name(tmp_path, text, message):
     ],
 )
 def test_a_mistyped_option_or_table_names_the_closest_known_one(tmp_path, text, message):
-    path = tmp_path / "typo.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_broker_config(path)
-    assert str(info.value).startswith(message.format(path=path))
+    path, error = refusal(tmp_path, text)
+    assert error.startswith(message.format(path=path))

@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
-from pyspark_jetstream.protocol.streams import MAX_REPLICATION_FACTOR
+from pyspark_jetstream.protocol.streams import MAX_REPLICATION_FACTOR, is_name_list
 
 from .base import Move, PartitionState, StreamMetadata
 
@@ -66,11 +66,7 @@ def parse_plan(plan: object) -> list[Move]:
             raise InvalidArgumentError(
                 f"{where}: 'partition' must be a partition number, got {_shown(partition)}"
             )
-        if (
-            not isinstance(replicas, list)
-            or not replicas
-            or not all(isinstance(r, str) and r for r in replicas)
-        ):
+        if not is_name_list(replicas):
             raise InvalidArgumentError(
                 f"{where} ({stream}/{partition}): 'replicas' must be a non-empty list of broker ids, "
                 f"got {_shown(replicas)}"

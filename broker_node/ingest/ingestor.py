@@ -59,17 +59,19 @@ class Ingestor:
         *,
         terms: LogTerms,
         streams: StreamLookup | None = None,
+        connect_arguments: dict[str, Any] | None = None,
     ) -> None:
         """``terms``: the log's, for every partition's ingest (see :class:`~.port.LogTerms`);
         ``streams`` finds any stream's configuration by name (for ``Nats-Expected-Stream``;
-        by default a partition knows only its own stream)."""
+        by default a partition knows only its own stream); ``connect_arguments``: more for
+        ``nats.connect`` (TLS, user and password).  :meth:`start` connects."""
         self.urls = urls
         self.nats_config = nats_config
         self.settings = settings
         self.terms = terms
         self.name = name
         self.nc = NatsClient()
-        self.connect_arguments: dict[str, Any] = {}
+        self.connect_arguments: dict[str, Any] = dict(connect_arguments or {})
         self._discovery = discovery
         self._streams = streams
         self._answering = False
@@ -85,28 +87,12 @@ class Ingestor:
         self._latency: dict[str, LatencyHistogram] = {}
         """Ack latency per stream led here, shared by its partitions' ingests."""
 
-    @classmethod
-    async def connect(
-        cls,
-        urls: list[str],
-        nats_config: ReconnectSettings,
-        settings: BatchLimits,
-        discovery: Callable[[], dict[str, object]],
-        name: str,
-        *,
-        terms: LogTerms,
-        streams: StreamLookup | None = None,
-        connect_arguments: dict[str, Any] | None = None,
-    ) -> Ingestor:
-        """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails.
-        ``connect_arguments``: more for ``nats.connect`` (TLS, user and password)."""
-        ingestor = cls(urls, nats_config, settings, discovery, name, terms=terms, streams=streams)
-        ingestor.connect_arguments = dict(connect_arguments or {})
+    async def start(self) -> None:
+        """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails."""
         try:
-            await ingestor._connect(ingestor.nc)
+            await self._connect(self.nc)
         except Exception as exc:
-            raise UnavailableError(f"cannot connect to NATS at {', '.join(urls)}: {exc}") from exc
-        return ingestor
+            raise UnavailableError(f"cannot connect to NATS at {', '.join(self.urls)}: {exc}") from exc
 
     async def _connect(self, nc: NatsClient) -> None:
         await nc.connect(

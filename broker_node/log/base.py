@@ -512,29 +512,27 @@ class LogBase(abc.ABC):
             check_offset_arg("upper_bound", upper_bound)
         with self._lock:
             end = self._read_end(start_offset, upper_bound)
-            return self._read(start_offset, end, max_records, max_bytes, frames=frames)
+            return read_batches(
+                self._segments,
+                self._bases,
+                start_offset,
+                end,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                frames=frames,
+            )
 
-    def _read(
-        self,
-        offset: int,
-        end: int,
-        max_records: int | None,
-        max_bytes: int | None,
-        *,
-        partial: bool = True,
-        frames: list[tuple[pa.Buffer, int]] | None = None,
-    ) -> list[pa.RecordBatch]:
-        """``read`` without its checks; with ``partial``, damage ends a read that has found batches;
-        ``frames`` (if given) gets each batch's stored frame and its first row there."""
+    def _committed(self, *, partial: bool = True) -> list[pa.RecordBatch]:
+        """Every stored batch below the high watermark, without ``read``'s checks (compaction's
+        input); with ``partial``, damage ends a read that has found batches."""
         return read_batches(
             self._segments,
             self._bases,
-            offset,
-            end,
-            max_records=max_records,
-            max_bytes=max_bytes,
+            self.log_start_offset,
+            self._high_watermark,
+            max_records=None,
+            max_bytes=None,
             partial=partial,
-            frames=frames,
         )
 
     @overload

@@ -422,7 +422,7 @@ class Log(LogBase):
                     raise CorruptSegmentError(*damaged[0])
                 # Newest per key among committed messages only: an uncommitted newer value
                 # may yet be truncated away by replication.
-                committed = self._read(self.log_start_offset, self._high_watermark, None, None, partial=False)
+                committed = self._committed(partial=False)
             except CorruptSegmentError as exc:
                 if str(exc) != self._compaction_blocked:  # once per damage, not every pass
                     self._log.warning(

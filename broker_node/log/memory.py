@@ -252,7 +252,7 @@ class MemoryLog(LogBase):
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            committed = self._read(self.log_start_offset, self._high_watermark, None, None)
+            committed = self._committed()
             horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
             latest = latest_offsets(committed)
             places, removed = list(self._places), 0

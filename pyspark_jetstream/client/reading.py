@@ -18,6 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -87,32 +88,10 @@ class Reader:
         self.closed = False
         """Whether the client was closed (a live tail then ends instead of going on over Flight)."""
 
-    async def fetch(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        max_wait: float = 0.0,
-        from_replicas: bool = False,
-        columns: Sequence[str] | None = None,
-        filters: Sequence[ColumnFilter] = (),
-    ) -> FetchResult:
-        """See :meth:`.Client.fetch`: :meth:`fetch_blocking` in a worker thread."""
-        return await asyncio.to_thread(
-            self.fetch_blocking,
-            stream,
-            partition,
-            start=start,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            max_wait=max_wait,
-            from_replicas=from_replicas,
-            columns=columns,
-            filters=filters,
-        )
+    async def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
+        """See :meth:`.Client.fetch`: :meth:`fetch_blocking` (which names the options) in a worker
+        thread."""
+        return await asyncio.to_thread(self.fetch_blocking, stream, partition, **options)
 
     def fetch_blocking(
         self,

@@ -59,6 +59,7 @@ from .streams import (
     MIN_TIMESTAMP,
     bounded_int,
     bounded_number,
+    is_name_list,
     shown,
 )
 
@@ -199,11 +200,7 @@ class ReadRequest:
                 )
         columns = data.get("columns")
         if columns is not None:
-            if (
-                not isinstance(columns, list)
-                or not columns
-                or not all(isinstance(c, str) and c for c in columns)
-            ):
+            if not is_name_list(columns):
                 raise InvalidArgumentError(
                     f"columns must be a non-empty list of column names; got {shown(columns)}"
                 )

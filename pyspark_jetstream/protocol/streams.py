@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import InvalidArgumentError
 from .schema import COMPRESSIONS
@@ -457,6 +457,11 @@ def int_range(low: int, high: int, *, unit: str = "") -> str:
 def number_range(low: float, high: float, *, unit: str = "seconds") -> str:
     """``a number of seconds from 0.001 to 3600``: for messages."""
     return f"a number of {unit} from {_number(low)} to {_number(high)}"
+
+
+def is_name_list(value: object) -> TypeGuard[list[str]]:
+    """Whether ``value`` is a non-empty list of non-empty strings (broker ids, column names)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value)
 
 
 def shown(value: object) -> str:

@@ -526,12 +526,7 @@ def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> st
     for stream, partitions in data.items():
         offsets[stream] = {}
         for partition, offset in partitions.items():
-            number = int(partition) if str(partition).isdigit() and len(partition) <= 4 else None
-            if number is None or number >= MAX_PARTITIONS:
-                raise InvalidArgumentError(
-                    f"option '{option}': partition {shown(partition)} of {stream!r} must be a partition "
-                    f"number from 0 to {MAX_PARTITIONS - 1}"
-                )
+            number = _partition_number(option, stream, partition)
             if not isinstance(offset, int) or isinstance(offset, bool) or not -2 <= offset <= INT64_MAX:
                 raise InvalidArgumentError(
                     f"option '{option}': offset {shown(offset)} of {stream}/{partition} must be an integer "
@@ -539,6 +534,17 @@ def _offsets_option(option: str, value: str, *, allow_cursor: bool = True) -> st
                 )
             offsets[stream][str(number)] = offset
     return offsets
+
+
+def _partition_number(option: str, stream: str, partition: str) -> int:
+    """A partition key of a per-partition JSON option (``"0"``, ``"1"``, ...) as its number."""
+    number = int(partition) if str(partition).isdigit() and len(partition) <= 4 else None
+    if number is None or number >= MAX_PARTITIONS:
+        raise InvalidArgumentError(
+            f"option '{option}': partition {shown(partition)} of {stream!r} must be a partition "
+            f"number from 0 to {MAX_PARTITIONS - 1}"
+        )
+    return number
 
 
 def _timestamps_option(opts: Mapping[str, str], option: str) -> dict[str, dict[str, int]] | None:
@@ -561,12 +567,7 @@ def _timestamps_option(opts: Mapping[str, str], option: str) -> dict[str, dict[s
         _stream_name(option, stream)
         out[stream] = {}
         for partition, millis in partitions.items():
-            number = int(partition) if str(partition).isdigit() and len(partition) <= 4 else None
-            if number is None or number >= MAX_PARTITIONS:
-                raise InvalidArgumentError(
-                    f"option '{option}': partition {shown(partition)} of {stream!r} must be a partition "
-                    f"number from 0 to {MAX_PARTITIONS - 1}"
-                )
+            number = _partition_number(option, stream, partition)
             if not isinstance(millis, int) or isinstance(millis, bool) or not 0 <= millis <= MAX_TIMESTAMP_MS:
                 raise InvalidArgumentError(
                     f"option '{option}': {stream}/{partition} has {shown(millis)}; use milliseconds since "

@@ -33,9 +33,8 @@ def test_a_log_held_by_maintenance_does_not_stall_the_other_partitions(tmp_path,
             release.wait(10)
 
     async def run() -> tuple[float, float]:
-        ingestor = await Ingestor.connect(
-            [nats_server.url], NatsConfig(), IngestConfig(), lambda: {}, "t", terms=LOG_TERMS
-        )
+        ingestor = Ingestor([nats_server.url], NatsConfig(), IngestConfig(), lambda: {}, "t", terms=LOG_TERMS)
+        await ingestor.start()
         await ingestor.sync(partitions)
         client = await Client.connect(nats_urls=nats_server.url, broker="grpc://127.0.0.1:1", timeout=30)
         client._streams = {name: StreamConfig(name=name, subject=name) for name in ("busy", "free")}

@@ -56,6 +56,20 @@ async def collect(tail, until: int, seen: list[pa.RecordBatch]) -> None:
             return
 
 
+@contextlib.asynccontextmanager
+async def consuming(tail, until: int, timeout: float, seen: list[pa.RecordBatch] | None = None):
+    """Collects ``tail``'s batches (into ``seen``, which it yields) up to offset ``until`` while the
+    block runs; on leaving, waits up to ``timeout`` seconds for the rest and closes the tail."""
+    seen = [] if seen is None else seen
+    consumer = asyncio.ensure_future(collect(tail, until, seen))
+    try:
+        yield seen
+        await asyncio.wait_for(consumer, timeout)
+    finally:
+        consumer.cancel()
+        await tail.aclose()
+
+
 def test_exactly_once_across_the_switch_from_history_to_live(broker):
     """A publisher at full speed while the consumer starts: every offset once, in order."""
     total = 20_000
@@ -166,8 +180,7 @@ def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker, ca
 
 def test_a_broker_restart_leaves_no_gap_and_no_repeat(tmp_path, nats_server):
     port = free_port()
-    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url, flight_port=port).start()
-    try:
+    with BrokerProcess(tmp_path / "b", nats_url=nats_server.url, flight_port=port) as broker:
 
         async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
             async with await connect(broker) as client:
@@ -176,18 +189,14 @@ def test_a_broker_restart_leaves_no_gap_and_no_repeat(tmp_path, nats_server):
                 tail = client.tail("restart", start="earliest")
                 seen: list[pa.RecordBatch] = []
                 await asyncio.wait_for(collect(tail, 100, seen), 30)
-                consumer = asyncio.ensure_future(collect(tail, 300, seen))
-                await publish_rows(client, "restart", 100, 100)
-                await asyncio.to_thread(broker.kill)
-                await asyncio.to_thread(broker.start)
-                await publish_rows(client, "restart", 200, 100)
-                await asyncio.wait_for(consumer, 60)
-                await tail.aclose()
+                async with consuming(tail, 300, 60, seen):
+                    await publish_rows(client, "restart", 100, 100)
+                    await asyncio.to_thread(broker.kill)
+                    await asyncio.to_thread(broker.start)
+                    await publish_rows(client, "restart", 200, 100)
                 return seen, tail
 
         seen, tail = asyncio.run(main())
-    finally:
-        broker.stop()
     assert offsets_of(seen) == list(range(300))
     assert tail.stats.live_batches > 0, tail.stats
 
@@ -327,39 +336,25 @@ def test_a_thousand_tailers_cost_the_broker_no_threads(broker):
 
 
 def test_off_in_the_broker_means_consumers_tail_over_flight(tmp_path, nats_server):
-    broker = BrokerProcess(
-        tmp_path / "b", nats_url=nats_server.url, extra_config="[ingest]\nlive_tail = false\n"
-    ).start()
-    try:
+    config = "[ingest]\nlive_tail = false\n"
+    with BrokerProcess(tmp_path / "b", nats_url=nats_server.url, extra_config=config) as broker:
 
-        async def main() -> tuple[list[int], LiveTail]:
+        async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
             async with await connect(broker) as client:
                 await client.create_stream("off", "off")
                 tail = client.tail("off", start="earliest")
-                got: list[int] = []
-
-                async def consume() -> None:
-                    async for batch in tail:
-                        got.extend(batch.column("offset").to_pylist())
-                        if got[-1] >= 9:
-                            return
-
-                consumer = asyncio.ensure_future(consume())
 
                 async def fallen_back() -> None:  # three silent checks, 3 s apart
                     while not tail.stats.flight_only:
                         await asyncio.sleep(0.1)
 
-                await asyncio.wait_for(fallen_back(), 30)
-                await publish_rows(client, "off", 0, 10)
-                await asyncio.wait_for(consumer, 30)
-                await tail.aclose()
-                return got, tail
+                async with consuming(tail, 10, 30) as seen:
+                    await asyncio.wait_for(fallen_back(), 30)
+                    await publish_rows(client, "off", 0, 10)
+                return seen, tail
 
-        got, tail = asyncio.run(main())
-    finally:
-        broker.stop()
-    assert got == list(range(10))
+        seen, tail = asyncio.run(main())
+    assert offsets_of(seen) == list(range(10))
     assert tail.stats.flight_only and tail.stats.live_batches == 0
 
 
@@ -368,30 +363,20 @@ def test_garbage_on_the_tail_subject_is_ignored(broker, bad):
     """Anyone may publish on the subject (until permissions say otherwise): a consumer
     ignores what does not parse and reads over Flight instead."""
 
-    async def main() -> tuple[list[int], LiveTail]:
+    async def main() -> tuple[list[pa.RecordBatch], LiveTail]:
         async with await connect(broker) as client:
             await client.create_stream("noise", "noise")
             tail = client.tail("noise", start="earliest")
-            got: list[int] = []
+            async with consuming(tail, 5, 30) as seen:
+                await publish_rows(client, "noise", 0, 2)
+                while tail.next_offset < 2:
+                    await asyncio.sleep(0.01)
+                await client.nc.publish(tail_subject("noise", 0), bad)
+                await publish_rows(client, "noise", 2, 3)
+            return seen, tail
 
-            async def consume() -> None:
-                async for batch in tail:
-                    got.extend(batch.column("offset").to_pylist())
-                    if got[-1] >= 4:
-                        return
-
-            consumer = asyncio.ensure_future(consume())
-            await publish_rows(client, "noise", 0, 2)
-            while tail.next_offset < 2:
-                await asyncio.sleep(0.01)
-            await client.nc.publish(tail_subject("noise", 0), bad)
-            await publish_rows(client, "noise", 2, 3)
-            await asyncio.wait_for(consumer, 30)
-            await tail.aclose()
-            return got, tail
-
-    got, tail = asyncio.run(main())
-    assert got == list(range(5))
+    seen, tail = asyncio.run(main())
+    assert offsets_of(seen) == list(range(5))
     assert tail.stats.malformed == 1
 
 

@@ -178,9 +178,10 @@ def test_repeats_waiting_in_one_flush_are_acked_with_the_original_offset(tmp_pat
     partition.become_leader(state)
 
     async def run() -> list:
-        ingestor = await Ingestor.connect(
+        ingestor = Ingestor(
             [nats_server.url], NatsConfig(), IngestConfig(max_delay=1.0), lambda: {}, "t", terms=LOG_TERMS
         )
+        await ingestor.start()
         await ingestor.sync({("coalesced", 0): partition})
         client = await Client.connect(nats_urls=nats_server.url, broker="grpc://127.0.0.1:1", timeout=30)
         client._streams = {"coalesced": config}

@@ -4,7 +4,10 @@ value, bad ones refused (client and nats-py publishers) or dead-lettered, schema
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import nats
 import nats.js.errors
@@ -134,18 +137,24 @@ def requests_at_once(url: str, subject: str, values: list[bytes], timeout: float
     return asyncio.run(run())
 
 
+@contextlib.contextmanager
+def orders_broker(directory: Path, nats_url: str, config: str) -> Iterator[BrokerProcess]:
+    """A broker started with ``config`` (TOML), holding the typed stream ``orders``."""
+    with BrokerProcess(directory, nats_url=nats_url, extra_config=config) as process:
+        with SyncClient(nats_urls=process.nats_url, broker=process.flight) as client:
+            client.create_stream("orders", "orders", schema=ORDERS)
+        yield process
+
+
 @pytest.fixture
 def coalescing(tmp_path, nats_server):
     """A broker that waits up to 0.5 s for more messages before it stores a batch."""
-    config = "[ingest]\nmax_delay = 0.5\n"
-    with BrokerProcess(tmp_path / "coalescing", nats_url=nats_server.url, extra_config=config) as process:
+    with orders_broker(tmp_path / "coalescing", nats_server.url, "[ingest]\nmax_delay = 0.5\n") as process:
         yield process
 
 
 def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refused(coalescing):
     broker = coalescing
-    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
-        client.create_stream("orders", "orders", schema=ORDERS)
     values = [b'{"order_id": %d}' % i if i % 3 else b'{"order_id": "bad %d"}' % i for i in range(30)]
     answers = requests_at_once(broker.nats_url, "orders", values, timeout=5)
     refused = [i for i, a in enumerate(answers) if "error" in a]
@@ -165,15 +174,13 @@ def test_the_good_messages_of_a_coalesced_batch_are_stored_and_the_bad_ones_refu
 def tight(tmp_path, nats_server):
     """A coalescing broker whose ingest gathers as many bytes as a stored batch may hold."""
     config = "[ingest]\nmax_delay = 0.5\nmax_batch_bytes = 16384\n[log]\nmax_batch_bytes = 16384\n"
-    with BrokerProcess(tmp_path / "tight", nats_url=nats_server.url, extra_config=config) as process:
+    with orders_broker(tmp_path / "tight", nats_server.url, config) as process:
         yield process
 
 
 def test_a_coalesced_batch_stored_larger_than_a_batch_may_be_is_stored_in_parts(tight):
     # The parsed columns go beside the values: 16 KiB of coalesced values is well over 16 KiB stored.
     broker = tight
-    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
-        client.create_stream("orders", "orders", schema=ORDERS)
     values = [b'{"order_id": %d, "country": "%s"}' % (i, b"x" * 250) for i in range(120)]
     answers = requests_at_once(broker.nats_url, "orders", values, timeout=10)
     assert [a for a in answers if "error" in a] == []

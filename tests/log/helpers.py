@@ -11,10 +11,22 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, settings
 
 from broker_node.log import Log, Record
 from broker_node.log import segment as segment_module
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+
+
+def machine_settings(variable: str, examples: int, steps: int) -> settings:
+    """Hypothesis settings for a log state machine: ``examples`` runs (or as many as the
+    environment's ``variable`` says) of up to ``steps`` steps, with no time limit per run."""
+    return settings(
+        max_examples=int(os.environ.get(variable, str(examples))),
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
 def values(n: int, size: int = 100, start: int = 0) -> list[Record]:

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_node.log import Log, LogConfig, OffsetOutOfRangeError, Record
 
-from .helpers import FakeClock
+from .helpers import FakeClock, machine_settings
 
 KEYS = st.one_of(st.none(), st.sampled_from([b"a", b"b", b"c", b"d"]))
 VALUES = st.one_of(st.none(), st.binary(max_size=300))
@@ -176,10 +174,5 @@ class LogMachine(RuleBasedStateMachine):
         assert self.log.leader_epoch == (self.epochs[-1][0] if self.epochs else 0)
 
 
-LogMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOG_MODEL_EXAMPLES", "60")),
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+LogMachine.TestCase.settings = machine_settings("LOG_MODEL_EXAMPLES", examples=60, steps=40)
 TestLogModel = LogMachine.TestCase

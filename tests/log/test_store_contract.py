@@ -12,7 +12,6 @@ behaves as; and it feeds each kind's follower from the other kind's leader.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -22,7 +21,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -42,7 +40,7 @@ from broker_node.log import (
 )
 from broker_node.log.segment import header_bytes
 
-from .helpers import FakeClock, rows, values
+from .helpers import FakeClock, machine_settings, rows, values
 
 KINDS = ("file", "memory")
 ONE_BATCH_PER_SEGMENT = LogConfig(segment_bytes=1024, tombstone_retention=50.0)
@@ -512,10 +510,5 @@ class SideBySide(RuleBasedStateMachine):
             assert [b.to_pydict() for b in pair[0].scan()] == [b.to_pydict() for b in pair[1].scan()]
 
 
-SideBySide.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOG_CONTRACT_EXAMPLES", "100")),
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SideBySide.TestCase.settings = machine_settings("LOG_CONTRACT_EXAMPLES", examples=100, steps=50)
 TestSideBySide = SideBySide.TestCase

@@ -18,6 +18,8 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.options import check_option_names
 from pyspark_jetstream.spark.source import JetStreamDataSource, RefusedStreamReader
 
+from .frames import read_stream
+
 ERROR = "pyspark_jetstream.protocol.errors.InvalidArgumentError: "
 UNKNOWN_STREAM = "pyspark_jetstream.protocol.errors.UnknownStreamError: "
 
@@ -30,11 +32,8 @@ def last_error_line(exc: BaseException) -> str:
 
 def run_stream(spark, deployment, tmp_path, **options) -> None:
     """A ``Trigger.AvailableNow`` query of the source into memory, to its end."""
-    reader = spark.readStream.format("jetstream").option("servers", deployment.flight)
-    for key, value in options.items():
-        reader = reader.option(key, value)
     query = (
-        reader.load()
+        read_stream(spark, deployment, **options)
         .writeStream.format("memory")
         .queryName(f"q{tmp_path.name.replace('-', '_')}")
         .option("checkpointLocation", str(tmp_path / "ck"))
@@ -124,10 +123,7 @@ def test_a_missing_sink_stream_ends_with_how_to_create_it(spark, deployment, cli
             "stream", missing
         ).save()
     query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .load()
+        read_stream(spark, deployment, stream=name)
         .writeStream.format("jetstream")
         .option("servers", deployment.flight)
         .option("stream", missing)

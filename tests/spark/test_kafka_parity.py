@@ -14,6 +14,8 @@ from pyspark_jetstream.spark.options import parse_source_options
 from pyspark_jetstream.spark.planning import plan_source
 from pyspark_jetstream.spark.source import JetStreamStreamReader
 
+from .frames import read, read_stream
+
 
 def publish_each(client, stream: str, partition: int, count: int, first: int = 0) -> None:
     for i in range(first, first + count):
@@ -21,7 +23,7 @@ def publish_each(client, stream: str, partition: int, count: int, first: int = 0
 
 
 def times(spark, deployment, stream: str) -> dict[tuple[int, int], float]:
-    rows = spark.read.format("jetstream").option("servers", deployment.flight).option("stream", stream).load()
+    rows = read(spark, deployment, stream=stream)
     return {(r.partition, r.offset): r.timestamp.timestamp() * 1000 for r in rows.collect()}
 
 
@@ -36,15 +38,13 @@ def test_starting_and_ending_offsets_by_timestamp_are_per_partition(spark, deplo
     stamps = times(spark, deployment, name)
     start_ms = {0: int(stamps[(0, 3)]), 1: int(stamps[(1, 8)])}
     end_ms = {0: int(stamps[(0, 9)]), 1: int(stamps[(1, 11)])}
-    rows = (
-        spark.read.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("startingOffsetsByTimestamp", json.dumps({name: {str(p): t for p, t in start_ms.items()}}))
-        .option("endingOffsetsByTimestamp", json.dumps({name: {str(p): t for p, t in end_ms.items()}}))
-        .load()
-        .collect()
-    )
+    rows = read(
+        spark,
+        deployment,
+        stream=name,
+        startingOffsetsByTimestamp=json.dumps({name: {str(p): t for p, t in start_ms.items()}}),
+        endingOffsetsByTimestamp=json.dumps({name: {str(p): t for p, t in end_ms.items()}}),
+    ).collect()
     got = {p: sorted(r.offset for r in rows if r.partition == p) for p in (0, 1)}
     for p in (0, 1):
         expected = list(range(first_at(stamps, p, start_ms[p]), first_at(stamps, p, end_ms[p])))
@@ -85,18 +85,12 @@ def test_min_partitions_splits_ranges_over_more_tasks(spark, deployment, client,
     client.create_stream(name, name, partitions=2)
     publish_each(client, name, 0, 30)
     publish_each(client, name, 1, 5)
-    frame = (
-        spark.read.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("minPartitions", "7")
-    )
-    loaded = frame.load()
+    loaded = read(spark, deployment, stream=name, minPartitions="7")
     assert loaded.rdd.getNumPartitions() == 7
     assert sorted((r.partition, r.offset) for r in loaded.collect()) == sorted(
         [(0, i) for i in range(30)] + [(1, i) for i in range(5)]
     )
-    unsplit = frame.option("minPartitions", "1").load()
+    unsplit = read(spark, deployment, stream=name, minPartitions="1")
     assert unsplit.rdd.getNumPartitions() == 2
 
 
@@ -162,13 +156,9 @@ def test_caught_up_queries_leave_cursors_at_the_end_and_progress_shows_how_far_b
     def drain(consumer: str, checkpoint: str, **limits: str):
         """An AvailableNow query from the earliest offsets into ``noop``, as ``consumer``."""
         return (
-            spark.readStream.format("jetstream")
-            .option("servers", deployment.flight)
-            .option("stream", name)
-            .option("startingOffsets", "earliest")
-            .options(**limits)
-            .option("consumerId", consumer)
-            .load()
+            read_stream(
+                spark, deployment, stream=name, startingOffsets="earliest", **limits, consumerId=consumer
+            )
             .writeStream.format("noop")
             .option("checkpointLocation", str(tmp_path / checkpoint))
             .trigger(availableNow=True)

@@ -25,6 +25,10 @@ SERVERS = {"servers": "grpc://127.0.0.1:1"}
         ({"startingOffsets": '{"a": {"0": 9223372036854775808}}'}, r"offset 9223372036854775808 of a/0"),
         ({"startingOffsets": '{"a": {"1024": 5}}'}, r"partition '1024' of 'a' must be"),
         ({"startingOffsets": '{"a": {"' + "9" * 5000 + '": 5}}'}, r"partition '9999.*' of 'a' must be"),
+        (
+            {"startingOffsetsByTimestamp": '{"a": {"1024": 5}}'},
+            r"'startingOffsetsByTimestamp': partition '1024' of 'a' must be a partition number",
+        ),
         ({"startingOffsets": "[" * 100_000}, r"option 'startingOffsets' is '\[\[\[.*: use"),
     ],
 )

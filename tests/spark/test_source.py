@@ -19,6 +19,7 @@ from pyspark_jetstream.spark.reading import limit_rows
 from pyspark_jetstream.spark.source import JetStreamDataSource
 
 from ..broker.harness import wait_until
+from .frames import read, read_stream
 
 
 def fill(client, stream: str, partitions: int, rows: int) -> None:
@@ -28,13 +29,6 @@ def fill(client, stream: str, partitions: int, rows: int) -> None:
             {"key": [b"k%d" % i for i in range(rows)], "value": [b"%d-%d" % (p, i) for i in range(rows)]}
         )
         client.publish_batch(stream, table, partition=p)
-
-
-def read(spark, deployment, **options):
-    reader = spark.read.format("jetstream").option("servers", deployment.flight)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load()
 
 
 def test_batch_read_has_the_kafka_like_row_shape(spark, deployment, client, name):
@@ -102,13 +96,14 @@ def test_streams_and_pattern(spark, deployment, client, name):
 def test_available_now_respects_the_read_limit_and_commits_cursors(spark, deployment, client, name, tmp_path):
     fill(client, name, 2, 50)
     query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("startingOffsets", "earliest")
-        .option("maxRecordsPerTrigger", "30")
-        .option("consumerId", "limits")
-        .load()
+        read_stream(
+            spark,
+            deployment,
+            stream=name,
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="30",
+            consumerId="limits",
+        )
         .writeStream.format("memory")
         .queryName(f"limits_{name.replace('-', '_')}")
         .option("checkpointLocation", str(tmp_path / "ck"))
@@ -135,11 +130,7 @@ def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, nam
     fill(client, f"{name}-x", 1, 3)
     table = f"pattern_{name}"
     query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("streamPattern", f"{name}-.*")
-        .option("startingOffsets", "earliest")
-        .load()
+        read_stream(spark, deployment, streamPattern=f"{name}-.*", startingOffsets="earliest")
         .writeStream.format("memory")
         .queryName(table)
         .option("checkpointLocation", str(tmp_path / "ck"))
@@ -272,10 +263,7 @@ def test_spark_real_time_mode_refuses_python_sources_as_the_readme_says(
     the JVM sources it knows, and says so when the query starts."""
     fill(client, name, 1, 1)
     query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .load()
+        read_stream(spark, deployment, stream=name)
         .writeStream.format("console")
         .outputMode("update")
         .trigger(realTime="5 seconds")
@@ -334,12 +322,8 @@ def test_partitions_added_to_a_stream_are_read_from_their_earliest(spark, deploy
 
     def start():
         return (
-            spark.readStream.format("jetstream")
-            .option("servers", deployment.flight)
-            .option("stream", name)
-            .option("startingOffsets", "latest")  # new partitions still start at their earliest
-            .option("consumerId", table)
-            .load()
+            # New partitions still start at their earliest.
+            read_stream(spark, deployment, stream=name, startingOffsets="latest", consumerId=table)
             .writeStream.format("parquet")  # a sink that resumes from its checkpoint (memory does not)
             .option("path", str(tmp_path / "out"))
             .option("checkpointLocation", str(tmp_path / "ck"))
@@ -421,11 +405,7 @@ def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(
     assert rows[3].at == datetime(2026, 1, 2, 3, 4, 5, 3000, tzinfo=UTC).astimezone().replace(tzinfo=None)
     table = f"typed_{name.replace('-', '_')}"
     query = (
-        spark.readStream.format("jetstream")
-        .option("servers", deployment.flight)
-        .option("stream", name)
-        .option("startingOffsets", "earliest")
-        .load()
+        read_stream(spark, deployment, stream=name, startingOffsets="earliest")
         .writeStream.format("memory")
         .queryName(table)
         .option("checkpointLocation", str(tmp_path / "ck"))
