@@ -125,15 +125,24 @@ class BrokerService:
         if partition.record_fetch(request.replica, request.fetch_offset):
             self._manager.request_isr(partition, request.replica)
 
-    def replica_read(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+    def replica_read(
+        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
+    ) -> ReplicaFetchAnswer:
         """As leader, the stored frames from ``request.fetch_offset`` on, waiting up to ``max_wait``
-        for some if there are none yet; records nothing."""
+        for some if there are none yet (or until ``unless()``, see :meth:`replica_wake`); records
+        nothing."""
         partition = self._led_for(request)
         log = partition.log
         if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
-            log.wait_for_end(request.fetch_offset, request.max_wait)
+            log.wait_for_end(request.fetch_offset, request.max_wait, unless=unless)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
         return _replica_answer(partition, frames, request.leader_epoch)
+
+    def replica_wake(self, request: ReplicaFetch) -> None:
+        """Have the reads waiting on the partition ``request`` names check their ``unless`` now."""
+        partition = self._manager.get(request.stream, request.partition)
+        if partition is not None:
+            partition.log.wake_waiters()
 
     def _led_for(self, request: ReplicaFetch) -> Partition:
         """The partition ``request`` fetches, led here in the request's epoch, holding its offset."""

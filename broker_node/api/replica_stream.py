@@ -10,10 +10,10 @@ one trip to the follower and back, never for the turn before it to finish.
 The reader reads only acknowledgements it is owed (the follower answers every
 message), so once the sender stops the reader ends by itself after the last
 one, or when the follower closes its side; the call returns only after both
-threads are done, because the call's reader and writer die with it.  A
-refused acknowledgement (a stale leader epoch, an offset out of range) ends
-the stream with that error at the sender's next turn, at most ``max_wait``
-later.
+threads are done, because the call's reader and writer die with it.  When the
+follower goes or an acknowledgement is refused (a stale leader epoch, an
+offset out of range), the reader wakes the sender from its wait for appends,
+and the call ends at once, with the refusal as its error.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import pyarrow as pa
@@ -61,52 +62,49 @@ class ReplicaLeader(Protocol):
     def replica_fetch(self, request: ReplicaFetch) -> StreamAnswer:
         """Acknowledge ``request.fetch_offset`` and answer what follows it (the first turn)."""
 
-    def replica_read(self, request: ReplicaFetch) -> StreamAnswer:
-        """What follows ``request.fetch_offset``, waiting up to ``max_wait`` for it; records nothing."""
+    def replica_read(
+        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
+    ) -> StreamAnswer:
+        """What follows ``request.fetch_offset``, waiting up to ``max_wait`` for it or until
+        ``unless()`` is true when checked; records nothing."""
+
+    def replica_wake(self, request: ReplicaFetch) -> None:
+        """Have waiting reads of the partition check their ``unless`` now."""
 
     def replica_acknowledge(self, request: ReplicaFetch) -> None:
         """Record that the follower holds everything before ``request.fetch_offset``."""
 
 
+@dataclasses.dataclass(eq=False)
 class ReplicaStream:
     """One follower's stream, served by :meth:`run` on the call's thread (module docstring)."""
 
-    def __init__(
-        self,
-        leader: ReplicaLeader,
-        request: ReplicaFetch,
-        reader: flight.MetadataRecordBatchReader,
-        writer: flight.MetadataRecordBatchWriter,
-        stopping: threading.Event,
-        *,
-        in_flight: int = IN_FLIGHT,
-    ) -> None:
-        self._leader = leader
-        self._request = request
-        self._reader = reader
-        self._writer = writer
-        self._stopping = stopping
-        self._limit = in_flight
-        self._changed = threading.Condition()
-        self._owed = 0
-        """Messages sent and not acknowledged yet."""
-        self._sending = True
-        self._ended = False
-        """The follower closed its side or the call failed: nothing more is sent."""
-        self._refusal: JetStreamError | None = None
+    leader: ReplicaLeader
+    request: ReplicaFetch
+    reader: flight.MetadataRecordBatchReader
+    writer: flight.MetadataRecordBatchWriter
+    stopping: threading.Event
+    in_flight: int = IN_FLIGHT
+    _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+    _owed: int = 0
+    """Messages sent and not acknowledged yet."""
+    _sending: bool = True
+    _ended: bool = False
+    """The follower closed its side or the call failed: nothing more is sent."""
+    _refusal: JetStreamError | None = None
 
     def run(self) -> None:
         """Serve the stream until the server stops, the follower ends it, or a check fails."""
-        self._writer.begin(STREAM_SCHEMA)
-        answer = self._leader.replica_fetch(self._request)
+        self.writer.begin(STREAM_SCHEMA)
+        answer = self.leader.replica_fetch(self.request)
         acknowledgements = threading.Thread(
             target=self._read_acknowledgements,
-            name=f"replica-acks-{self._request.replica}-{self._request.stream}-{self._request.partition}",
+            name=f"replica-acks-{self.request.replica}-{self.request.stream}-{self.request.partition}",
             daemon=True,
         )
         acknowledgements.start()
         try:
-            sent = self._request.fetch_offset
+            sent = self.request.fetch_offset
             while True:
                 if not self._send(answer):
                     return
@@ -114,7 +112,9 @@ class ReplicaStream:
                     sent = answer.frames[-1].last_offset + 1
                 if not self._room():
                     return
-                answer = self._leader.replica_read(dataclasses.replace(self._request, fetch_offset=sent))
+                answer = self.leader.replica_read(
+                    dataclasses.replace(self.request, fetch_offset=sent), unless=self._over
+                )
         finally:
             with self._changed:
                 self._sending = False
@@ -126,17 +126,17 @@ class ReplicaStream:
     def _send(self, answer: StreamAnswer) -> bool:
         """Send ``answer``; whether the stream goes on."""
         with self._changed:
-            if self._ended or self._refusal is not None:
+            if self._over():
                 return False
             self._owed += 1
             self._changed.notify_all()
         try:
-            self._writer.write_with_metadata(
+            self.writer.write_with_metadata(
                 pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
                 pa.py_buffer(stream_message_metadata(answer.offsets)),
             )
         except flight.FlightError as exc:  # the follower went away (stopped, crashed, timed out)
-            logger.debug("replication stream of %s ended: %s", self._request.replica, exc)
+            logger.debug("replication stream of %s ended: %s", self.request.replica, exc)
             with self._changed:
                 self._owed -= 1
                 self._ended = True
@@ -147,22 +147,20 @@ class ReplicaStream:
     def _room(self) -> bool:
         """Wait until fewer than the limit are in flight; whether the stream goes on."""
         with self._changed:
-            self._changed.wait_for(
-                lambda: self._owed < self._limit or self._ended or self._refusal is not None
-            )
-            return not (self._ended or self._refusal is not None or self._stopping.is_set())
+            self._changed.wait_for(lambda: self._owed < self.in_flight or self._over())
+            return not self._over()
 
     def _read_acknowledgements(self) -> None:
-        request = self._request
+        request = self.request
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._owed > 0 or not self._sending)
                 if self._owed == 0:
                     return  # the sender stopped and every message it sent is acknowledged
             try:
-                chunk = self._reader.read_chunk()
+                chunk = self.reader.read_chunk()
                 offset = parse_stream_ack(chunk.app_metadata)
-                self._leader.replica_acknowledge(dataclasses.replace(request, fetch_offset=offset))
+                self.leader.replica_acknowledge(dataclasses.replace(request, fetch_offset=offset))
             except StopIteration:  # the follower ended this stream; it opens another
                 self._end()
                 return
@@ -173,7 +171,7 @@ class ReplicaStream:
             except JetStreamError as exc:
                 with self._changed:
                     self._refusal = exc
-                    self._changed.notify_all()
+                self._wake_sender()
                 return
             with self._changed:
                 self._owed -= 1
@@ -182,4 +180,14 @@ class ReplicaStream:
     def _end(self) -> None:
         with self._changed:
             self._ended = True
+        self._wake_sender()
+
+    def _over(self) -> bool:
+        """Whether the sender should stop: the follower is gone, an acknowledgement was refused,
+        or the server is stopping."""
+        return self._ended or self._refusal is not None or self.stopping.is_set()
+
+    def _wake_sender(self) -> None:
+        with self._changed:
             self._changed.notify_all()
+        self.leader.replica_wake(self.request)

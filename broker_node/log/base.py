@@ -633,9 +633,18 @@ class LogBase(abc.ABC):
                 return int(batch.column(0)[earlier].as_py())
             return self.log_end_offset
 
-    def wait_for_end(self, offset: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``; whether it did."""
+    def wait_for_end(self, offset: int, timeout: float, *, unless: Callable[[], bool] | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``, or until
+        ``unless()`` is true when checked (at each append and each :meth:`wake_waiters`); whether
+        the end passed ``offset``."""
         with self._grown:
-            return self._grown.wait_for(lambda: self._closed or self.log_end_offset > offset, timeout) and (
-                not self._closed
+            self._grown.wait_for(
+                lambda: self._closed or self.log_end_offset > offset or (unless is not None and unless()),
+                timeout,
             )
+            return not self._closed and self.log_end_offset > offset
+
+    def wake_waiters(self) -> None:
+        """Have every :meth:`wait_for_end` check its ``unless`` now."""
+        with self._grown:
+            self._grown.notify_all()

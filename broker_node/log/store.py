@@ -178,8 +178,13 @@ class LogStore(Protocol):
     def offset_for_timestamp(self, timestamp: datetime | float) -> int:
         """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none."""
 
-    def wait_for_end(self, offset: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``; whether it did."""
+    def wait_for_end(self, offset: int, timeout: float, *, unless: Callable[[], bool] | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``, or until
+        ``unless()`` is true when checked (at each append and each :meth:`wake_waiters`); whether
+        the end passed ``offset``."""
+
+    def wake_waiters(self) -> None:
+        """Have every :meth:`wait_for_end` check its ``unless`` now."""
 
     # ---- upkeep ----------------------------------------------------------------
 

@@ -262,7 +262,10 @@ class Fetcher:
                 self._held_back(frames)
                 self.last_error = None  # the stream works: an earlier failure is over (health shows it)
                 if self._stopped.is_set() or time.monotonic() >= ends:
+                    # Half-closed, then cancelled: the leader's side may be waiting for its next
+                    # append (up to max_wait), which closing alone would wait out.
                     writer.done_writing()
+                    reader.cancel()
                     return
                 writer.write_metadata(pa.py_buffer(stream_ack(partition.log.log_end_offset)))
         except flight.FlightError as exc:

@@ -30,22 +30,26 @@ for repairs and for leaders that do not offer the stream) is one long-lived
 Flight ``do_exchange`` per followed partition, opened with a command
 descriptor whose bytes are a fetch ticket as above (``fetch_offset`` where the
 stream starts, ``max_wait`` the longest pause between two messages of the
-leader).  Then, turn by turn:
+leader).  Then:
 
-- the leader sends one record batch of :data:`STREAM_SCHEMA` (the stored
-  frames that follow the offset last acknowledged, up to ``max_bytes``; no
-  rows if nothing came within ``max_wait``: a heartbeat; the frames' offsets
-  and epochs are in the frames themselves) with its offsets in the message's
-  ``app_metadata`` as JSON: ``{"high_watermark": .., "log_start_offset": ..,
-  "log_end_offset": .., "leader_epoch": ..}``;
-- the follower appends the frames and answers with a metadata-only message,
-  ``{"fetch_offset": N}``: its new log end offset, acknowledging everything
-  before it, exactly as the next fetch's ``fetch_offset`` would.
+- the leader sends record batches of :data:`STREAM_SCHEMA`, each as soon as
+  something is appended (the stored frames that follow what it sent before,
+  up to ``max_bytes``; no rows if nothing came within ``max_wait``: a
+  heartbeat; the frames' offsets and epochs are in the frames themselves),
+  with its offsets in the message's ``app_metadata`` as JSON:
+  ``{"high_watermark": .., "log_start_offset": .., "log_end_offset": ..,
+  "leader_epoch": ..}``.  It sends ahead of the acknowledgements, a few
+  messages at most, so a batch appended while an acknowledgement travels is
+  not held back;
+- the follower appends each message's frames in order and answers each with a
+  metadata-only message, ``{"fetch_offset": N}``: its new log end offset,
+  acknowledging everything before it, exactly as the next fetch's
+  ``fetch_offset`` would.
 
 Each acknowledgement is checked as a fetch would be (leader epoch, offset
 range), so a stream of an earlier leadership is refused with ``not_leader``
-and ends; the follower ends a stream by closing its side after an
-acknowledgement and opens a new one (it does so every few seconds, so a
+and ends; the follower ends a stream by closing its side (and cancelling the
+call) after a message, and opens a new one (it does so every few seconds, so a
 stream never outlives a change it should see).
 """
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pyarrow import flight
 
+from broker_node.api.replica_stream import IN_FLIGHT
 from broker_node.api.server import FlightApi, ReplicaFetchAnswer
 from broker_node.coordination.base import PartitionState
 from broker_node.log import MemoryLog
@@ -48,11 +49,13 @@ class LeaderView:
         self._check(request)
         self.leader.record_fetch(request.replica, request.fetch_offset)
 
-    def replica_read(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+    def replica_read(
+        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
+    ) -> ReplicaFetchAnswer:
         self._check(request)
         log = self.leader.log
         if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
-            log.wait_for_end(request.fetch_offset, request.max_wait)
+            log.wait_for_end(request.fetch_offset, request.max_wait, unless=unless)
         frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
         offsets = LeaderOffsets(
             high_watermark=self.leader.high_watermark,
@@ -61,6 +64,9 @@ class LeaderView:
             leader_epoch=self.leader.state.leader_epoch,
         )
         return ReplicaFetchAnswer(frames, offsets)
+
+    def replica_wake(self, request: ReplicaFetch) -> None:
+        self.leader.log.wake_waiters()
 
     def _check(self, request: ReplicaFetch) -> None:
         if request.leader_epoch != self.leader.state.leader_epoch:
@@ -243,4 +249,84 @@ def test_a_leader_that_cannot_be_reached_is_retried_with_a_growing_backoff():
         assert stopped.pauses[:4] == [BACKOFF[0] * 2**n for n in range(4)]
     finally:
         fetcher.stop()
+        follower.close()
+
+
+class HeldAcknowledgements(LeaderView):
+    """A leader whose recording of acknowledgements on the stream (all but the first turn's, from
+    offset 0) waits until ``release`` is set."""
+
+    def __init__(self, leader: Partition) -> None:
+        super().__init__(leader)
+        self.release = threading.Event()
+        self.acknowledged: list[int] = []
+
+    def replica_acknowledge(self, request: ReplicaFetch) -> None:
+        if request.fetch_offset > 0:
+            self.release.wait(30)
+            self.acknowledged.append(request.fetch_offset)
+        super().replica_acknowledge(request)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_leader_sends_new_batches_without_waiting_for_the_acknowledgement_before():
+    leader = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
+    leader.become_leader(STATE)
+    follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
+    follower.become_follower(STATE)
+    view = HeldAcknowledgements(leader)
+    api = FlightApi("grpc://127.0.0.1:0", view)  # type: ignore[arg-type]
+    # max_wait well above an append's trip: every message below carries one append, no heartbeat.
+    fetcher = Fetcher(follower, "a", 1, lambda _: f"grpc://127.0.0.1:{api.port}", max_wait=2.0)
+    appends = 3 * IN_FLIGHT
+    leader.append(values(1))  # the first turn's answer
+    fetcher.start()
+    try:
+        assert wait_until(lambda: follower.log.log_end_offset == 1)
+        for number in range(1, appends):
+            leader.append(values(1))
+            # Each append reaches the follower by itself, while no acknowledgement is recorded,
+            # until IN_FLIGHT messages travel ahead of the acknowledgements.
+            expected = min(number + 1, IN_FLIGHT)
+            assert wait_until(lambda expected=expected: follower.log.log_end_offset >= expected)
+        assert follower.log.log_end_offset == IN_FLIGHT
+        assert view.acknowledged == [] and leader.high_watermark == 0
+        view.release.set()
+        assert wait_until(lambda: leader.high_watermark == appends)
+        assert follower.log.log_end_offset == appends
+        assert view.acknowledged == sorted(view.acknowledged)
+    finally:
+        view.release.set()
+        fetcher.stop()
+        api.shutdown()
+        leader.close()
+        follower.close()
+
+
+def test_a_stream_the_follower_ends_ends_on_the_leader_without_waiting_out_max_wait():
+    leader = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
+    leader.become_leader(STATE)
+    follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
+    follower.become_follower(STATE)
+    api = FlightApi("grpc://127.0.0.1:0", LeaderView(leader))  # type: ignore[arg-type]
+    fetcher = Fetcher(follower, "a", 1, lambda _: f"grpc://127.0.0.1:{api.port}", max_wait=25.0)
+    fetcher.start()
+    try:
+        commit(leader, 1)
+        fetcher.stop(wait=False)
+        leader.append(values(1))  # the follower reads it, sees it is stopped and ends its stream
+        # The leader's side was waiting up to 25 s for the next append: it is woken instead.
+        assert wait_until(
+            lambda: sum(n for (kind, _), n in api.requests.items() if kind == "replica_stream") == 1
+        )
+    finally:
+        fetcher.stop()
+        api.shutdown()
+        leader.close()
         follower.close()
