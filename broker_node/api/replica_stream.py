@@ -7,9 +7,10 @@ messages ahead.  A second thread reads the acknowledgements and records each
 as a fetch, which is what moves the high watermark.  So a commit waits for
 one trip to the follower and back, never for the turn before it to finish.
 
-The reader reads only acknowledgements it is owed (the follower answers every
-message), so once the sender stops the reader ends by itself after the last
-one, or when the follower closes its side; the call returns only after both
+The follower answers every message, so the reader ends by itself after the
+acknowledgement of the last message sent (a heartbeat is sent when the
+sender stops with none owed, to draw one), or when the follower closes its
+side; the call returns only after both
 threads are done, because the call's reader and writer die with it.  When the
 follower goes or an acknowledgement is refused (a stale leader epoch, an
 offset out of range), the reader wakes the sender from its wait for appends,
@@ -75,6 +76,12 @@ class ReplicaLeader(Protocol):
         """Record that the follower holds everything before ``request.fetch_offset``."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Heartbeat:
+    frames: list[ReplicaFrame]
+    offsets: LeaderOffsets
+
+
 @dataclasses.dataclass(eq=False)
 class ReplicaStream:
     """One follower's stream, served by :meth:`run` on the call's thread (module docstring)."""
@@ -118,18 +125,21 @@ class ReplicaStream:
         finally:
             with self._changed:
                 self._sending = False
-                self._changed.notify_all()
+                # The reader waits in a read for an acknowledgement only while one is owed; if
+                # none is, one more message draws the acknowledgement that lets it end.
+                draw = self._owed == 0 and not self._ended and self._refusal is None
+            if draw:
+                self._send(_Heartbeat([], answer.offsets), last=True)
             acknowledgements.join()
             if self._refusal is not None:
                 raise self._refusal
 
-    def _send(self, answer: StreamAnswer) -> bool:
-        """Send ``answer``; whether the stream goes on."""
+    def _send(self, answer: StreamAnswer, *, last: bool = False) -> bool:
+        """Send ``answer`` (with ``last``, even though the stream is over); whether it goes on."""
         with self._changed:
-            if self._over():
+            if self._over() and not last:
                 return False
             self._owed += 1
-            self._changed.notify_all()
         try:
             self.writer.write_with_metadata(
                 pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
@@ -153,10 +163,6 @@ class ReplicaStream:
     def _read_acknowledgements(self) -> None:
         request = self.request
         while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._owed > 0 or not self._sending)
-                if self._owed == 0:
-                    return  # the sender stopped and every message it sent is acknowledged
             try:
                 chunk = self.reader.read_chunk()
                 offset = parse_stream_ack(chunk.app_metadata)
@@ -176,6 +182,8 @@ class ReplicaStream:
             with self._changed:
                 self._owed -= 1
                 self._changed.notify_all()
+                if not self._sending and self._owed == 0:
+                    return  # the sender stopped and every message it sent is acknowledged
 
     def _end(self) -> None:
         with self._changed:
