@@ -9,7 +9,10 @@ by the same nats-py client in this process, with 100-byte values:
 1. single-message publish with acks, pipelined: ``publish_async`` on both
    sides, each with at most 4,000 acks pending (a sliding window); and one
    publish at a time, each ack awaited before the next (JetStream's awaited
-   ``js.publish``);
+   ``js.publish``); with the CPU time used per pipelined message by the
+   servers (the broker and the nats-server against the nats-server) and by
+   this client process, from ``/proc``: on a machine whose cores are all
+   busy, that is what sets the rates;
 2. batch publish: our 10,000-message Arrow batches (rows/s) against
    JetStream's async publish (messages/s, from 1);
 3. consume every message from the start: our Arrow fetch against a
@@ -47,6 +50,7 @@ Prints two tables; the last line is one JSON object.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import statistics
@@ -55,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -512,6 +517,24 @@ async def tls_comparison(workdir: Path, single_n: int, consume_n: int) -> dict[s
     return results
 
 
+def cpu_seconds(pids: list[int | None]) -> float:
+    """CPU time (user and system) the processes ``pids`` have used so far (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        assert pid is not None, "a server of the bench is not running"
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    return total / tick
+
+
+async def with_cpu(servers: list[int | None], measure: Awaitable[float]) -> tuple[float, float, float]:
+    """``measure``'s figure, and the CPU seconds the ``servers`` and this process used meanwhile."""
+    before = cpu_seconds(servers), cpu_seconds([os.getpid()])
+    figure = await measure
+    return figure, cpu_seconds(servers) - before[0], cpu_seconds([os.getpid()]) - before[1]
+
+
 def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
@@ -546,11 +569,16 @@ async def run(size: str) -> dict[str, float]:
         js_latency: list[float] = []
         our_latency: list[float] = []
         follow_latency: list[float] = []
+        servers = {"js": [server.pid], "ours": [server.pid, broker.process.pid if broker.process else None]}
         for r in range(ROUNDS):
-            samples.setdefault("js", []).append(
-                await jetstream_publish(js, f"JS_SINGLE{r}", single_n, awaited=False)
-            )
-            samples.setdefault("ours", []).append(await ours_single(client, f"single{r}", single_n))
+            for side, publish in (
+                ("js", jetstream_publish(js, f"JS_SINGLE{r}", single_n, awaited=False)),
+                ("ours", ours_single(client, f"single{r}", single_n)),
+            ):
+                rate, server_cpu, client_cpu = await with_cpu(servers[side], publish)
+                samples.setdefault(side, []).append(rate)
+                samples.setdefault(f"{side}_server_cpu", []).append(server_cpu)
+                samples.setdefault(f"{side}_client_cpu", []).append(client_cpu)
             samples.setdefault("ours_sync", []).append(await ours_sync(client, f"sync{r}", sync_n))
             samples.setdefault("js_sync", []).append(
                 await jetstream_publish(js, f"JS_SYNC{r}", sync_n, awaited=True)
@@ -561,6 +589,10 @@ async def run(size: str) -> dict[str, float]:
             follow_latency += await tail_latencies(client, nc, f"follow{r}", latency_s / ROUNDS, live=False)
         results["jetstream_single_publish_msgs_per_s"] = statistics.median(samples["js"])
         results["single_publish_msgs_per_s"] = statistics.median(samples["ours"])
+        for side, prefix in (("js", "jetstream_"), ("ours", "")):
+            for part in ("server", "client"):
+                spent = sum(samples[f"{side}_{part}_cpu"]) / (ROUNDS * single_n) * 1e6
+                results[f"{prefix}single_publish_{part}_cpu_us_per_msg"] = spent
         results["sync_publish_msgs_per_s"] = statistics.median(samples["ours_sync"])
         results["jetstream_sync_publish_msgs_per_s"] = statistics.median(samples["js_sync"])
         results["batch_publish_rows_per_s"] = await ours_batches(client, "batches", batch_rows)
@@ -618,6 +650,20 @@ def main() -> None:
             r["jetstream_single_publish_msgs_per_s"],
             r["single_publish_ratio"],
             ">= 1.0",
+        ),
+        (
+            "servers' CPU per pipelined publish (µs; broker + nats-server vs nats-server)",
+            r["single_publish_server_cpu_us_per_msg"],
+            r["jetstream_single_publish_server_cpu_us_per_msg"],
+            r["single_publish_server_cpu_us_per_msg"] / r["jetstream_single_publish_server_cpu_us_per_msg"],
+            "",
+        ),
+        (
+            "client's CPU per pipelined publish (µs)",
+            r["single_publish_client_cpu_us_per_msg"],
+            r["jetstream_single_publish_client_cpu_us_per_msg"],
+            r["single_publish_client_cpu_us_per_msg"] / r["jetstream_single_publish_client_cpu_us_per_msg"],
+            "",
         ),
         (
             "one publish at a time, ack awaited (msg/s)",

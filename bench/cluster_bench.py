@@ -15,7 +15,9 @@ drives both.
    ack.  JetStream: the same, killing the R3 stream's leader server;
 4. publish-to-consumer latency at a steady 1,000 messages/s (plain NATS
    publishes with a send timestamp; consumers see only committed messages):
-   our ``tail`` against a JetStream pull consumer, RF=3 / R3;
+   our ``tail`` against a JetStream pull consumer, RF=3 / R3; with the
+   CPU time the servers used meanwhile per message (our brokers and their
+   nats-server against the three nats-servers), from ``/proc``;
 5. the transport's floor under one replication turn: a bare Flight
    ``do_exchange`` between two Python processes, one message each way per
    turn, as the replication stream does (no log, no broker code);
@@ -53,7 +55,7 @@ from pyarrow import flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.broker_bench import _percentile, push_latencies, tail_latencies
+from bench.broker_bench import _percentile, cpu_seconds, push_latencies, tail_latencies
 from bench.sizes import last_line, parser, pick, size_of
 from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
@@ -344,8 +346,14 @@ async def run(size: str) -> dict[str, float]:
         results["rf3_single_publish_msgs_per_s"] = await ours_single(client, "single", single_n)
         results["rf1_batch_rows_per_s"] = await ours_batches(client, "rf1", batch_rows, 1, AckPolicy.LEADER)
         results["rf3_batch_rows_per_s"] = await ours_batches(client, "rf3", batch_rows, 3, AckPolicy.ALL)
+        js_pids = [s.pid for s in js_cluster.servers]
+        our_pids = [cluster.nats.pid, *(b.process.pid for b in cluster.brokers if b.process)]
+        js_cpu = cpu_seconds(js_pids)
         js_lat = await js_latency(js, js_nc, "JS_LATENCY", latency_s)
+        results["js_r3_cpu_us_per_msg"] = (cpu_seconds(js_pids) - js_cpu) / len(js_lat) * 1e6
+        our_cpu = cpu_seconds(our_pids)
         our_lat = await ours_latency(client, our_nc, "latency", latency_s)
+        results["rf3_cpu_us_per_msg"] = (cpu_seconds(our_pids) - our_cpu) / len(our_lat) * 1e6
         results["js_r3_p99_latency_ms"] = _percentile(js_lat, 0.99)
         results["rf3_p99_latency_ms"] = _percentile(our_lat, 0.99)
         results["js_r3_p50_latency_ms"] = statistics.median(js_lat)
@@ -409,6 +417,13 @@ def main() -> None:
             r["js_r3_p99_latency_ms"],
             r["rf3_p99_latency_ratio_to_js_r3"],
             "<= 1.5",
+        ),
+        (
+            "servers' CPU per message at 1,000 msg/s (µs; brokers and their nats-server vs 3 nats-servers)",
+            r["rf3_cpu_us_per_msg"],
+            r["js_r3_cpu_us_per_msg"],
+            r["rf3_cpu_us_per_msg"] / r["js_r3_cpu_us_per_msg"],
+            "",
         ),
         (
             "produce during a partition move vs before it (rows/s)",
