@@ -345,14 +345,17 @@ class Nemesis:
 
     def run(self, faults: str, hold: float) -> None:
         """Inject ``faults`` (one kind, or several joined by ``+``, each on a different broker), hold
-        them ``hold`` seconds, heal them in reverse order."""
+        them ``hold`` seconds, heal them in reverse order -- ZooKeeper first whatever its place: a
+        broker healed by a restart waits for ZooKeeper only up to its connect timeout, and each
+        heal here waits for its broker to be up before the next one begins."""
         heals: list[Callable[[], None]] = []
         busy: set[str] = set()
         for fault in faults.split("+"):
             heal, hold = self._inject(fault, hold, busy)
             heals.append(heal)
         time.sleep(hold)
-        for heal in reversed(heals):
+        zookeeper = self.cluster.zookeeper.start
+        for heal in sorted(reversed(heals), key=lambda heal: heal != zookeeper):
             heal()
         self.heals.append(time.monotonic())
 
