@@ -152,6 +152,11 @@ class ReplicaStream:
                 self._ended = True
                 self._changed.notify_all()
             return False
+        except BaseException:
+            # Not sent: no acknowledgement is owed for it (the reader would wait for it forever).
+            with self._changed:
+                self._owed -= 1
+            raise
         return True
 
     def _room(self) -> bool:

@@ -19,7 +19,7 @@ from pyarrow import flight
 from broker_node.api.replica_stream import IN_FLIGHT
 from broker_node.api.server import FlightApi, ReplicaFetchAnswer
 from broker_node.coordination.base import PartitionState
-from broker_node.log import MemoryLog
+from broker_node.log import MemoryLog, ReplicaFrame
 from broker_node.replication.fetcher import BACKOFF, NOT_READY_PAUSE, Fetcher
 from broker_node.replication.partition import Partition
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, NotLeaderError, UnavailableError
@@ -330,3 +330,32 @@ def test_a_stream_the_follower_ends_ends_on_the_leader_without_waiting_out_max_w
         api.shutdown()
         leader.close()
         follower.close()
+
+
+class BadFrameOnce(LeaderView):
+    """A leader whose first read after the first turn answers a frame that cannot be sent."""
+
+    def __init__(self, leader: Partition) -> None:
+        super().__init__(leader)
+        self.reads = 0
+
+    def replica_read(
+        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
+    ) -> ReplicaFetchAnswer:
+        answer = super().replica_read(request, unless=unless)
+        self.reads += 1
+        if self.reads == 1:
+            return ReplicaFetchAnswer([ReplicaFrame(0, 0, 0, object())], answer.offsets)  # type: ignore[arg-type]
+        return answer
+
+
+def test_a_message_that_cannot_be_sent_ends_the_stream_at_once(pair):
+    leader, _, api, _ = pair(lambda address, view: FlightApi(address, BadFrameOnce(view.leader)))
+    leader.append(values(1))
+
+    def failed_streams() -> int:
+        return sum(n for (kind, code), n in api.requests.items() if kind == "replica_stream" and code != "ok")
+
+    # The failed send is owed no acknowledgement: the call ends now, not at its deadline (15 s).
+    assert wait_until(lambda: failed_streams() == 1, timeout=5)
+    commit(leader, 1)  # the follower's next stream carries on
