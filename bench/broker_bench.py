@@ -640,6 +640,13 @@ async def run(size: str) -> dict[str, float]:
     return results
 
 
+def versus(
+    r: dict[str, float], label: str, ours: str, peer: str, target: str = ""
+) -> tuple[str, float, float, float, str]:
+    """A table row: our figure ``r[ours]`` against the peer's ``r[peer]``, and their ratio."""
+    return label, r[ours], r[peer], r[ours] / r[peer], target
+
+
 def main() -> None:
     args = parser(__doc__, quick_help="smaller runs, finishes within 120 s").parse_args()
     r = asyncio.run(run(size_of(args)))
@@ -651,19 +658,17 @@ def main() -> None:
             r["single_publish_ratio"],
             ">= 1.0",
         ),
-        (
-            "servers' CPU per pipelined publish (µs; broker + nats-server vs nats-server)",
-            r["single_publish_server_cpu_us_per_msg"],
-            r["jetstream_single_publish_server_cpu_us_per_msg"],
-            r["single_publish_server_cpu_us_per_msg"] / r["jetstream_single_publish_server_cpu_us_per_msg"],
-            "",
+        versus(
+            r,
+            "  servers' CPU per publish (µs)",
+            "single_publish_server_cpu_us_per_msg",
+            "jetstream_single_publish_server_cpu_us_per_msg",
         ),
-        (
-            "client's CPU per pipelined publish (µs)",
-            r["single_publish_client_cpu_us_per_msg"],
-            r["jetstream_single_publish_client_cpu_us_per_msg"],
-            r["single_publish_client_cpu_us_per_msg"] / r["jetstream_single_publish_client_cpu_us_per_msg"],
-            "",
+        versus(
+            r,
+            "  client's CPU per publish (µs)",
+            "single_publish_client_cpu_us_per_msg",
+            "jetstream_single_publish_client_cpu_us_per_msg",
         ),
         (
             "one publish at a time, ack awaited (msg/s)",
@@ -686,13 +691,7 @@ def main() -> None:
             r["consume_ratio"],
             ">= 50",
         ),
-        (
-            "latency p50 at 1,000 msg/s (ms)",
-            r["p50_latency_ms"],
-            r["jetstream_p50_latency_ms"],
-            r["p50_latency_ms"] / r["jetstream_p50_latency_ms"],
-            "",
-        ),
+        versus(r, "latency p50 at 1,000 msg/s (ms)", "p50_latency_ms", "jetstream_p50_latency_ms"),
         (
             "latency p99 at 1,000 msg/s (ms)",
             r["p99_latency_ms"],
@@ -700,20 +699,8 @@ def main() -> None:
             r["p99_latency_ratio"],
             "<= 1.0",
         ),
-        (
-            "  same, Flight follow p50 (ms)",
-            r["follow_p50_latency_ms"],
-            r["jetstream_p50_latency_ms"],
-            r["follow_p50_latency_ms"] / r["jetstream_p50_latency_ms"],
-            "",
-        ),
-        (
-            "  same, Flight follow p99 (ms)",
-            r["follow_p99_latency_ms"],
-            r["jetstream_p99_latency_ms"],
-            r["follow_p99_latency_ms"] / r["jetstream_p99_latency_ms"],
-            "",
-        ),
+        versus(r, "  same, Flight follow p50 (ms)", "follow_p50_latency_ms", "jetstream_p50_latency_ms"),
+        versus(r, "  same, Flight follow p99 (ms)", "follow_p99_latency_ms", "jetstream_p99_latency_ms"),
         (
             "fan-out to 1,000 tailers (deliveries/s)",
             r["fanout_1000_msgs_per_s"],

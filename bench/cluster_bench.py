@@ -419,7 +419,7 @@ def main() -> None:
             "<= 1.5",
         ),
         (
-            "servers' CPU per message at 1,000 msg/s (µs; brokers and their nats-server vs 3 nats-servers)",
+            "  servers' CPU per message (µs)",
             r["rf3_cpu_us_per_msg"],
             r["js_r3_cpu_us_per_msg"],
             r["rf3_cpu_us_per_msg"] / r["js_r3_cpu_us_per_msg"],
