@@ -19,7 +19,7 @@ from typing import Any
 
 from pyarrow import flight
 
-from broker_node.api.server import ReplicaFetchAnswer
+from broker_node.api.replica_stream import ReplicaFetchAnswer
 from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError

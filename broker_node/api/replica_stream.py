@@ -46,26 +46,26 @@ IN_FLIGHT = 4
 turn-by-turn stream; more lets a batch appended while an acknowledgement travels go at once."""
 
 
-class StreamAnswer(Protocol):
-    """A leader's answer for the stream: frames and where its log stands."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaFetchAnswer:
+    """A leader's answer to a follower's fetch or on its stream: the stored frames from the fetch
+    offset on, and where the leader's log stands (sent beside them, see
+    :mod:`pyspark_jetstream.protocol.replication`)."""
 
-    @property
-    def frames(self) -> list[ReplicaFrame]: ...
-
-    @property
-    def offsets(self) -> LeaderOffsets: ...
+    frames: list[ReplicaFrame]
+    offsets: LeaderOffsets
 
 
 class ReplicaLeader(Protocol):
     """What a stream needs of the broker: the three steps of a follower's fetch, each checked as
     a fetch is (the leader epoch, the offset range)."""
 
-    def replica_fetch(self, request: ReplicaFetch) -> StreamAnswer:
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
         """Acknowledge ``request.fetch_offset`` and answer what follows it (the first turn)."""
 
     def replica_read(
         self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
-    ) -> StreamAnswer:
+    ) -> ReplicaFetchAnswer:
         """What follows ``request.fetch_offset``, waiting up to ``max_wait`` for it or until
         ``unless()`` is true when checked; records nothing."""
 
@@ -74,12 +74,6 @@ class ReplicaLeader(Protocol):
 
     def replica_acknowledge(self, request: ReplicaFetch) -> None:
         """Record that the follower holds everything before ``request.fetch_offset``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Heartbeat:
-    frames: list[ReplicaFrame]
-    offsets: LeaderOffsets
 
 
 @dataclasses.dataclass(eq=False)
@@ -129,12 +123,12 @@ class ReplicaStream:
                 # none is, one more message draws the acknowledgement that lets it end.
                 draw = self._owed == 0 and not self._ended and self._refusal is None
             if draw:
-                self._send(_Heartbeat([], answer.offsets), last=True)
+                self._send(ReplicaFetchAnswer([], answer.offsets), last=True)
             acknowledgements.join()
             if self._refusal is not None:
                 raise self._refusal
 
-    def _send(self, answer: StreamAnswer, *, last: bool = False) -> bool:
+    def _send(self, answer: ReplicaFetchAnswer, *, last: bool = False) -> bool:
         """Send ``answer`` (with ``last``, even though the stream is over); whether it goes on."""
         with self._changed:
             if self._over() and not last:

@@ -15,7 +15,6 @@ error's message -- never the request's body nor any data.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -50,7 +49,6 @@ from pyspark_jetstream.protocol.flight import (
 )
 from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
-    LeaderOffsets,
     ReplicaFetch,
     fetch_metadata,
 )
@@ -58,7 +56,7 @@ from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .replica_stream import ReplicaStream
+from .replica_stream import ReplicaLeader, ReplicaStream
 from .typed_reads import ReadShape
 
 logger = logging.getLogger(__name__)
@@ -79,15 +77,6 @@ Not ``not_leader`` (routine: clients follow leaders by it) nor the broker's own 
 LOGGED_MESSAGE_CHARS = 500
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReplicaFetchAnswer:
-    """A leader's answer to a follower's fetch: the stored frames from the fetch offset on, and
-    where the leader's log stands (sent beside them, see :mod:`pyspark_jetstream.protocol.replication`)."""
-
-    frames: list[ReplicaFrame]
-    offsets: LeaderOffsets
-
-
 class ReadablePartition(Protocol):
     """What the server needs of a partition."""
 
@@ -103,19 +92,14 @@ class ReadablePartition(Protocol):
     def wait_for_data(self, offset: int, timeout: float) -> bool: ...
 
 
-class BrokerView(AdminService, Protocol):
-    """What the server needs of the broker: reads, replica fetches, and the admin actions."""
+class BrokerView(AdminService, ReplicaLeader, Protocol):
+    """What the server needs of the broker: reads, replica fetches and streams (see
+    :class:`.replica_stream.ReplicaLeader`), and the admin actions."""
 
     @property
     def flight_address(self) -> str: ...
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
-    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer: ...
-    def replica_read(
-        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
-    ) -> ReplicaFetchAnswer: ...
-    def replica_acknowledge(self, request: ReplicaFetch) -> None: ...
-    def replica_wake(self, request: ReplicaFetch) -> None: ...
 
 
 class Access(Protocol):

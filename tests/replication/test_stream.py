@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from pyarrow import flight
 
-from broker_node.api.replica_stream import IN_FLIGHT
-from broker_node.api.server import FlightApi, ReplicaFetchAnswer
+from broker_node.api.replica_stream import IN_FLIGHT, ReplicaFetchAnswer
+from broker_node.api.server import FlightApi
 from broker_node.coordination.base import PartitionState
 from broker_node.log import MemoryLog, ReplicaFrame
 from broker_node.replication.fetcher import BACKOFF, NOT_READY_PAUSE, Fetcher
