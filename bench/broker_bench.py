@@ -61,7 +61,7 @@ import tempfile
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import pyarrow as pa
@@ -77,6 +77,7 @@ from broker_node.security import hash_token
 from pyspark_jetstream.client import Client, Credentials
 from pyspark_jetstream.local import LocalBroker
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 VALUE = 100
 WINDOW = 4000
@@ -528,8 +529,8 @@ def cpu_seconds(pids: list[int | None]) -> float:
     return total / tick
 
 
-async def with_cpu(servers: list[int | None], measure: Awaitable[float]) -> tuple[float, float, float]:
-    """``measure``'s figure, and the CPU seconds the ``servers`` and this process used meanwhile."""
+async def with_cpu(servers: list[int | None], measure: Awaitable[T]) -> tuple[T, float, float]:
+    """``measure``'s result, and the CPU seconds the ``servers`` and this process used meanwhile."""
     before = cpu_seconds(servers), cpu_seconds([os.getpid()])
     figure = await measure
     return figure, cpu_seconds(servers) - before[0], cpu_seconds([os.getpid()]) - before[1]

@@ -55,7 +55,7 @@ from pyarrow import flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.broker_bench import _percentile, cpu_seconds, push_latencies, tail_latencies
+from bench.broker_bench import _percentile, push_latencies, tail_latencies, with_cpu
 from bench.sizes import last_line, parser, pick, size_of
 from broker_node.nats_server import NatsServer
 from broker_node.zookeeper_server import free_port
@@ -348,12 +348,10 @@ async def run(size: str) -> dict[str, float]:
         results["rf3_batch_rows_per_s"] = await ours_batches(client, "rf3", batch_rows, 3, AckPolicy.ALL)
         js_pids = [s.pid for s in js_cluster.servers]
         our_pids = [cluster.nats.pid, *(b.process.pid for b in cluster.brokers if b.process)]
-        js_cpu = cpu_seconds(js_pids)
-        js_lat = await js_latency(js, js_nc, "JS_LATENCY", latency_s)
-        results["js_r3_cpu_us_per_msg"] = (cpu_seconds(js_pids) - js_cpu) / len(js_lat) * 1e6
-        our_cpu = cpu_seconds(our_pids)
-        our_lat = await ours_latency(client, our_nc, "latency", latency_s)
-        results["rf3_cpu_us_per_msg"] = (cpu_seconds(our_pids) - our_cpu) / len(our_lat) * 1e6
+        js_lat, js_cpu, _ = await with_cpu(js_pids, js_latency(js, js_nc, "JS_LATENCY", latency_s))
+        results["js_r3_cpu_us_per_msg"] = js_cpu / len(js_lat) * 1e6
+        our_lat, our_cpu, _ = await with_cpu(our_pids, ours_latency(client, our_nc, "latency", latency_s))
+        results["rf3_cpu_us_per_msg"] = our_cpu / len(our_lat) * 1e6
         results["js_r3_p99_latency_ms"] = _percentile(js_lat, 0.99)
         results["rf3_p99_latency_ms"] = _percentile(our_lat, 0.99)
         results["js_r3_p50_latency_ms"] = statistics.median(js_lat)
