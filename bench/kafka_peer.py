@@ -312,6 +312,15 @@ class KafkaAdmin:
         self._admin.close()
 
 
+def _run(argv: list[str], failure: str, cwd: str | None = None) -> None:
+    """Run ``argv``; raise :class:`KafkaPeerError` with ``failure`` and the end of its output if it fails."""
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise KafkaPeerError(
+            f"{failure} (exit {done.returncode}): {(done.stdout + done.stderr).strip()[-2000:]}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench.kafka_peer --fetch-jars``: fill the jar cache."""
     parser = argparse.ArgumentParser(prog="python -m bench.kafka_peer")
@@ -331,12 +340,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _run(argv: list[str], failure: str, cwd: str | None = None) -> None:
-    """Run ``argv``; raise :class:`KafkaPeerError` with ``failure`` and the end of its output if it fails."""
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise KafkaPeerError(
-            f"{failure} (exit {done.returncode}): {(done.stdout + done.stderr).strip()[-2000:]}"
-        )

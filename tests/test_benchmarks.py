@@ -49,3 +49,24 @@ def test_a_benchmark_runs_at_its_smoke_size_and_prints_every_figure(script: Path
     assert not missing, f"{script.stem} no longer prints {sorted(missing)}"
     odd = {k: v for k, v in figures.items() if not isinstance(v, int | float) or not math.isfinite(v)}
     assert not odd, f"{script.stem} printed figures that are not finite numbers: {odd}"
+
+
+def test_kafka_peer_fetch_as_bootstrap_runs_it(tmp_path: Path) -> None:
+    """``python -m bench.kafka_peer --fetch-jars`` (what bootstrap runs) reports Maven's failure in one
+    line; every helper it calls is defined by the time the script's ``main`` runs."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mvn").write_text("#!/bin/sh\necho 'no repository reachable' >&2\nexit 3\n")
+    (fake / "mvn").chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.kafka_peer", "--fetch-jars"],
+        cwd=ROOT,
+        env={"PATH": f"{fake}:/usr/bin:/bin", "PYSPARK_JETSTREAM_JARS": str(tmp_path / "jars")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "error: mvn could not fetch org.apache.kafka:kafka_2.13" in done.stderr
+    assert "no repository reachable" in done.stderr
+    assert "Traceback" not in done.stderr
