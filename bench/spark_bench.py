@@ -56,6 +56,7 @@ run).  Prints a table; the last line is one JSON object.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -270,6 +271,28 @@ def timed(run: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has been busy so far, all cores (Linux ``/proc/stat``: user,
+    nice, system, irq, softirq and steal; not idle or iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(run: Callable[[], None], cpu: list[float]) -> float:
+    """``timed(run)``, appending the machine's CPU seconds meanwhile to ``cpu``: everything a side
+    uses (Spark's JVM and Python workers, the broker and nats-server, or Kafka) while the others idle."""
+    before = machine_cpu_seconds()
+    seconds = timed(run)
+    cpu.append(machine_cpu_seconds() - before)
+    return seconds
+
+
+def cpu_per_million(cpu: dict[str, list[float]], n: int, suffix: str = "") -> dict[str, float]:
+    """The median CPU seconds per million rows of each side of ``cpu``."""
+    return {f"{key}{suffix}_cpu_s_per_m_rows": statistics.median(v) * 1e6 / n for key, v in cpu.items()}
+
+
 def stream_into(
     df: DataFrame, sink_format: str, checkpoints: Path, name: str, **options: str
 ) -> Callable[[], None]:
@@ -318,19 +341,22 @@ def measure(
         "parquet": stream_into(parquet_source, "noop", checkpoints, "read-parquet"),
     }
     samples: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     for _ in range(runs):
         for key, run in read.items():
-            samples.setdefault(key, []).append(timed(run))
+            samples.setdefault(key, []).append(timed_cpu(run, cpu.setdefault(key, [])))
     for key, values in samples.items():
         results[f"{key}_read_rows_per_s"] = n / statistics.median(values)
+    results |= cpu_per_million(cpu, n, "_read")
 
     out = parquet_source.select("key", "value")
     write_samples: dict[str, list[float]] = {}
+    write_cpu: dict[str, list[float]] = {}
     for i in range(runs):
         sink_stream = f"bench-out-{i}"
         client.create_stream(sink_stream, sink_stream, partitions=2, compression=compression)
         write_samples.setdefault("jetstream", []).append(
-            timed(
+            timed_cpu(
                 stream_into(
                     out,
                     "jetstream",
@@ -339,17 +365,22 @@ def measure(
                     servers=broker.flight,
                     nats=str(broker.nats_url),
                     stream=sink_stream,
-                )
+                ),
+                write_cpu.setdefault("sink", []),
             )
         )
         stored = sum(p.high_watermark for p in client.describe_stream(sink_stream).partitions)
         if stored != n:
             raise SystemExit(f"the sink stored {stored} rows, not {n}")
         write_samples.setdefault("parquet", []).append(
-            timed(stream_into(out, "parquet", checkpoints, f"write-pq-{i}", path=str(work / f"out-{i}")))
+            timed_cpu(
+                stream_into(out, "parquet", checkpoints, f"write-pq-{i}", path=str(work / f"out-{i}")),
+                write_cpu.setdefault("parquet_write", []),
+            )
         )
     results["sink_rows_per_s"] = n / statistics.median(write_samples["jetstream"])
     results["parquet_write_rows_per_s"] = n / statistics.median(write_samples["parquet"])
+    results |= cpu_per_million(write_cpu, n)
 
     delta = {
         "delta": parse_orders(jetstream_source),
@@ -594,6 +625,7 @@ def measure_kafka(
         read = reads("peer", "peer-read")
         out = rows.select("value")
         samples: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
         for i in range(runs):
             first = i % 2 == 1  # the sides take turns at going first
             writes = {
@@ -601,14 +633,21 @@ def measure_kafka(
                 "kafka": write_kafka(out, f"peer-out-{i}"),
             }
             for key, run in sorted(read.items(), reverse=first):
-                samples.setdefault(f"{key}_read", []).append(timed(run))
+                name = f"{key}_read"
+                samples.setdefault(name, []).append(timed_cpu(run, cpu.setdefault(name, [])))
             for key, run in sorted(writes.items(), reverse=first):
-                samples.setdefault(f"{key}_write", []).append(timed(run))
+                name = f"{key}_write"
+                samples.setdefault(name, []).append(timed_cpu(run, cpu.setdefault(name, [])))
                 check(key, f"peer-out-{i}", n)
     finally:
         admin.close()
     medians = {key: n / statistics.median(values) for key, values in samples.items()}
+    spent = cpu_per_million(cpu, n)
     return {
+        "kafka_peer_jetstream_read_cpu_s_per_m_rows": spent["jetstream_read_cpu_s_per_m_rows"],
+        "kafka_read_cpu_s_per_m_rows": spent["kafka_read_cpu_s_per_m_rows"],
+        "kafka_peer_jetstream_write_cpu_s_per_m_rows": spent["jetstream_write_cpu_s_per_m_rows"],
+        "kafka_write_cpu_s_per_m_rows": spent["kafka_write_cpu_s_per_m_rows"],
         "kafka_peer_jetstream_read_rows_per_s": medians["jetstream_read"],
         "kafka_read_rows_per_s": medians["kafka_read"],
         "kafka_peer_jetstream_write_rows_per_s": medians["jetstream_write"],
@@ -679,7 +718,6 @@ def main() -> None:
         with (
             LocalBroker(work / "data", log_level="WARNING") as broker,
             SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=120) as client,
-            KafkaBroker(work / "kafka", partitions=PEER_PARTITIONS) as kafka,
         ):
             client.create_stream("bench", "bench", partitions=2, compression=args.compression)
             client.create_stream("peer", "peer", partitions=PEER_PARTITIONS, compression=args.compression)
@@ -710,8 +748,10 @@ def main() -> None:
                 pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
             results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
             results |= measure_typed_sink(spark, client, broker, work, n, runs)
-            results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
-            results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
+            # Kafka starts only now: its JVM shares the 2 cores with what it is not measured against.
+            with KafkaBroker(work / "kafka", partitions=PEER_PARTITIONS) as kafka:
+                results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
+                results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -819,6 +859,16 @@ def main() -> None:
         f"kafka: Kafka {KAFKA_VERSION} (KRaft, one node), {PEER_PARTITIONS}-partition stream and topics; "
         f"Kafka's producer: {producer}, compression.type={args.compression}"
     )
+    print("CPU seconds per million rows, the whole machine (JVMs, Python workers, broker, nats-server):")
+    cpu_rows = [
+        ("read: jetstream / Arrow-file source", "jetstream_read", "arrow_file_source_read"),
+        ("write: jetstream sink / Parquet writer", "sink", "parquet_write"),
+        ("kafka read: jetstream / Kafka source", "kafka_peer_jetstream_read", "kafka_read"),
+        ("kafka write: jetstream sink / Kafka sink", "kafka_peer_jetstream_write", "kafka_write"),
+    ]
+    for label, ours, peer in cpu_rows:
+        mine, theirs = (results[f"{k}_cpu_s_per_m_rows"] for k in (ours, peer))
+        print(f"  {label:<46} {mine:>6.2f} / {theirs:>5.2f}")
     print(last_line(results, 3))
 
 
