@@ -133,6 +133,7 @@ class Client:
     async def close(self) -> None:
         """Fail pending acks, close the connections."""
         self._reader.closed = True
+        await self._publisher.send_waiting()
         self._publisher.close()
         await self.nc.close()
         self._broker.close()

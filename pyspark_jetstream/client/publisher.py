@@ -7,7 +7,16 @@ a slot of the ack window (``max_pending`` acks outstanding; past it,
 publishing waits for the oldest) and a deadline; its ack arrives on the
 client's inbox, alone or batched with others (one NATS message, many acks),
 and ends its future.  A sweeper fails each future still waiting at its
-deadline, soonest first.  A publish the broker de-duplicates (see
+deadline, soonest first.
+
+Plain messages (no message id, producer or headers; a value of at most
+:data:`GATHER_MESSAGE_BYTES`; a stream without a schema) published while the
+event loop is busy leave together: those waiting for the same partition and
+ack policy when the loop next turns go as one envelope batch, as Kafka's
+producer sends its batches, and the batch's ack is split into each message's
+own.  Nothing waits for more to come: a message published alone leaves at
+the loop's next turn, as a single envelope, and a full ack window sends what
+waits before it blocks.  A publish the broker de-duplicates (see
 :func:`.publish_options.deduplicated`) is kept until its ack and resent to a
 new leader after a leadership change (:mod:`.resend`).
 
@@ -23,7 +32,7 @@ import itertools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -31,8 +40,9 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from pyspark_jetstream.protocol.ack import Ack, decode_acks
-from pyspark_jetstream.protocol.envelope import Envelope, EnvelopeError, encode, typed_batch
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, EnvelopeError, encode, typed_batch
 from pyspark_jetstream.protocol.errors import (
+    ErrorCode,
     InvalidArgumentError,
     JetStreamError,
     MessageTooLargeError,
@@ -61,6 +71,25 @@ logger = logging.getLogger(__name__)
 
 _CARRIED = ("key", "headers")
 """A typed batch's columns that are not fields: they travel beside the typed columns."""
+
+GATHER_MESSAGE_BYTES = 16 * 1024
+"""A plain message whose key and value are at most this many bytes may leave in a batch with others."""
+
+GATHER_BATCH_BYTES = 256 * 1024
+"""A batch of gathered messages leaves once its keys and values reach this many bytes."""
+
+
+class _Waiting(NamedTuple):
+    """A gathered message not yet sent: its own correlation id, key, value and ack deadline."""
+
+    correlation_id: str
+    key: bytes | None
+    value: bytes
+    deadline: float
+
+
+_Group = tuple[str, str, int, AckPolicy]
+"""Gathered messages leave together when they share the subject, stream, partition and ack policy."""
 
 PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 """nats-server's error for a publish the user's permissions refuse (nats-py reports it lower-cased)."""
@@ -99,6 +128,15 @@ class Publisher:
         self._sweeper: asyncio.Future[None] | None = None
         self._sooner = asyncio.Event()  # a deadline before the one the sweeper sleeps for
         self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._gathered: dict[_Group, list[_Waiting]] = {}
+        """Plain messages waiting for the loop's next turn, in the order they were published."""
+        self._gathered_bytes: dict[_Group, int] = {}
+        self._gathering: asyncio.Task[None] | None = None
+        self._batches: dict[str, list[str]] = {}
+        """The messages' correlation ids of each gathered batch in flight, by the batch's."""
+        self._sending = asyncio.Lock()
+        """Held while gathered messages are handed to NATS, by anything sending after them:
+        every publish reaches NATS in the order it was called."""
         self._ids = itertools.count()
         self._inbox = nc.new_inbox()
         self._ack_sub: Any = None
@@ -112,10 +150,17 @@ class Publisher:
         """Subscribe to the ack inbox."""
         self._ack_sub = await self.nc.subscribe(self._inbox, cb=self._on_ack)
 
+    async def send_waiting(self) -> None:
+        """Hand NATS the gathered messages still waiting (before NATS closes)."""
+        async with self._sending:
+            await self._send_gathered()
+
     def close(self) -> None:
         """Stop resending and sweeping; fail the acks still pending (before NATS closes)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._gathering is not None:
+            self._gathering.cancel()
         self.resender.close()
         self.routes.close()
         for future in self._acks.values():
@@ -149,6 +194,10 @@ class Publisher:
             target = await self.routes.target(
                 stream, key, options.partition, options.partitioner, options.subject
             )
+            if message_id is None and not headers and self._gatherable(target, options, key, value):
+                assert target.stream is not None and target.partition is not None and value is not None
+                group = (target.subject, target.stream, target.partition, options.ack_policy)
+                return await self._gather(group, options, key, value)
             fields = {
                 "value": value,
                 "key": key,
@@ -231,6 +280,113 @@ class Publisher:
         assert target.partition is not None
         return target.partition
 
+    def _gatherable(
+        self, target: Target, options: PublishOptions, key: bytes | None, value: bytes | None
+    ) -> bool:
+        """Whether a message without message id or headers may leave in a batch with others:
+        acked, no producer, a small value to one partition of a stream without a schema (a
+        typed stream refuses an invalid value alone, not the batch around it)."""
+        if value is None or options.producer_id is not None or not options.wants_ack:
+            return False
+        if target.stream is None or target.partition is None:
+            return False
+        size = len(value) + (0 if key is None else len(key))
+        config = self.routes.streams.get(target.stream)
+        return (
+            config is not None
+            and config.schema is None
+            and size <= min(GATHER_MESSAGE_BYTES, config.max_message_bytes)
+        )
+
+    async def _gather(
+        self, group: _Group, options: PublishOptions, key: bytes | None, value: bytes
+    ) -> asyncio.Future[Ack]:
+        """Keep a plain message for the loop's next turn; a future for its own ack."""
+        if self._window.locked():  # the window is full: what waits leaves now, so acks can free it
+            async with self._sending:
+                await self._send_gathered()
+        correlation_id = str(next(self._ids))
+        future, deadline = await self._awaiting(correlation_id, group[0], options)
+        self._gathered.setdefault(group, []).append(_Waiting(correlation_id, key, value, deadline))
+        size = self._gathered_bytes.get(group, 0) + len(value) + (0 if key is None else len(key))
+        self._gathered_bytes[group] = size
+        if size >= GATHER_BATCH_BYTES:
+            async with self._sending:
+                await self._send_gathered()
+        elif self._gathering is None:
+            self._gathering = asyncio.ensure_future(self._next_turn())
+        return future
+
+    async def _next_turn(self) -> None:
+        self._gathering = None
+        async with self._sending:
+            await self._send_gathered()
+
+    async def _send_gathered(self) -> None:
+        """Hand NATS every gathered message, each group's as one envelope (``_sending`` held)."""
+        gathered, self._gathered, self._gathered_bytes = self._gathered, {}, {}
+        for (subject, stream, partition, ack_policy), waiting in gathered.items():
+            if len(waiting) == 1:  # alone: the single message's envelope, as if never gathered
+                correlation_id, key, value, _ = waiting[0]
+                fields: dict[str, Any] = {"value": value, "key": key}
+            else:
+                correlation_id = str(next(self._ids))
+                self._batches[correlation_id] = [w.correlation_id for w in waiting]
+                # Forgotten by the sweeper in the same pass as its last message's deadline.
+                last = max(w.deadline for w in waiting)
+                heapq.heappush(self._deadlines, (last, correlation_id, "", 0.0))
+                values = pa.array([w.value for w in waiting], pa.binary())
+                if any(w.key is not None for w in waiting):
+                    keys = pa.array([w.key for w in waiting], pa.binary())
+                    fields = {"batch": pa.record_batch({"key": keys, "value": values})}
+                else:
+                    fields = {"batch": pa.record_batch({"value": values})}
+            payload = encode(
+                Envelope(
+                    ack_inbox=self._inbox,
+                    correlation_id=correlation_id,
+                    ack_policy=ack_policy,
+                    stream=stream,
+                    partition=partition,
+                    **fields,
+                )
+            )
+            try:
+                await self.nc.publish(subject, payload)
+            except NatsError as exc:
+                self._batches.pop(correlation_id, None)
+                failure = UnavailableError(f"publish to {subject!r} failed: {exc}")
+                for member in waiting:
+                    future = self._acks.pop(member.correlation_id, None)
+                    if future is not None and not future.done():
+                        future.set_exception(failure)
+
+    async def _in_order(self, subject: str, payload: bytes) -> None:
+        """Publish ``payload`` after every gathered message (published before it)."""
+        async with self._sending:
+            if self._gathered:
+                await self._send_gathered()
+            await self.nc.publish(subject, payload)
+
+    async def _awaiting(
+        self, correlation_id: str, subject: str, options: PublishOptions
+    ) -> tuple[asyncio.Future[Ack], float]:
+        """A slot of the ack window (waiting for one), a future for the ack of ``correlation_id``
+        that ends with the ack or at its deadline, and that deadline (``loop.time()``)."""
+        await self._window.acquire()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Ack] = loop.create_future()
+        future.add_done_callback(self._release_window)
+        self._acks[correlation_id] = future
+        seconds = options.timeout or self.timeout
+        deadline = loop.time() + seconds
+        heapq.heappush(self._deadlines, (deadline, correlation_id, subject, seconds))
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        elif self._deadlines[0][1] == correlation_id:
+            self._sooner.set()
+        return future, deadline
+
     async def _send(
         self, target: Target, options: PublishOptions, fields: dict[str, Any]
     ) -> asyncio.Future[Ack] | None:
@@ -257,20 +413,13 @@ class Publisher:
                 f"{self.nc.max_payload}: publish smaller batches or raise max_payload in nats-server"
             )
         if not wants_ack:
-            await self.nc.publish(subject, payload)
+            await self._in_order(subject, payload)
             return None
-        await self._window.acquire()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Ack] = loop.create_future()
-        future.add_done_callback(self._release_window)
-        self._acks[correlation_id] = future
+        if self._window.locked() and self._gathered:  # what waits leaves first, so acks can free it
+            async with self._sending:
+                await self._send_gathered()
         # Every ack future ends: with the ack, or when the sweeper finds it overdue.
-        seconds = options.timeout or self.timeout
-        heapq.heappush(self._deadlines, (loop.time() + seconds, correlation_id, subject, seconds))
-        if self._sweeper is None:
-            self._sweeper = asyncio.ensure_future(self._sweep())
-        elif self._deadlines[0][1] == correlation_id:
-            self._sooner.set()
+        future, _ = await self._awaiting(correlation_id, subject, options)
         if target.stream is not None and target.partition is not None and deduplicated(fields):
             producer_id = options.producer_id
             self.resender.track(
@@ -284,7 +433,7 @@ class Publisher:
             )
             future.add_done_callback(lambda _: self.resender.done(correlation_id))
         try:
-            await self.nc.publish(subject, payload)
+            await self._in_order(subject, payload)
         except NatsError as exc:
             future.cancel()
             raise UnavailableError(f"publish to {subject!r} failed: {exc}") from None
@@ -324,6 +473,7 @@ class Publisher:
                     await asyncio.wait_for(self._sooner.wait(), deadline - loop.time())
                 continue
             heapq.heappop(self._deadlines)
+            self._batches.pop(correlation_id, None)  # a gathered batch: its messages have their own
             future = self._acks.pop(correlation_id, None)
             if future is None or future.done():
                 continue
@@ -347,11 +497,39 @@ class Publisher:
             logger.warning("ignoring a malformed ack: %r", msg.data[:200])
             return
         for ack in acks:
+            members = self._batches.pop(ack.correlation_id, None)
+            if members is not None:
+                self._split(ack, members)
+                continue
             if self.resender.holds(ack):
                 continue  # refused behind a lost message: answered after its resend
             future = self._acks.pop(ack.correlation_id, None)
             if future is not None and not future.done():
                 future.set_result(ack)
+
+    def _split(self, batch: Ack, members: list[str]) -> None:
+        """End each gathered message's future with its own ack out of its batch's ``batch``."""
+        if batch.ok:
+            try:
+                offsets: list[int] | None = batch.row_offsets(len(members))
+            except ValueError as exc:
+                logger.warning("an ack of a gathered batch does not fit it: %s", exc)
+                batch = batch._replace(error=ErrorCode.UNAVAILABLE, message=f"the broker's ack: {exc}")
+                offsets = None
+        else:
+            offsets = None
+        repeated = dict(batch.duplicates)
+        for row, correlation_id in enumerate(members):
+            future = self._acks.pop(correlation_id, None)
+            if future is None or future.done():
+                continue
+            if offsets is None:
+                ack = batch._replace(first_offset=-1, last_offset=-1, correlation_id=correlation_id)
+            else:
+                error = ErrorCode.DUPLICATE if batch.duplicate or row in repeated else ErrorCode.OK
+                offset = offsets[row]
+                ack = Ack(batch.stream, batch.partition, offset, offset, correlation_id, error, batch.message)
+            future.set_result(ack)
 
 
 async def await_ack(future: asyncio.Future[Ack]) -> Ack:
