@@ -11,7 +11,7 @@ import nats
 import pytest
 
 from pyspark_jetstream.client import Client
-from pyspark_jetstream.client.publisher import GATHER_MESSAGE_BYTES, Publisher
+from pyspark_jetstream.client.publisher import GATHER_MESSAGE_BYTES, AckWindow, Publisher
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import decode
 from pyspark_jetstream.protocol.errors import ErrorCode, RequestTimeoutError
@@ -242,3 +242,33 @@ def _ack_bytes(ack: Ack) -> bytes:
     from pyspark_jetstream.protocol.ack import encode_ack
 
     return encode_ack(ack)
+
+
+def test_the_ack_window_hands_slots_over_first_come_first_served():
+    async def run():
+        window = AckWindow(2)
+        await window.acquire()
+        await window.acquire()
+        assert window.full and window.free == 0
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            await window.acquire()
+            order.append(name)
+
+        first, second, third = (asyncio.ensure_future(take(n)) for n in ("first", "second", "third"))
+        await asyncio.sleep(0)
+        second.cancel()  # cancelled while waiting: never takes a slot
+        await asyncio.sleep(0)
+        window.release()
+        await asyncio.sleep(0)
+        assert order == ["first"] and window.free == 0
+        window.release()
+        third.cancel()  # handed a slot, then cancelled before it ran: the slot is passed on
+        await asyncio.gather(first, second, third, return_exceptions=True)
+        assert order == ["first"] and window.free == 1 and not window.full
+        window.release()
+        window.release()
+        assert window.free == 3
+
+    asyncio.run(run())
