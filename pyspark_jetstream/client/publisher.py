@@ -161,9 +161,15 @@ class AckWindow:
         """Whether an acquire would wait."""
         return self.free <= 0 or bool(self._waiters)
 
-    async def acquire(self) -> None:
+    def take(self) -> bool:
+        """Take a free slot at once, if there is one."""
         if self.free > 0 and not self._waiters:
             self.free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -396,7 +402,10 @@ class Publisher:
             async with self._sending:
                 await self._send_gathered()
         correlation_id = str(next(self._ids))
-        future, deadline = await self._awaiting(correlation_id, group[0], options)
+        if self._window.take():  # no coroutine to wait in: the common case, on the hot path
+            future, deadline = self._ack_future(correlation_id, group[0], options)
+        else:
+            future, deadline = await self._awaiting(correlation_id, group[0], options)
         self._gathered.setdefault(group, []).append(_Waiting(correlation_id, key, value, deadline))
         size = self._gathered_bytes.get(group, 0) + len(value) + (0 if key is None else len(key))
         self._gathered_bytes[group] = size
@@ -464,6 +473,12 @@ class Publisher:
         """A slot of the ack window (waiting for one), a future for the ack of ``correlation_id``
         that ends with the ack or at its deadline, and that deadline (``loop.time()``)."""
         await self._window.acquire()
+        return self._ack_future(correlation_id, subject, options)
+
+    def _ack_future(
+        self, correlation_id: str, subject: str, options: PublishOptions
+    ) -> tuple[asyncio.Future[Ack], float]:
+        """:meth:`_awaiting` once the slot is taken."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Ack] = loop.create_future()
         future.add_done_callback(self._release_window)

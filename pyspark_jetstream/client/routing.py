@@ -32,6 +32,9 @@ METADATA_MAX_AGE = 30.0
 """Seconds a stream's configuration is used before it is described again (new partitions show
 up within this time; Kafka's producer has ``metadata.max.age.ms`` for the same)."""
 
+MAX_KNOWN_SUBJECTS = 65_536
+"""Partition subjects kept checked; past this many (streams come and go), the cache starts over."""
+
 
 class Target(NamedTuple):
     """Where a publish goes: the subject, and the stream partition it targets (if named)."""
@@ -69,6 +72,8 @@ class Routes:
         self._described: dict[str, float] = {}
         """``loop.time()`` when each kept configuration was described."""
         self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._subjects: dict[tuple[str, int], str] = {}
+        """Each checked partition subject by the stream's subject and the partition number."""
 
     def remember(self, config: StreamConfig) -> None:
         """Keep ``config`` as its stream's, described just now."""
@@ -118,12 +123,17 @@ class Routes:
             raise InvalidArgumentError(
                 f"stream {stream!r} has partitions 0 to {config.partitions - 1}, not {number}"
             )
-        target = partition_subject(config.subject, number)
-        if "*" in target.split(".") or target.endswith(">"):
-            raise InvalidArgumentError(
-                f"stream {stream!r} listens on the wildcard subject {config.subject!r}: "
-                "pass subject= with a concrete subject it matches"
-            )
+        target = self._subjects.get((config.subject, number))
+        if target is None:
+            target = partition_subject(config.subject, number)
+            if "*" in target.split(".") or target.endswith(">"):
+                raise InvalidArgumentError(
+                    f"stream {stream!r} listens on the wildcard subject {config.subject!r}: "
+                    "pass subject= with a concrete subject it matches"
+                )
+            if len(self._subjects) >= MAX_KNOWN_SUBJECTS:
+                self._subjects.clear()
+            self._subjects[(config.subject, number)] = target
         return Target(target, stream, number)
 
     @staticmethod
