@@ -65,6 +65,7 @@ def test_kafka_peer_fetch_as_bootstrap_runs_it(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert done.returncode == 1
     assert "error: mvn could not fetch org.apache.kafka:kafka_2.13" in done.stderr
