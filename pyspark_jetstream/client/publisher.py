@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import itertools
 import logging
 import re
@@ -96,52 +97,42 @@ PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', 
 
 
 class Deadlines:
-    """The deadlines of the acks awaited: one FIFO per timeout, ``(deadline, correlation id,
-    subject)``.  Deadlines of one timeout are set in time order, so each FIFO is sorted and its
-    front is its soonest; :meth:`drop_settled` drops answered ones from the fronts as acks come,
-    so the FIFOs hold about the acks in flight (a heap kept every deadline until it passed: a
-    timeout's worth of publishes, which the garbage collector walked again and again)."""
+    """The deadlines of the acks awaited, soonest first: a heap of ``(deadline, correlation id,
+    subject, seconds)``.  An answered ack's deadline stays in the heap until it passes or the
+    heap is rebuilt from the deadlines still awaited, which :meth:`drop_settled` does once the
+    heap holds more than twice those: it holds about the acks in flight, not a timeout's worth
+    of publishes, which the garbage collector walked again and again."""
 
-    BATCHES = -1.0
-    """The FIFO of gathered batches' deadlines (their messages have their own)."""
+    SLACK = 1024
+    """Settled deadlines kept beyond twice the awaited ones before the heap is rebuilt."""
 
     def __init__(self) -> None:
-        self._fifos: dict[float, collections.deque[tuple[float, str, str]]] = {}
-
-    def __bool__(self) -> bool:
-        return any(self._fifos.values())
+        self._heap: list[tuple[float, str, str, float]] = []
 
     def add(self, seconds: float, deadline: float, correlation_id: str, subject: str) -> bool:
-        """Keep a deadline; whether it is its FIFO's front (it may be the soonest of all)."""
-        fifo = self._fifos.get(seconds)
-        if fifo is None:
-            fifo = self._fifos[seconds] = collections.deque()
-        fifo.append((deadline, correlation_id, subject))
-        return len(fifo) == 1
+        """Keep a deadline; whether it is now the soonest."""
+        heapq.heappush(self._heap, (deadline, correlation_id, subject, seconds))
+        return self._heap[0][1] == correlation_id
 
     def soonest(self) -> tuple[float, str, str, float] | None:
         """``(deadline, correlation id, subject, seconds)`` of the soonest, or ``None``."""
-        best: tuple[float, str, str, float] | None = None
-        for seconds, fifo in self._fifos.items():
-            if fifo and (best is None or fifo[0][0] < best[0]):
-                best = (*fifo[0], seconds)
-        return best
+        return self._heap[0] if self._heap else None
 
-    def pop(self, seconds: float) -> None:
-        """Drop the front of the FIFO of ``seconds``."""
-        self._fifos[seconds].popleft()
+    def pop(self) -> None:
+        """Drop the soonest."""
+        heapq.heappop(self._heap)
 
-    def drop_settled(self, awaited: Callable[[str], bool]) -> None:
-        """Drop from each FIFO's front the deadlines no longer ``awaited``."""
-        for fifo in self._fifos.values():
-            while fifo and not awaited(fifo[0][1]):
-                fifo.popleft()
+    def drop_settled(self, awaited: Callable[[str], bool], count: int) -> None:
+        """Rebuild the heap from the deadlines still ``awaited`` (``count`` of them) once it holds
+        more than twice those."""
+        if len(self._heap) > 2 * count + self.SLACK:
+            self._heap = [entry for entry in self._heap if awaited(entry[1])]
+            heapq.heapify(self._heap)
 
     def entries(self) -> Iterator[tuple[str, str]]:
         """``(correlation id, subject)`` of every deadline kept."""
-        for fifo in self._fifos.values():
-            for _, correlation_id, subject in fifo:
-                yield correlation_id, subject
+        for _, correlation_id, subject, _ in self._heap:
+            yield correlation_id, subject
 
 
 class AckWindow:
@@ -399,8 +390,7 @@ class Publisher:
     ) -> asyncio.Future[Ack]:
         """Keep a plain message for the loop's next turn; a future for its own ack."""
         if self._window.full:  # what waits leaves now, so acks can free a slot
-            async with self._sending:
-                await self._send_gathered()
+            await self.send_waiting()
         correlation_id = str(next(self._ids))
         if self._window.take():  # no coroutine to wait in: the common case, on the hot path
             future, deadline = self._ack_future(correlation_id, group[0], options)
@@ -410,16 +400,14 @@ class Publisher:
         size = self._gathered_bytes.get(group, 0) + len(value) + (0 if key is None else len(key))
         self._gathered_bytes[group] = size
         if size >= GATHER_BATCH_BYTES:
-            async with self._sending:
-                await self._send_gathered()
+            await self.send_waiting()
         elif self._gathering is None:
             self._gathering = asyncio.ensure_future(self._next_turn())
         return future
 
     async def _next_turn(self) -> None:
         self._gathering = None
-        async with self._sending:
-            await self._send_gathered()
+        await self.send_waiting()
 
     async def _send_gathered(self) -> None:
         """Hand NATS every gathered message, each group's as one envelope (``_sending`` held)."""
@@ -433,7 +421,7 @@ class Publisher:
                 self._batches[correlation_id] = [w.correlation_id for w in waiting]
                 # Forgotten by the sweeper in the same pass as its last message's deadline.
                 last = max(w.deadline for w in waiting)
-                self._deadlines.add(Deadlines.BATCHES, last, correlation_id, "")
+                self._deadlines.add(0.0, last, correlation_id, "")
                 values = pa.array([w.value for w in waiting], pa.binary())
                 if any(w.key is not None for w in waiting):
                     keys = pa.array([w.key for w in waiting], pa.binary())
@@ -521,8 +509,7 @@ class Publisher:
             await self._in_order(subject, payload)
             return None
         if self._window.full and self._gathered:  # what waits leaves first, so acks can free a slot
-            async with self._sending:
-                await self._send_gathered()
+            await self.send_waiting()
         # Every ack future ends: with the ack, or when the sweeper finds it overdue.
         future, _ = await self._awaiting(correlation_id, subject, options)
         if target.stream is not None and target.partition is not None and deduplicated(fields):
@@ -577,7 +564,7 @@ class Publisher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._sooner.wait(), deadline - loop.time())
                 continue
-            self._deadlines.pop(seconds)
+            self._deadlines.pop()
             self._batches.pop(correlation_id, None)  # a gathered batch: its messages have their own
             future = self._acks.pop(correlation_id, None)
             if future is None or future.done():
@@ -611,7 +598,7 @@ class Publisher:
             future = self._acks.pop(ack.correlation_id, None)
             if future is not None and not future.done():
                 future.set_result(ack)
-        self._deadlines.drop_settled(self._awaited)
+        self._deadlines.drop_settled(self._awaited, len(self._acks) + len(self._batches))
 
     def _awaited(self, correlation_id: str) -> bool:
         return correlation_id in self._acks or correlation_id in self._batches
