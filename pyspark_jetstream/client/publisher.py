@@ -371,9 +371,11 @@ class Publisher:
         self, target: Target, options: PublishOptions, key: bytes | None, value: bytes | None
     ) -> bool:
         """Whether a message without message id or headers may leave in a batch with others:
-        acked, no producer, a small value to one partition of a stream without a schema (a
-        typed stream refuses an invalid value alone, not the batch around it)."""
-        if value is None or options.producer_id is not None or not options.wants_ack:
+        ``bytes``, acked, no producer, a small value to one partition of a stream without a
+        schema (a typed stream refuses an invalid value alone, not the batch around it)."""
+        if type(value) is not bytes or (key is not None and type(key) is not bytes):
+            return False  # alone, a value of another type fails as it always did, at the call
+        if options.producer_id is not None or not options.wants_ack:
             return False
         if target.stream is None or target.partition is None:
             return False

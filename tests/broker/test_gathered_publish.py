@@ -275,3 +275,24 @@ def test_the_ack_window_hands_slots_over_first_come_first_served():
         assert window.free == 3
 
     asyncio.run(run())
+
+
+def test_a_value_that_is_not_bytes_fails_at_the_call_and_spoils_no_batch(broker):
+    """A str value is never gathered (Arrow would take it as UTF-8 bytes): it fails at the call,
+    as a message alone always did, and the messages around it are stored."""
+
+    async def body(client, seen):
+        await client.create_stream("typing", "gather.typing")
+        before = await client.publish_async("typing", b"first")
+        with pytest.raises(TypeError):
+            await client.publish_async("typing", "not bytes")
+        with pytest.raises(TypeError):
+            await client.publish_async("typing", b"v", key="not bytes")
+        after = await client.publish_async("typing", b"last")
+        acks = await asyncio.gather(before, after)
+        stored = await client.fetch("typing", 0)
+        return acks, stored.to_table().column("value").to_pylist()
+
+    (acks, values), _ = _run(broker, body)
+    assert [a.first_offset for a in acks] == [0, 1]
+    assert values == [b"first", b"last"]
