@@ -10,6 +10,7 @@ creation and deletion, which only the controller may do, are forwarded to it
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import threading
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 from pyarrow import flight
 
 from broker_node.api.replica_stream import ReplicaFetchAnswer
@@ -29,6 +31,8 @@ from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition, Role
 from broker_node.runtime import Runtime
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.envelope import Envelope
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -45,6 +49,7 @@ from pyspark_jetstream.protocol.flight import (
     encode_json,
     error_from_message,
 )
+from pyspark_jetstream.protocol.put import PutRequest
 from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
@@ -504,6 +509,39 @@ class BrokerService:
             "leading": self._leading(),
             "streams": [info.to_json() for info in self.list_streams()],
         }
+
+    # ---- writes over Flight ----------------------------------------------------------------------
+
+    def open_put(self, request: PutRequest) -> None:
+        """Check that ``request``'s partition is led and ingested here (else ``NotLeaderError``
+        naming the leader, or ``UnavailableError``) before its chunks are read."""
+        self._manager.require(request.stream, request.partition, leader=True)
+        ingestor = self._runtime.ingestor
+        if ingestor is None or (request.stream, request.partition) not in ingestor.ingesting():
+            raise UnavailableError(
+                f"{request.stream}/{request.partition} is led here but not ingested yet; try again",
+                stream=request.stream,
+                partition=request.partition,
+            )
+
+    def put_chunk(
+        self, request: PutRequest, sequence: int, batch: pa.RecordBatch
+    ) -> concurrent.futures.Future[Ack]:
+        """Store one chunk of ``request`` as the producer's envelope batch with ``sequence``; the
+        future's ack is its answer (refusals included)."""
+        ingestor = self._runtime.ingestor
+        if ingestor is None:
+            raise UnavailableError("the broker is not ingesting (starting or stopping)")
+        envelope = Envelope(
+            ack_policy=request.ack_policy,
+            producer_id=request.producer_id,
+            sequence=sequence,
+            batch=batch,
+            stream=request.stream,
+            partition=request.partition,
+            producer_epoch=request.producer_epoch,
+        )
+        return ingestor.put(envelope, sequence)
 
     # ---- cursors --------------------------------------------------------------------------------
 

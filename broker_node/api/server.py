@@ -47,6 +47,7 @@ from pyspark_jetstream.protocol.flight import (
     error_message,
     response_metadata,
 )
+from pyspark_jetstream.protocol.put import parse_put_command
 from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
     ReplicaFetch,
@@ -56,6 +57,7 @@ from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig
 
+from .puts import Put, PutTarget
 from .replica_stream import ReplicaLeader, ReplicaStream
 from .typed_reads import ReadShape
 
@@ -92,9 +94,10 @@ class ReadablePartition(Protocol):
     def wait_for_data(self, offset: int, timeout: float) -> bool: ...
 
 
-class BrokerView(AdminService, ReplicaLeader, Protocol):
+class BrokerView(AdminService, ReplicaLeader, PutTarget, Protocol):
     """What the server needs of the broker: reads, replica fetches and streams (see
-    :class:`.replica_stream.ReplicaLeader`), and the admin actions."""
+    :class:`.replica_stream.ReplicaLeader`), puts (see :class:`.puts.PutTarget`), and the admin
+    actions."""
 
     @property
     def flight_address(self) -> str: ...
@@ -386,7 +389,7 @@ class FlightApi(flight.FlightServerBase):
             )
         return offset
 
-    # ---- writes: not over Flight --------------------------------------------------
+    # ---- writes: through NATS, or a producer's chunks put to the leader -------------------
 
     def do_put(
         self,
@@ -395,8 +398,25 @@ class FlightApi(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
     ) -> None:
-        """Refused: streams are written through NATS, which the broker subscribes to."""
-        _guard(_not_over_flight("do_put"), self._counted("do_put"), _Call("do_put"))
+        """A producer's chunks to a partition it leads (see :mod:`pyspark_jetstream.protocol.put`);
+        anything else is refused: streams are otherwise written through NATS."""
+        call = _Call("do_put")
+
+        def put() -> None:
+            is_command = descriptor.descriptor_type == flight.DescriptorType.CMD
+            request = parse_put_command(descriptor.command or b"") if is_command else None
+            if request is None:
+                _not_over_flight("do_put")()
+                return
+            call.about("put", request.stream, request.partition)
+            self.access.check(self._principal(context), "write", stream=request.stream)
+            self.broker.open_put(request)
+            Put(self.broker, request, reader, writer).run()
+
+        def outcome(code: str) -> None:
+            self._counted(call.kind)(code)
+
+        _guard(put, outcome, call)
 
     def do_exchange(
         self,

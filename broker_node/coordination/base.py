@@ -156,9 +156,10 @@ class StreamMetadata:
     stream_id: str
 
 
-FEATURES = ("reassign", "schema", "typed-batches")
+FEATURES = ("reassign", "schema", "typed-batches", "puts")
 """The features this version registers with (``typed-batches``: it stores a typed stream's rows
-sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; clients send them only
+sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; ``puts``: it takes a
+producer's chunks over Flight, see ``pyspark_jetstream/protocol/put.py``; clients use either only
 when every broker has it)."""
 
 

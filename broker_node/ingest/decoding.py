@@ -47,7 +47,7 @@ from pyspark_jetstream.protocol.headers import (
     message_ids_in,
 )
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
-from pyspark_jetstream.protocol.streams import StreamConfig
+from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 from pyspark_jetstream.protocol.subjects import subject_matches
 
 from .port import LogTerms, StreamLookup
@@ -269,6 +269,20 @@ def ack_target(reader: Reader, envelope: Envelope, received: float) -> AckTarget
         return None
     committed = envelope.ack_policy is AckPolicy.ALL
     return AckTarget(envelope.ack_inbox, envelope.correlation_id, committed, received)
+
+
+def put_whole(reader: Reader, envelope: Envelope) -> Whole | Refused:
+    """A chunk written over Flight (an envelope batch that came without an envelope, see
+    :mod:`pyspark_jetstream.protocol.put`) as this partition stores it: as the same envelope on the
+    partition's subject would be -- or refused if it is over the partition's batch limit."""
+    assert envelope.batch is not None
+    size = envelope.batch.nbytes
+    if size > reader.max_batch_bytes:
+        text = f"the chunk is {size} bytes, over the limit of {reader.max_batch_bytes} for {reader.name}"
+        return _refused(reader, None, ErrorCode.TOO_LARGE, text)
+    table = envelope_table(envelope, partition_subject(reader.config.subject, reader.number))
+    ids = ids_of(table) if reader.config.duplicate_window > 0 else []
+    return Whole(envelope, table, ids, None, True)
 
 
 def with_message_id(headers: tuple[tuple[str, bytes], ...], message_id: str) -> tuple[tuple[str, bytes], ...]:

@@ -10,6 +10,7 @@ down.  Whether the connection is up is reported by :attr:`Ingestor.connected`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -21,7 +22,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from pyspark_jetstream.protocol.errors import UnavailableError
+from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.envelope import Envelope
+from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
 from pyspark_jetstream.protocol.streams import DISCOVERY_SUBJECT, partition_subject
 
 from .latency import LatencyHistogram
@@ -86,9 +89,12 @@ class Ingestor:
         self._reopening: asyncio.Task[None] | None = None
         self._latency: dict[str, LatencyHistogram] = {}
         """Ack latency per stream led here, shared by its partitions' ingests."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the ingests run on (known once started): puts from Flight's threads go there."""
 
     async def start(self) -> None:
         """Connect to NATS; raise ``UnavailableError`` naming the servers if that fails."""
+        self._loop = asyncio.get_running_loop()
         try:
             await self._connect(self.nc)
         except Exception as exc:
@@ -191,6 +197,28 @@ class Ingestor:
         """The ack latency of each stream with a partition ingested here (from any thread)."""
         return dict(self._latency)
 
+    def put(self, envelope: Envelope, sequence: int) -> concurrent.futures.Future[Ack]:
+        """From any thread: store a chunk written over Flight into the partition its envelope names
+        (see :meth:`.PartitionIngest.put`); the ack says ``not_leader`` if it is not ingested here,
+        ``unavailable`` if the broker is stopping."""
+        assert envelope.stream is not None and envelope.partition is not None
+        correlation_id = str(sequence)
+        loop = self._loop
+        if loop is None or self._closing or loop.is_closed():
+            refused: concurrent.futures.Future[Ack] = concurrent.futures.Future()
+            text = "the broker is stopping"
+            refused.set_result(_refusal(envelope, correlation_id, ErrorCode.UNAVAILABLE, text))
+            return refused
+        return asyncio.run_coroutine_threadsafe(self._put(envelope, correlation_id), loop)
+
+    async def _put(self, envelope: Envelope, correlation_id: str) -> Ack:
+        assert envelope.stream is not None and envelope.partition is not None
+        ingest = self._ingests.get((envelope.stream, envelope.partition))
+        if ingest is None:
+            text = f"{envelope.stream}/{envelope.partition} is not led (or not ingested) here now"
+            return _refusal(envelope, correlation_id, ErrorCode.NOT_LEADER, text)
+        return await ingest.put(envelope, correlation_id)
+
     async def sync(self, leading: Mapping[tuple[str, int], IngestPartition]) -> dict[tuple[str, int], str]:
         """Subscribe for partitions newly led here; unsubscribe those no longer led.
 
@@ -264,3 +292,8 @@ class Ingestor:
         for key in sorted(self._ingests):
             await self._ingests.pop(key).close()
         await self.nc.close()
+
+
+def _refusal(envelope: Envelope, correlation_id: str, error: ErrorCode, text: str) -> Ack:
+    assert envelope.stream is not None and envelope.partition is not None
+    return Ack(envelope.stream, envelope.partition, -1, -1, correlation_id, error, text)

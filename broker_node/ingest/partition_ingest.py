@@ -26,6 +26,7 @@ leads to.  The partition is reached through :class:`~.port.IngestPartition`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from time import perf_counter
@@ -36,16 +37,17 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .acks import Acks, rows_ack
 from .batcher import Batch, Batcher
 from .dead_letter import DeadLetters
-from .decoding import Reader, Refused, Single, Whole, read
+from .decoding import Reader, Refused, Single, Whole, put_whole, read
 from .latency import LatencyHistogram
 from .port import BatchLimits, IngestPartition, LogTerms, Refusal, StreamLookup, log_fields
-from .replies import AckTarget
+from .replies import AckTarget, failed
 from .store import Invalid, Outcome, PartitionStore
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,8 @@ class PartitionIngest:
         self.dead_letters = DeadLetters(
             lambda: self.acks.nc, streams or _only(config), config.name, partition.number
         )
+        self._putting = asyncio.Lock()
+        """Held from a put chunk's arrival to its append: chunks are appended in the order they came."""
 
     @property
     def nc(self) -> NatsClient:
@@ -250,6 +254,51 @@ class PartitionIngest:
             return
         if target is not None:
             await self.acks.deliver(target, outcome._replace(correlation_id=target.correlation_id))
+
+    async def put(self, envelope: Envelope, correlation_id: str) -> Ack:
+        """Store a chunk written over Flight (see :mod:`pyspark_jetstream.protocol.put`) as the same
+        producer's envelope batch on NATS is stored (after the pending messages); its ack once
+        stored or, for ``ALL``, once committed -- or the refusal (an ack with an error)."""
+        received = perf_counter()
+        acks = self.acks
+        committed = envelope.ack_policy is AckPolicy.ALL
+        async with self._putting:  # taken in arrival order (asyncio's locks are fair)
+            whole = put_whole(self.reader, envelope)
+            if type(whole) is Refused:
+                logger.log(whole.level, *whole.log, extra=self._fields)
+                return acks.of((whole.error, whole.message), correlation_id)
+            assert type(whole) is Whole
+            if committed:
+                try:
+                    self.partition.check_min_insync()
+                except JetStreamError as exc:
+                    return acks.of((exc.code, str(exc)), correlation_id)
+            await self.flush()
+            outcome = await self.store.whole(whole)
+        if not isinstance(outcome, Ack):
+            return acks.of(outcome, correlation_id)
+        ack = outcome._replace(correlation_id=correlation_id)
+        if committed and ack.ok:
+            error = await self._committed(ack.last_offset)
+            ack = failed([ack], error)[0]
+        acks.latency.observe_since((received,), perf_counter())
+        return ack
+
+    async def _committed(self, offset: int) -> JetStreamError | None:
+        """Wait until ``offset`` is committed; the error if that fails."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[JetStreamError | None] = loop.create_future()
+
+        def settle(error: JetStreamError | None) -> None:
+            if not done.done():
+                done.set_result(error)
+
+        def committed(error: JetStreamError | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
+                loop.call_soon_threadsafe(settle, error)
+
+        self.partition.when_committed(offset, committed)
+        return await done
 
     async def _store_new_rows(self, whole: Whole) -> None:
         """Store the rows whose message ids are new; ack which rows repeated an id and the offset

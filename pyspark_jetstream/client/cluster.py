@@ -150,6 +150,15 @@ class ClusterConnection:
         # Unknown partition, or no leader right now: any broker answers with the reason.
         return self.bootstrap[0]
 
+    def leader_address(self, stream: str, partition: int) -> str:
+        """The Flight address of the partition's leader, as last known (any broker's if none is)."""
+        return self._address_for(stream, partition, from_replicas=False)
+
+    def forget_leader(self, stream: str, partition: int, exc: JetStreamError) -> None:
+        """A call to the partition's leader failed with ``exc``: learn where it leads now."""
+        hinted = exc.fields.get("leader_address")
+        self._forget(stream, partition, hinted if isinstance(hinted, str) else None, exc)
+
     # ---- calls ---------------------------------------------------------------------------------
 
     def action(self, action: ActionType, body: dict[str, Any]) -> Any:

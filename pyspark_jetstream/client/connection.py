@@ -118,6 +118,15 @@ class BrokerConnection:
         except flight.FlightError as exc:
             raise self.error(exc) from None
 
+    def open_put(
+        self, descriptor: flight.FlightDescriptor, schema: pa.Schema
+    ) -> tuple[flight.FlightStreamWriter, flight.FlightMetadataReader]:
+        """Open a put (see :mod:`pyspark_jetstream.protocol.put`): its chunk writer and ack reader."""
+        try:
+            return self._flight.do_put(descriptor, schema)
+        except flight.FlightError as exc:
+            raise self.error(exc) from None
+
     def error(self, exc: flight.FlightError) -> JetStreamError:
         """The error a failed Flight call stands for."""
         known = error_from_message(str(exc), getattr(exc, "extra_info", None))

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from typing import Any, TypeVar
 
 from pyspark_jetstream.protocol.ack import Ack
+from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.streams import StreamConfig
 
@@ -25,6 +26,7 @@ from .admin import BlockingAdmin, stream_config
 from .client import Client
 from .connection import FetchResult
 from .credentials import Credentials
+from .putting import Putter
 from .reading import Message, Start
 from .routing import METADATA_MAX_AGE
 
@@ -189,6 +191,13 @@ class SyncClient:
         return asyncio.run_coroutine_threadsafe(
             self._client.publish_batch(stream, data, **options), self._loop
         )
+
+    def putter(
+        self, producer_id: str, producer_epoch: int = 0, ack_policy: AckPolicy = AckPolicy.LEADER
+    ) -> Putter:
+        """An idempotent producer's chunks put straight to partition leaders over Flight (see
+        :mod:`.putting`); close it when done."""
+        return Putter(self._admin.cluster, producer_id, producer_epoch, ack_policy)
 
     def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
         """See :meth:`Client.fetch`."""

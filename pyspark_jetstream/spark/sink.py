@@ -1,7 +1,11 @@
 """``df.writeStream.format("jetstream")`` and ``df.write.format("jetstream")``.
 
-Each Spark task publishes its rows as Arrow batches in envelopes, as an
-idempotent producer, and waits for the broker's acks.  The producer id is the
+Each Spark task sends its rows as Arrow batches ("chunks"), as an idempotent
+producer, and waits for the broker's acks: the chunks for the ``stream``
+option's partitions are put straight to each partition's leader over Flight
+(:mod:`pyspark_jetstream.client.putting`), those for other subjects are
+published on NATS in envelopes (as is everything while a broker without puts
+is in the cluster).  The producer id is the
 streaming query's id (stable across restarts from the same checkpoint) plus
 the Spark partition; the producer epoch is the micro-batch id and the
 sequence is the chunk number (from 0, per log partition).  A task that runs
@@ -70,9 +74,15 @@ from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
+from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE, typed_batch
+from pyspark_jetstream.protocol.errors import (
+    InvalidArgumentError,
+    JetStreamError,
+    RequestTimeoutError,
+    UnavailableError,
+)
 from pyspark_jetstream.protocol.headers import checked_message_ids, with_message_ids
+from pyspark_jetstream.protocol.put import PUTS_FEATURE
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
 from pyspark_jetstream.protocol.typed_rows import conform
@@ -88,6 +98,9 @@ IN_FLIGHT_CHUNKS = 8
 SEND_ATTEMPTS = 5
 """Times a chunk is sent before a retriable error fails the task."""
 RETRY_BACKOFF = 0.2
+"""Seconds before the first resend; doubled for each further attempt."""
+ACK_WAIT_TIMEOUTS = 3
+"""A chunk put over Flight is resent after this many of the options' ``timeout`` without an ack."""
 """Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
@@ -172,20 +185,51 @@ class _Publishing(unpickle.ByName):
             timeout=self.options.timeout,
             credentials=self.options.credentials,
         ) as client:
-            window = _Window(client, self.options.stream, producer_id, epoch)
-            for batch in batches:
-                rows += batch.num_rows
-                for subject, part in self._route(batch, task_partition):
-                    chunker = chunkers.setdefault(subject, Chunker(self.options.max_batch_bytes))
-                    for chunk in chunker.add(part):
+            window = _Window(
+                client,
+                self.options.stream,
+                producer_id,
+                epoch,
+                partitions=self._partitions(client),
+                timeout=self.options.timeout,
+                schema_version=self._schema_version(),
+            )
+            try:
+                for batch in batches:
+                    rows += batch.num_rows
+                    for subject, part in self._route(batch, task_partition):
+                        chunker = chunkers.setdefault(subject, Chunker(self.options.max_batch_bytes))
+                        for chunk in chunker.add(part):
+                            window.send(subject, numbers.setdefault(subject, 0), chunk)
+                            numbers[subject] += 1
+                for subject, chunker in chunkers.items():
+                    for chunk in chunker.flush():
                         window.send(subject, numbers.setdefault(subject, 0), chunk)
                         numbers[subject] += 1
-            for subject, chunker in chunkers.items():
-                for chunk in chunker.flush():
-                    window.send(subject, numbers.setdefault(subject, 0), chunk)
-                    numbers[subject] += 1
-            window.drain()
+            except BaseException:
+                window.abandon()  # no put is left open (an open put holds a broker's thread)
+                raise
+            window.close()
         return rows
+
+    def _partitions(self, client: SyncClient) -> dict[str, int]:
+        """The options' stream's partition subjects, and their numbers: what goes there is put
+        straight to the partition's leader over Flight (while every broker takes puts)."""
+        config = self.stream_config
+        if config is None:
+            return {}
+        brokers = client.metadata()["brokers"]
+        if not all(PUTS_FEATURE in b.get("features", ()) for b in brokers):
+            logger.info("a broker of an older version does not take puts: the rows go through NATS")
+            return {}
+        return {partition_subject(config.subject, n): n for n in range(config.partitions)}
+
+    def _schema_version(self) -> int | None:
+        """The schema version typed rows are written as (``None``: not typed rows)."""
+        config = self.stream_config
+        if not self.typed or config is None or config.schema is None:
+            return None
+        return config.schema.version
 
     def _route(self, batch: pa.RecordBatch, task_partition: int) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Split ``batch`` by destination subject; rows keep their order within each."""
@@ -263,14 +307,48 @@ class _Sent(NamedTuple):
 
 
 class _Window:
-    """Chunks published ahead of their acks, resent in order after a retriable failure."""
+    """Chunks sent ahead of their acks, resent in order after a retriable failure.
 
-    def __init__(self, client: SyncClient, stream: str | None, producer_id: str, epoch: int) -> None:
+    A chunk for one of the options' stream's partitions (``partitions``: their subjects and
+    numbers) is put straight to the partition's leader over Flight; one for another subject is
+    published on NATS."""
+
+    def __init__(
+        self,
+        client: SyncClient,
+        stream: str | None,
+        producer_id: str,
+        epoch: int,
+        *,
+        partitions: dict[str, int],
+        timeout: float,
+        schema_version: int | None = None,
+    ) -> None:
         self.client = client
         self.stream = stream
         self.producer_id = producer_id
         self.epoch = epoch
+        self.partitions = partitions
+        self.ack_timeout = ACK_WAIT_TIMEOUTS * timeout
+        """Seconds a put chunk's ack may take (a NATS publish's times out in the client)."""
+        self.putter = client.putter(producer_id, epoch)
+        self.schema_version = schema_version
+        """Typed rows' (their fields' columns are put as a typed batch of it), or ``None``."""
         self._sent: deque[_Sent] = deque()
+
+    def close(self) -> None:
+        """Wait for every ack (as :meth:`drain`), then end the puts (without waiting for a broker
+        that no longer answers, when the task fails)."""
+        try:
+            self.drain()
+        except BaseException:
+            self.abandon()
+            raise
+        self.putter.close()
+
+    def abandon(self) -> None:
+        """The task failed: end the puts without waiting for their acks."""
+        self.putter.close(error=UnavailableError(f"the task of {self.producer_id} failed"))
 
     def send(self, subject: str, sequence: int, chunk: pa.RecordBatch) -> None:
         """Publish ``chunk``; first wait for the oldest ack if the window is full."""
@@ -294,6 +372,10 @@ class _Window:
     ) -> concurrent.futures.Future[Ack | None]:
         if sequence > MAX_SEQUENCE:
             raise InvalidArgumentError(f"more than {MAX_SEQUENCE + 1} chunks in one task for {subject}")
+        partition = self.partitions.get(subject)
+        if partition is not None and self.stream is not None:
+            put = self._typed(chunk) if self.schema_version is not None else chunk
+            return self.putter.send(self.stream, partition, sequence, put)  # type: ignore[return-value]
         return self.client.publish_batch_nowait(
             self.stream,
             chunk,
@@ -302,6 +384,14 @@ class _Window:
             producer_epoch=self.epoch,
             sequence=sequence,
         )
+
+    def _typed(self, chunk: pa.RecordBatch) -> pa.RecordBatch:
+        """Typed rows (the fields' columns, conformed, beside ``key`` and ``headers``) as the typed
+        batch a publish would send (see :func:`~pyspark_jetstream.protocol.envelope.typed_batch`)."""
+        assert self.schema_version is not None
+        carried = [n for n in chunk.schema.names if n in ("key", "headers")]
+        others = chunk.select(carried) if carried else None
+        return typed_batch(chunk.drop_columns(carried), self.schema_version, others)
 
     def _recover(self, sent: list[_Sent]) -> None:
         """Every chunk of ``sent`` whose ack failed is sent again, one at a time, in order."""
@@ -333,9 +423,18 @@ class _Window:
         reports the refusal.
         """
         try:
-            sent.ack.result()
+            sent.ack.result(self.ack_timeout)
         except JetStreamError as exc:
             return exc
+        except concurrent.futures.TimeoutError:
+            error = RequestTimeoutError(
+                f"chunk {sent.sequence} of {self.producer_id} to {sent.subject} was not acked "
+                f"within {self.ack_timeout:g}s"
+            )
+            partition = self.partitions.get(sent.subject)
+            if partition is not None and self.stream is not None:
+                self.putter.abandon(self.stream, partition, error)
+            return error
         return None
 
 

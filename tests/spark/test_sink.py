@@ -236,36 +236,59 @@ def test_chunks_depend_only_on_the_rows(sizes, cuts, limit):
     assert all(len(chunk) == 1 or sum(len(v) + 16 for v in chunk) <= limit for chunk in whole)
 
 
-def test_a_chunk_lost_in_flight_is_resent_in_order_with_those_after_it(deployment, client, name):
+@pytest.mark.parametrize("way", ["put", "nats"])
+def test_a_chunk_lost_in_flight_is_resent_in_order_with_those_after_it(deployment, client, name, way):
     """Chunk 3 of 10 never reaches the broker the first time: the broker refuses 4 to 7 as out of
     order (nothing stored past the gap), and the task resends 3 onward, so each chunk is stored
-    exactly once and in order."""
+    exactly once and in order -- put to the leader over Flight (a chunk for one of the stream's
+    partitions) or published on NATS (one for another subject)."""
     client.create_stream(name, name)
     chunks = [pa.record_batch({"value": [b"%d" % i]}) for i in range(10)]
     lost = []
+
+    def lose(sequence):
+        lost.append(sequence)
+        failed = concurrent.futures.Future()
+        failed.set_exception(RequestTimeoutError("no ack for chunk 3 (dropped on purpose)"))
+        return failed
+
+    class LosingPutter:
+        """A real putter whose first put of chunk 3 is lost on the way (its ack times out)."""
+
+        def __init__(self, putter):
+            self.putter = putter
+
+        def send(self, stream, partition, sequence, chunk):
+            if sequence == 3 and not lost:
+                return lose(sequence)
+            return self.putter.send(stream, partition, sequence, chunk)
+
+        def __getattr__(self, attribute):
+            return getattr(self.putter, attribute)
 
     class LosingClient:
         """A real client whose first publish of chunk 3 is lost on the way (its ack times out)."""
 
         def publish_batch_nowait(self, stream, chunk, **options):
             if options["sequence"] == 3 and not lost:
-                lost.append(3)
-                failed = concurrent.futures.Future()
-                failed.set_exception(RequestTimeoutError("no ack for chunk 3 (dropped on purpose)"))
-                return failed
+                return lose(3)
             return client.publish_batch_nowait(stream, chunk, **options)
 
-    window = _Window(LosingClient(), name, "producer-lost-chunk", epoch=7)
+        def putter(self, *arguments):
+            return LosingPutter(client.putter(*arguments))
+
+    partitions = {name: 0} if way == "put" else {}
+    window = _Window(LosingClient(), name, "producer-lost-chunk", 7, partitions=partitions, timeout=10)
     for sequence, chunk in enumerate(chunks):
         window.send(name, sequence, chunk)
-    window.drain()
+    window.close()
     assert lost == [3]
     assert values_of(client, name) == [b"%d" % i for i in range(10)]
     # The whole task running again (a Spark retry) stores nothing twice.
-    again = _Window(client, name, "producer-lost-chunk", epoch=7)
+    again = _Window(client, name, "producer-lost-chunk", 7, partitions=partitions, timeout=10)
     for sequence, chunk in enumerate(chunks):
         again.send(name, sequence, chunk)
-    again.drain()
+    again.close()
     assert values_of(client, name) == [b"%d" % i for i in range(10)]
 
 

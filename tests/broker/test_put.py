@@ -1,0 +1,219 @@
+"""An idempotent producer's chunks put straight to a partition's leader over Flight
+(:mod:`pyspark_jetstream.protocol.put`): stored exactly as the same producer's envelope batches on
+NATS, acked in order, with every bad input refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pyarrow as pa
+import pytest
+from pyarrow import flight
+
+from pyspark_jetstream.client.putting import Putter
+from pyspark_jetstream.protocol.ack import decode_ack
+from pyspark_jetstream.protocol.envelope import AckPolicy, split_position
+from pyspark_jetstream.protocol.errors import (
+    ErrorCode,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OutOfOrderSequenceError,
+    UnavailableError,
+)
+from pyspark_jetstream.protocol.put import PutRequest, chunk_metadata, parse_chunk_metadata, parse_put_command
+
+
+def _chunk(*values: bytes) -> pa.RecordBatch:
+    return pa.record_batch({"value": pa.array(values, pa.binary())})
+
+
+def _putter(client, producer: str, epoch: int = 0, policy: AckPolicy = AckPolicy.ALL) -> Putter:
+    """A putter the test closes (an open put holds up the broker's shutdown: gRPC waits for it)."""
+    putter = client.putter(producer, epoch, policy)
+    _open.append(putter)
+    return putter
+
+
+_open: list[Putter] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed_putters(client):  # closed before the client and its broker stop
+    yield
+    while _open:
+        _open.pop().close()
+
+
+def test_chunks_are_stored_in_order_once_each_and_acked_with_their_offsets(client):
+    client.create_stream("puts", "puts", partitions=2)
+    putter = _putter(client, "producer-a", epoch=3)
+    futures = [putter.send("puts", 1, n, _chunk(b"%d-a" % n, b"%d-b" % n)) for n in range(20)]
+    acks = [f.result(10) for f in futures]
+    assert [(a.first_offset, a.last_offset) for a in acks] == [(2 * n, 2 * n + 1) for n in range(20)]
+    assert all(a.ok and not a.duplicate and a.correlation_id == str(n) for n, a in enumerate(acks))
+    # The same producer sending its last chunk again (a retried task): a duplicate, with the
+    # original's offsets; an older one, a duplicate too (its offsets are no longer remembered).
+    again = putter.send("puts", 1, 19, _chunk(b"19-a", b"19-b")).result(10)
+    assert again.duplicate and (again.first_offset, again.last_offset) == (38, 39)
+    assert putter.send("puts", 1, 7, _chunk(b"7-a", b"7-b")).result(10).duplicate
+    putter.close()
+    table = client.fetch("puts", 1).to_table()
+    assert table.column("value").to_pylist() == [b"%d-%s" % (n, s) for n in range(20) for s in (b"a", b"b")]
+    # Stored as the producer's envelope batches are: its id and (epoch, sequence) on each row,
+    # the partition's subject as theirs.
+    assert set(table.column("producer_id").to_pylist()) == {"producer-a"}
+    positions = [split_position(p) for p in table.column("sequence").to_pylist()]
+    assert positions == [(3, n) for n in range(20) for _ in range(2)]
+    assert set(table.column("subject").to_pylist()) == {"puts.1"}
+    assert client.fetch("puts", 0).num_rows == 0
+
+
+def test_a_skipped_sequence_is_refused_and_nothing_after_the_gap_is_stored(client):
+    client.create_stream("gaps", "gaps")
+    putter = _putter(client, "producer-gap")
+    assert putter.send("gaps", 0, 0, _chunk(b"0")).result(10).ok
+    with pytest.raises(OutOfOrderSequenceError):
+        putter.send("gaps", 0, 2, _chunk(b"2")).result(10)
+    # The put goes on: the missing chunk, then the one refused.
+    assert putter.send("gaps", 0, 1, _chunk(b"1")).result(10).ok
+    assert putter.send("gaps", 0, 2, _chunk(b"2")).result(10).ok
+    putter.close()
+    assert client.fetch("gaps", 0).to_table().column("value").to_pylist() == [b"0", b"1", b"2"]
+
+
+def test_a_new_epoch_fences_the_old_one(client):
+    client.create_stream("fence", "fence")
+    new = _putter(client, "producer-f", epoch=5)
+    assert new.send("fence", 0, 0, _chunk(b"new")).result(10).ok
+    old = _putter(client, "producer-f", epoch=4)
+    with pytest.raises(Exception, match="epoch|fenced") as raised:
+        old.send("fence", 0, 0, _chunk(b"old")).result(10)
+    assert raised.value.code is ErrorCode.PRODUCER_FENCED
+    new.close()
+    old.close()
+    assert client.fetch("fence", 0).to_table().column("value").to_pylist() == [b"new"]
+
+
+def test_a_put_to_a_partition_led_nowhere_here_or_unknown_is_refused_by_name(client, broker):
+    client.create_stream("known", "known")
+    putter = _putter(client, "producer-u")
+    with pytest.raises(Exception, match="nope") as raised:
+        putter.send("nope", 0, 0, _chunk(b"x")).result(10)
+    assert raised.value.code in (ErrorCode.UNKNOWN_STREAM, ErrorCode.NOT_LEADER)
+    with pytest.raises(Exception, match="partition") as raised:
+        putter.send("known", 3, 0, _chunk(b"x")).result(10)
+    putter.close()
+    assert client.fetch("known", 0).num_rows == 0
+
+
+def test_malformed_chunks_are_refused_naming_what_is_wrong_and_the_put_goes_on(client, broker):
+    client.create_stream("bad", "bad")
+    request = PutRequest("bad", 0, "producer-bad", 0, AckPolicy.LEADER)
+    raw = flight.connect(broker.flight)
+    descriptor = flight.FlightDescriptor.for_command(request.to_command())
+    schema = pa.schema([("value", pa.binary()), ("extra", pa.int64())])
+    writer, reader = raw.do_put(descriptor, schema)
+    writer.write_with_metadata(
+        pa.record_batch({"value": pa.array([b"v"], pa.binary()), "extra": [1]}),
+        pa.py_buffer(chunk_metadata(0)),
+    )
+    refused = decode_ack(reader.read().to_pybytes())
+    assert refused.error is ErrorCode.INVALID_ARGUMENT and "extra" in refused.message
+    writer.write_with_metadata(
+        pa.record_batch({"value": pa.array([b"v"], pa.binary()), "extra": [1]}), pa.py_buffer(b'{"seq": 1}')
+    )
+    refused = decode_ack(reader.read().to_pybytes())
+    assert refused.error is ErrorCode.INVALID_ARGUMENT and "sequence" in refused.message
+    writer.done_writing()
+    writer.close()
+    # A value column of the wrong type.
+    writer, reader = raw.do_put(descriptor, pa.schema([("value", pa.string())]))
+    writer.write_with_metadata(pa.record_batch({"value": ["text"]}), pa.py_buffer(chunk_metadata(0)))
+    refused = decode_ack(reader.read().to_pybytes())
+    assert refused.error is ErrorCode.INVALID_ARGUMENT and "'value' is string" in refused.message
+    writer.done_writing()
+    writer.close()
+    # A descriptor that is not a put: refused as before; a malformed put: refused naming fields.
+    for command, match in [
+        (b'{"read": 1}', "not supported"),
+        (b'{"put": {"stream": "bad"}}', "exactly the fields"),
+        (
+            b'{"put": '
+            + json.dumps({**json.loads(request.to_command())["put"], "ack_policy": "none"}).encode()
+            + b"}",
+            "ack_policy must be leader or all",
+        ),
+    ]:
+        writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), schema)
+        with pytest.raises(flight.FlightError, match=match):
+            writer.close()
+    raw.close()
+    assert client.fetch("bad", 0).num_rows == 0
+
+
+def test_a_chunk_over_the_partitions_batch_limit_is_refused_as_too_large(client):
+    """The log's batch limit (16 MiB by default) bounds a chunk as it bounds an envelope batch on
+    NATS; the chunk is refused whole, and the put goes on."""
+    client.create_stream("big", "big")
+    putter = _putter(client, "producer-big")
+    with pytest.raises(MessageTooLargeError, match="over the limit of 16777216"):
+        putter.send("big", 0, 0, _chunk(*[b"x" * 900_000] * 19)).result(10)
+    assert putter.send("big", 0, 0, _chunk(b"x" * 1000)).result(10).ok
+    putter.close()
+
+
+def test_protocol_parsing_refuses_bad_values_by_name():
+    assert parse_put_command(b'{"read_request": {}}') is None
+    with pytest.raises(InvalidArgumentError, match="producer_epoch"):
+        PutRequest("s", 0, "p", -1)
+    with pytest.raises(InvalidArgumentError, match="producer_id"):
+        PutRequest("s", 0, "")
+    with pytest.raises(InvalidArgumentError, match="partition"):
+        PutRequest("s", 5000, "p")
+    with pytest.raises(InvalidArgumentError, match="invalid stream name '__cursors'"):
+        PutRequest("__cursors", 0, "p")  # the broker's own streams take no puts
+    request = PutRequest("s", 2, "p", 9, AckPolicy.ALL)
+    assert parse_put_command(request.to_command()) == request
+    assert parse_chunk_metadata(chunk_metadata(2**32 - 1)) == 2**32 - 1
+    for bad in [None, b"", b"[]", b'{"sequence": -1}', b'{"sequence": true}', b'{"sequence": 1, "x": 2}']:
+        with pytest.raises(InvalidArgumentError):
+            parse_chunk_metadata(bad)
+
+
+def test_acks_wait_for_the_commit_with_all_and_a_closed_putter_answers_every_chunk(client):
+    client.create_stream("commit", "commit")
+    putter = _putter(client, "producer-c", policy=AckPolicy.ALL)
+    futures = [putter.send("commit", 0, n, _chunk(b"%d" % n)) for n in range(50)]
+    putter.close()  # waits for every answer
+    assert all(f.done() for f in futures)
+    assert [f.result().first_offset for f in futures] == list(range(50))
+    assert client.fetch("commit", 0).high_watermark == 50
+    # A closed putter's partition put is gone: a new send opens a new one.
+    assert putter.send("commit", 0, 50, _chunk(b"50")).result(10).first_offset == 50
+    putter.close()
+
+
+def test_a_producer_that_gives_up_does_not_wait_for_a_broker_that_stopped_answering(client, broker):
+    """A failed Spark task ends its puts at once even when the broker hangs (here: stopped with
+    SIGSTOP); its retry, once the broker answers again, stores every chunk exactly once."""
+    client.create_stream("hung", "hung")
+    putter = _putter(client, "producer-h")
+    assert putter.send("hung", 0, 0, _chunk(b"0")).result(10).ok
+    os.kill(broker.process.pid, signal.SIGSTOP)
+    try:
+        waiting = putter.send("hung", 0, 1, _chunk(b"1"))
+        started = time.monotonic()
+        putter.close(error=UnavailableError("the task gave up"))
+        assert time.monotonic() - started < 2
+        with pytest.raises(UnavailableError, match="the task gave up"):
+            waiting.result(1)
+    finally:
+        os.kill(broker.process.pid, signal.SIGCONT)
+    retry = _putter(client, "producer-h")
+    assert retry.send("hung", 0, 0, _chunk(b"0")).result(10).duplicate
+    assert retry.send("hung", 0, 1, _chunk(b"1")).result(10).ok  # stored now, or a duplicate
+    retry.close()
+    assert client.fetch("hung", 0).to_table().column("value").to_pylist() == [b"0", b"1"]
