@@ -8,9 +8,10 @@ reads from any offset (the layout of a delivery is in
 A :class:`TailPublisher` is woken by the partition each time its high
 watermark advances, reads the stored frames from where it stopped up to the
 high watermark (on the event loop when the log is free, else in a thread),
-and publishes them as they are stored, without re-encoding.  What it cannot
-publish (a batch too large for NATS, a damaged range, a connection being
-replaced) it skips, announcing the high watermark with a mark instead:
+and publishes them as they are stored, without re-encoding.  What it cannot or
+should not publish (a batch too large for NATS or over
+:data:`MAX_DELIVERY_BYTES`, a damaged range, a connection being replaced) it
+skips, announcing the high watermark with a mark instead:
 consumers fill any gap from Flight, so publishing never holds up ingestion.
 """
 
@@ -39,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 READ_BYTES = 4 * 1024 * 1024
 """At most this many stored bytes are read per pass before they are published."""
+MAX_DELIVERY_BYTES = 256 * 1024
+"""A stored batch larger than this is announced by a mark naming it, not published: a bulk write
+(the Spark sink's chunks of up to 900 KiB) would cost the broker and NATS a second copy of every
+byte whether or not anyone tails, and a consumer reads such a batch over Flight at once.  The live
+tail is for latency, which small batches need and large ones do not."""
 
 
 class TailPartition(Protocol):
@@ -108,7 +114,7 @@ class TailPublisher:
     async def _publish(self) -> None:
         partition = self.partition
         nc = self._connection()
-        budget = max(nc.max_payload - HEADER_BYTES, 1)
+        budget = min(max(nc.max_payload - HEADER_BYTES, 1), MAX_DELIVERY_BYTES)
         while self.next_offset < (hw := partition.high_watermark):
             try:
                 frames = partition.committed_frames(self.next_offset, READ_BYTES, wait=False)
@@ -133,7 +139,7 @@ class TailPublisher:
             # one this pass started from: the header names one its last batch is below.
             hw = max(hw, partition.high_watermark)
             for frame in frames:
-                if frame.data.size > budget:  # NATS would refuse it: consumers read it over Flight
+                if frame.data.size > budget:  # too large for NATS or the tail: read over Flight
                     payload = encode_delivery(frame.base_offset, frame.last_offset, frame.leader_epoch, hw)
                     self.marks += 1
                 else:

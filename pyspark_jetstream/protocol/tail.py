@@ -22,8 +22,9 @@ bytes   type   meaning
 Little-endian.  A payload of only the header is a *mark*: no records, but
 the high watermark; the leader sends one every
 :data:`HEARTBEAT_SECONDS` while nothing is published, and one in place of a
-batch too large for NATS (``first``/``last`` then name the batch to read over
-Flight instead).  A consumer that has read up to an offset below a mark's
+batch too large for NATS, or larger than the leader publishes (256 KiB of
+stored bytes: bulk writes are read over Flight), ``first``/``last`` then
+naming the batch to read over Flight instead.  A consumer that has read up to an offset below a mark's
 high watermark has missed something and reads it over Flight.
 
 Only committed records (below the high watermark) are ever published, so

@@ -457,6 +457,47 @@ class _Sent:
         self.payloads.append(payload)
 
 
+def test_a_bulk_batch_is_announced_by_a_mark_and_read_over_flight(broker):
+    """A stored batch over the tail's 256 KiB (a bulk write: the Spark sink's chunks) is not
+    published, though NATS would take it: a mark names it, and the consumer reads it over Flight;
+    a small batch after it is published as ever."""
+
+    async def main() -> tuple[list[bytes], list[bytes], LiveTail]:
+        async with await connect(broker) as client:
+            await client.create_stream("bulk", "bulk")
+            raw = await client.nc.subscribe(tail_subject("bulk", 0))
+            tail = client.tail("bulk", start="earliest")
+            values: list[bytes] = []
+
+            async def consume() -> None:
+                async for batch in tail:
+                    values.extend(batch.column("value").to_pylist())
+                    if len(values) == 101:
+                        return
+
+            consumer = asyncio.ensure_future(consume())
+            while tail.next_offset < 0:
+                await asyncio.sleep(0.01)
+            bulk = pa.table({"value": [os.urandom(3_000) for _ in range(100)]})  # 300 KB stored
+            await client.publish_batch("bulk", bulk, partition=0)
+            await client.publish("bulk", b"small", partition=0)
+            await asyncio.wait_for(consumer, 30)
+            await tail.aclose()
+            payloads = []
+            with contextlib.suppress(Exception):
+                while True:
+                    payloads.append((await raw.next_msg(timeout=0.5)).data)
+            return values, payloads, tail
+
+    values, payloads, tail = asyncio.run(main())
+    assert [len(v) for v in values] == [3_000] * 100 + [5]
+    deliveries = [decode_delivery(p) for p in payloads]
+    assert any(d.batch is None and (d.first_offset, d.last_offset) == (0, 99) for d in deliveries), deliveries
+    assert not any(d.batch is not None and d.first_offset == 0 for d in deliveries)
+    assert any(d.batch is not None and d.first_offset == 100 for d in deliveries)  # the small one
+    assert tail.stats.gaps >= 1, tail.stats
+
+
 def test_a_delivery_never_names_a_high_watermark_its_batch_is_not_below():
     async def run() -> list[bytes]:
         sent = _Sent()
