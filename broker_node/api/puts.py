@@ -3,9 +3,10 @@
 The call's own thread reads the chunks and hands each to the broker as soon
 as it arrives, without waiting for the one before to be stored (the broker
 appends them in the order they came); a second thread writes their acks
-back, in the same order, as each is ready.  At most :data:`IN_FLIGHT`
-chunks wait for their acks: beyond that the reading stops, and gRPC's flow
-control holds the producer back.  A chunk that is malformed (its metadata,
+back, in the same order, as each is ready.  About :data:`IN_FLIGHT` chunks
+(that many queued, one being answered, one being read) wait for their acks:
+beyond that the reading stops, and gRPC's flow control holds the producer
+back.  A chunk that is malformed (its metadata,
 its columns) is answered with a refusal naming what is wrong, and the put
 goes on; a producer that goes away ends the call, and the chunks already
 handed over are still stored (its retry is then acked as a duplicate).
@@ -108,14 +109,16 @@ class Put:
                 ack = future.result(ACK_TIMEOUT)
             except concurrent.futures.TimeoutError:
                 ack = self._refusal(-1, ErrorCode.TIMEOUT, f"a chunk was not stored within {ACK_TIMEOUT:g}s")
-            except Exception as exc:  # noqa: BLE001 - the broker stopping, say: the chunk is refused
-                logger.warning("a put chunk failed: %s", exc)
-                ack = self._refusal(-1, ErrorCode.UNAVAILABLE, f"the chunk could not be stored: {exc}")
+            except concurrent.futures.CancelledError:  # the broker's loop stopped
+                ack = self._refusal(-1, ErrorCode.UNAVAILABLE, "the broker is stopping")
+            except Exception as exc:  # a failure of the broker's own: not retried
+                logger.exception("a put chunk failed")
+                ack = self._refusal(-1, ErrorCode.STORAGE, f"the chunk could not be stored: {exc}")
             if self._gone:
-                continue
+                continue  # still drained: the reader never waits on a full queue
             try:
                 self.writer.write(pa.py_buffer(encode_ack(ack)))
-            except flight.FlightError as exc:  # the producer went away: the rest are stored unanswered
+            except (flight.FlightError, pa.ArrowException) as exc:  # the producer went away
                 logger.debug("cannot answer a put: %s", exc)
                 self._gone = True
 

@@ -32,6 +32,7 @@ from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
+    RequestTimeoutError,
     UnavailableError,
     error_from_code,
 )
@@ -42,6 +43,11 @@ from .connection import BrokerConnection
 
 logger = logging.getLogger(__name__)
 
+CLOSE_TIMEOUTS = 3
+"""Closing a put waits this many of the cluster's timeouts for the acks still owed."""
+IDLE_SECONDS = 5.0
+"""A partition's put with nothing waiting that was not used for this long is closed at the next chunk
+for another partition: an open put holds two of its broker's threads, and holds up its shutdown."""
 MOVED_PAUSE = (0.05, 1.0)
 """Seconds between asking the cluster for a partition's new leader: the first pause, the longest."""
 
@@ -49,10 +55,15 @@ MOVED_PAUSE = (0.05, 1.0)
 class PartitionPut:
     """One open put to one partition's leader (see the module docstring)."""
 
-    def __init__(self, connection: BrokerConnection, request: PutRequest, schema: pa.Schema) -> None:
+    def __init__(
+        self, connection: BrokerConnection, request: PutRequest, schema: pa.Schema, *, timeout: float = 30.0
+    ) -> None:
+        """``timeout``: how long :meth:`close` waits for the acks still owed."""
         self.connection = connection
         self.request = request
         self.schema = schema
+        self.timeout = timeout
+        self.last_used = time.monotonic()
         descriptor = flight.FlightDescriptor.for_command(request.to_command())
         self._writer, self._reader = connection.open_put(descriptor, schema)
         self._lock = threading.Lock()
@@ -74,6 +85,7 @@ class PartitionPut:
     def send(self, sequence: int, batch: pa.RecordBatch) -> concurrent.futures.Future[Ack]:
         """Write one chunk; the future is settled by its ack."""
         future: concurrent.futures.Future[Ack] = concurrent.futures.Future()
+        self.last_used = time.monotonic()
         with self._lock:
             if self._failure is not None:
                 future.set_exception(self._failure)
@@ -90,15 +102,26 @@ class PartitionPut:
             self._fail(InvalidArgumentError(f"cannot put a chunk to {self._name}: {exc}"))
         return future
 
+    @property
+    def idle(self) -> bool:
+        """Whether no chunk waits for its ack."""
+        with self._lock:
+            return not self._waiting
+
     def close(self) -> None:
-        """Say no more chunks come, wait for the acks of those sent, and end the call."""
+        """Say no more chunks come, wait (up to :attr:`timeout`) for the acks of those sent, and end
+        the call; what is not acked by then fails with ``RequestTimeoutError``."""
         with self._writing:
             if not self._closed:
                 try:
                     self._writer.done_writing()
                 except flight.FlightError as exc:
                     self._fail(self.connection.error(exc))
-        self._acks.join()
+        self._acks.join(self.timeout)
+        if self._acks.is_alive():  # the broker stopped answering: its thread is left to the call
+            waited = f"the put to {self._name} was not answered within {self.timeout:g}s"
+            self._fail(RequestTimeoutError(waited))
+            return
         error = self._end()
         if error is not None:  # every chunk is settled already
             logger.debug("put to %s ended with %s", self._name, error)
@@ -215,7 +238,17 @@ class Putter:
                 failed: concurrent.futures.Future[Ack] = concurrent.futures.Future()
                 failed.set_exception(exc)
                 return failed
-        return put.send(sequence, batch)
+        sent = put.send(sequence, batch)
+        self._close_idle(sent_to=key)
+        return sent
+
+    def _close_idle(self, sent_to: tuple[str, int]) -> None:
+        """Close the other partitions' puts that were idle for :data:`IDLE_SECONDS`."""
+        now = time.monotonic()
+        for key, put in list(self._puts.items()):
+            if key != sent_to and now - put.last_used > IDLE_SECONDS and put.idle:
+                del self._puts[key]
+                put.close()
 
     def abandon(self, stream: str, partition: int, error: JetStreamError) -> None:
         """Fail the partition's put with ``error`` (its broker stopped answering, say): the chunks
@@ -239,7 +272,8 @@ class Putter:
         request = PutRequest(stream, partition, self.producer_id, self.producer_epoch, self.ack_policy)
         address = self._leader(stream, partition)
         try:
-            return PartitionPut(self.cluster.connection(address), request, schema)
+            connection = self.cluster.connection(address)
+            return PartitionPut(connection, request, schema, timeout=CLOSE_TIMEOUTS * self.cluster.timeout)
         except JetStreamError as exc:
             self._failed((stream, partition), address, exc)
             raise

@@ -144,3 +144,7 @@ def check_chunk(batch: pa.RecordBatch) -> None:
             raise InvalidArgumentError("a typed put chunk's column 'typed' does not say its schema version")
     if batch.num_rows == 0:
         raise InvalidArgumentError("a put chunk has no rows")
+    try:  # as an envelope's batch is: offsets in bounds, UTF-8 valid, null counts true
+        batch.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise InvalidArgumentError(f"a put chunk is not a valid Arrow batch: {exc}") from None

@@ -85,6 +85,7 @@ from pyspark_jetstream.protocol.headers import checked_message_ids, with_message
 from pyspark_jetstream.protocol.put import PUTS_FEATURE
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 from pyspark_jetstream.protocol.streams import StreamConfig, partition_subject
+from pyspark_jetstream.protocol.subjects import subject_matches
 from pyspark_jetstream.protocol.typed_rows import conform
 
 from . import unpickle
@@ -101,7 +102,6 @@ RETRY_BACKOFF = 0.2
 """Seconds before the first resend; doubled for each further attempt."""
 ACK_WAIT_TIMEOUTS = 3
 """A chunk put over Flight is resent after this many of the options' ``timeout`` without an ack."""
-"""Seconds before the first resend; doubled for each further attempt."""
 _PAYLOAD_TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
 """Input columns that travel in the envelope, and their types there."""
 SINK_COLUMNS = frozenset({"key", "value", "headers", "partition", "subject", "messageid"})
@@ -218,11 +218,25 @@ class _Publishing(unpickle.ByName):
         config = self.stream_config
         if config is None:
             return {}
-        brokers = client.metadata()["brokers"]
-        if not all(PUTS_FEATURE in b.get("features", ()) for b in brokers):
+        metadata = client.metadata()
+        if not all(PUTS_FEATURE in b.get("features", ()) for b in metadata["brokers"]):
             logger.info("a broker of an older version does not take puts: the rows go through NATS")
             return {}
-        return {partition_subject(config.subject, n): n for n in range(config.partitions)}
+        ours = {partition_subject(config.subject, n): n for n in range(config.partitions)}
+        for stream in metadata["streams"]:
+            other = stream["config"]
+            if other["name"] == config.name:
+                continue
+            listening = [partition_subject(other["subject"], n) for n in range(len(stream["partitions"]))]
+            if any(subject_matches(p, s) or subject_matches(s, p) for p in listening for s in ours):
+                # A put reaches only the partition's leader; on NATS, that stream stores a copy too.
+                logger.info(
+                    "stream %r listens on the subjects of %r: the rows go through NATS (it stores them too)",
+                    other["name"],
+                    config.name,
+                )
+                return {}
+        return ours
 
     def _schema_version(self) -> int | None:
         """The schema version typed rows are written as (``None``: not typed rows)."""

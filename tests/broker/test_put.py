@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 from pyarrow import flight
 
+from pyspark_jetstream.client import putting
 from pyspark_jetstream.client.putting import Putter
 from pyspark_jetstream.protocol.ack import decode_ack
-from pyspark_jetstream.protocol.envelope import AckPolicy, split_position
+from pyspark_jetstream.protocol.envelope import AckPolicy, split_position, typed_batch
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -23,7 +24,13 @@ from pyspark_jetstream.protocol.errors import (
     OutOfOrderSequenceError,
     UnavailableError,
 )
-from pyspark_jetstream.protocol.put import PutRequest, chunk_metadata, parse_chunk_metadata, parse_put_command
+from pyspark_jetstream.protocol.put import (
+    PutRequest,
+    check_chunk,
+    chunk_metadata,
+    parse_chunk_metadata,
+    parse_put_command,
+)
 
 
 def _chunk(*values: bytes) -> pa.RecordBatch:
@@ -217,3 +224,40 @@ def test_a_producer_that_gives_up_does_not_wait_for_a_broker_that_stopped_answer
     assert retry.send("hung", 0, 1, _chunk(b"1")).result(10).ok  # stored now, or a duplicate
     retry.close()
     assert client.fetch("hung", 0).to_table().column("value").to_pylist() == [b"0", b"1"]
+
+
+def test_a_chunk_whose_buffers_do_not_hold_up_is_refused_before_it_is_stored():
+    """Validated in full, as an envelope's batch is: offsets out of order, invalid UTF-8."""
+    data = pa.py_buffer(b"abcdef")
+    offsets = pa.py_buffer(pa.array([0, 5, 3], pa.int32()).buffers()[1].to_pybytes())
+    backwards = pa.Array.from_buffers(pa.binary(), 2, [None, offsets, data])
+    with pytest.raises(InvalidArgumentError, match="not a valid Arrow batch"):
+        check_chunk(pa.record_batch({"value": backwards}))
+    bad_text = pa.Array.from_buffers(
+        pa.string(),
+        1,
+        [
+            None,
+            pa.py_buffer(pa.array([0, 2], pa.int32()).buffers()[1].to_pybytes()),
+            pa.py_buffer(b"\xff\xfe"),
+        ],
+    )
+    typed = typed_batch(pa.record_batch({"note": bad_text}), 1)
+    with pytest.raises(InvalidArgumentError, match="not a valid Arrow batch"):
+        check_chunk(typed)
+    check_chunk(_chunk(b"fine"))
+
+
+def test_a_put_left_idle_is_closed_when_the_producer_sends_elsewhere(client, monkeypatch):
+    """An open put holds two of the broker's threads and holds up its shutdown: one idle for
+    ``IDLE_SECONDS`` is closed at the next chunk for another partition (and opened again if needed)."""
+    monkeypatch.setattr(putting, "IDLE_SECONDS", 0.2)
+    client.create_stream("idle", "idle", partitions=2)
+    putter = _putter(client, "producer-i")
+    assert putter.send("idle", 0, 0, _chunk(b"a")).result(10).ok
+    time.sleep(0.3)
+    assert putter.send("idle", 1, 0, _chunk(b"b")).result(10).ok
+    assert set(putter._puts) == {("idle", 1)}
+    assert putter.send("idle", 0, 1, _chunk(b"c")).result(10).ok  # a new put, the same producer
+    putter.close()
+    assert client.fetch("idle", 0).to_table().column("value").to_pylist() == [b"a", b"c"]

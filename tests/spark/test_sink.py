@@ -446,3 +446,22 @@ def test_a_value_that_does_not_fit_fails_the_task_naming_the_column(spark, deplo
             servers=deployment.flight, nats=deployment.nats_url, stream=name
         ).save()
     assert client.describe_stream(name).partitions[0].log_end_offset == 0
+
+
+def test_rows_reach_every_stream_on_the_subject_as_on_nats(spark, deployment, client, name):
+    """A put reaches only the partition's leader; while another stream listens on the stream's
+    subject, the sink publishes on NATS so that the other stream stores its copy too; once it is
+    gone, the rows are put again, and stored once."""
+    client.create_stream(name, name)
+    client.create_stream(f"{name}-copy", name)  # the same subject: each stores its own copy
+    df = spark.createDataFrame([("a",), ("b",)], "value string").coalesce(1)
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "stream", name
+    ).save()
+    assert values_of(client, name) == [b"a", b"b"]
+    assert values_of(client, f"{name}-copy") == [b"a", b"b"]
+    client.delete_stream(f"{name}-copy")
+    df.write.format("jetstream").mode("append").option("servers", deployment.flight).option(
+        "stream", name
+    ).save()
+    assert values_of(client, name) == [b"a", b"b", b"a", b"b"]
