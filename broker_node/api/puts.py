@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from pyspark_jetstream.protocol.ack import Ack, encode_ack
-from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
+from pyspark_jetstream.protocol.errors import ErrorCode, InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.put import PutRequest, check_chunk, parse_chunk_metadata
 
 logger = logging.getLogger(__name__)
@@ -93,9 +93,8 @@ class Put:
         sequence = -1
         try:
             sequence = parse_chunk_metadata(metadata)
-            if batch is None:
-                check_chunk(pa.record_batch([]))
-            assert batch is not None
+            if batch is None:  # a message of metadata alone
+                raise InvalidArgumentError("a put chunk carries no record batch, only app_metadata")
             check_chunk(batch)
             return self.target.put_chunk(self.request, sequence, batch)
         except JetStreamError as exc:

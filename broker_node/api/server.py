@@ -201,6 +201,14 @@ class FlightApi(flight.FlightServerBase):
 
         return count
 
+    def _outcome(self, call: _Call) -> Callable[[str], None]:
+        """Count a call's outcome under its kind as known when it ends (once its request is parsed)."""
+
+        def count(code: str) -> None:
+            self._counted(call.kind)(code)  # the kind as it is now, not when the call began
+
+        return count
+
     # ---- reads -----------------------------------------------------------------
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
@@ -220,10 +228,7 @@ class FlightApi(flight.FlightServerBase):
             self.access.check(principal, "read", stream=request.stream)
             return self._read(request, context, principal)
 
-        def outcome(code: str) -> None:  # the kind is known once the ticket is parsed
-            self._counted(call.kind)(code)
-
-        return _guard(get, outcome, call)
+        return _guard(get, self._outcome(call), call)
 
     def _replica_fetch(self, request: ReplicaFetch) -> flight.FlightDataStream:
         answer = self.broker.replica_fetch(request)
@@ -403,8 +408,7 @@ class FlightApi(flight.FlightServerBase):
         call = _Call("do_put")
 
         def put() -> None:
-            is_command = descriptor.descriptor_type == flight.DescriptorType.CMD
-            request = parse_put_command(descriptor.command or b"") if is_command else None
+            request = parse_put_command(_command(descriptor))
             if request is None:
                 _not_over_flight("do_put")()
                 return
@@ -413,10 +417,7 @@ class FlightApi(flight.FlightServerBase):
             self.broker.open_put(request)
             Put(self.broker, request, reader, writer).run()
 
-        def outcome(code: str) -> None:
-            self._counted(call.kind)(code)
-
-        _guard(put, outcome, call)
+        _guard(put, self._outcome(call), call)
 
     def do_exchange(
         self,
@@ -430,8 +431,7 @@ class FlightApi(flight.FlightServerBase):
         call = _Call("do_exchange")
 
         def exchange() -> None:
-            is_command = descriptor.descriptor_type == flight.DescriptorType.CMD
-            fetch = parse_replica_ticket(descriptor.command or b"") if is_command else None
+            fetch = parse_replica_ticket(_command(descriptor))
             if fetch is None:
                 _not_over_flight("do_exchange")()
                 return
@@ -439,10 +439,7 @@ class FlightApi(flight.FlightServerBase):
             self.access.check_cluster(self._principal(context), "replicate")
             self._replica_stream(fetch, reader, writer)
 
-        def outcome(code: str) -> None:
-            self._counted(call.kind)(code)
-
-        _guard(exchange, outcome, call)
+        _guard(exchange, self._outcome(call), call)
 
     def _replica_stream(
         self,
@@ -567,6 +564,13 @@ def _fetch_batch(frames: list[ReplicaFrame]) -> pa.RecordBatch:
         ],
         schema=FETCH_SCHEMA,
     )
+
+
+def _command(descriptor: flight.FlightDescriptor) -> bytes:
+    """A command descriptor's bytes; empty for a path descriptor (which names no call here)."""
+    if descriptor.descriptor_type != flight.DescriptorType.CMD:
+        return b""
+    return descriptor.command or b""
 
 
 def _not_over_flight(method: str) -> Callable[[], None]:

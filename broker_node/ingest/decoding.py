@@ -177,9 +177,7 @@ def _enveloped(reader: Reader, envelope: Envelope, subject: str, received: float
             message_id = next((decoded_id(v) for k, v in headers if k == MSG_ID_HEADER), None) or None
         record = reader.terms.record(envelope.value, key=envelope.key, headers=headers, subject=subject)
         return _single(reader, record, target, message_id, None)
-    table = envelope_table(envelope, subject)
-    ids = ids_of(table) if reader.config.duplicate_window > 0 else []
-    return Whole(envelope, table, ids, target, targeted(reader, envelope))
+    return _whole(reader, envelope, subject, target, targeted(reader, envelope))
 
 
 def _single(
@@ -280,9 +278,17 @@ def put_whole(reader: Reader, envelope: Envelope) -> Whole | Refused:
     if size > reader.max_batch_bytes:
         text = f"the chunk is {size} bytes, over the limit of {reader.max_batch_bytes} for {reader.name}"
         return _refused(reader, None, ErrorCode.TOO_LARGE, text)
-    table = envelope_table(envelope, partition_subject(reader.config.subject, reader.number))
+    return _whole(reader, envelope, partition_subject(reader.config.subject, reader.number), None, True)
+
+
+def _whole(
+    reader: Reader, envelope: Envelope, subject: str, target: AckTarget | None, targeted: bool
+) -> Whole:
+    """An envelope batch as stored on ``subject``, with its rows' message ids (when the stream
+    de-duplicates by id)."""
+    table = envelope_table(envelope, subject)
     ids = ids_of(table) if reader.config.duplicate_window > 0 else []
-    return Whole(envelope, table, ids, None, True)
+    return Whole(envelope, table, ids, target, targeted)
 
 
 def with_message_id(headers: tuple[tuple[str, bytes], ...], message_id: str) -> tuple[tuple[str, bytes], ...]:

@@ -238,12 +238,9 @@ class PartitionIngest:
     async def _store_whole(self, whole: Whole) -> None:
         """Store an envelope batch on its own (after the pending ones) and ack it."""
         target = whole.target
-        if target is not None and target.committed:
-            try:
-                self.partition.check_min_insync()
-            except JetStreamError as exc:
-                await self.acks.refuse(target, exc.code, str(exc))
-                return
+        if target is not None and target.committed and (short := self._short_of_replicas()) is not None:
+            await self.acks.refuse(target, *short)
+            return
         envelope = whole.envelope
         if whole.message_ids and (envelope.producer_id is None or envelope.sequence is None):
             await self._store_new_rows(whole)
@@ -268,11 +265,8 @@ class PartitionIngest:
                 logger.log(whole.level, *whole.log, extra=self._fields)
                 return acks.of((whole.error, whole.message), correlation_id)
             assert type(whole) is Whole
-            if committed:
-                try:
-                    self.partition.check_min_insync()
-                except JetStreamError as exc:
-                    return acks.of((exc.code, str(exc)), correlation_id)
+            if committed and (short := self._short_of_replicas()) is not None:
+                return acks.of(short, correlation_id)
             await self.flush()
             outcome = await self.store.whole(whole)
         if not isinstance(outcome, Ack):
@@ -283,6 +277,15 @@ class PartitionIngest:
             ack = failed([ack], error)[0]
         acks.latency.observe_since((received,), perf_counter())
         return ack
+
+    def _short_of_replicas(self) -> Refusal | None:
+        """Why an ``ALL`` write is refused now (fewer in-sync replicas than the stream's minimum),
+        or ``None``."""
+        try:
+            self.partition.check_min_insync()
+        except JetStreamError as exc:
+            return exc.code, str(exc)
+        return None
 
     async def _committed(self, offset: int) -> JetStreamError | None:
         """Wait until ``offset`` is committed; the error if that fails."""

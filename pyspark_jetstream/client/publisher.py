@@ -41,7 +41,14 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from pyspark_jetstream.protocol.ack import Ack, decode_acks
-from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, EnvelopeError, encode, typed_batch
+from pyspark_jetstream.protocol.envelope import (
+    AckPolicy,
+    Envelope,
+    EnvelopeError,
+    encode,
+    typed_batch,
+    typed_fields_apart,
+)
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -69,9 +76,6 @@ from .resend import Resender
 from .routing import METADATA_MAX_AGE, Routes, Target
 
 logger = logging.getLogger(__name__)
-
-_CARRIED = ("key", "headers")
-"""A typed batch's columns that are not fields: they travel beside the typed columns."""
 
 GATHER_MESSAGE_BYTES = 16 * 1024
 """A plain message whose key and value are at most this many bytes may leave in a batch with others."""
@@ -344,9 +348,7 @@ class Publisher:
             )
         await self._check_typed_batches()
         schema = config.schema
-        carried = [n for n in batch.schema.names if n in _CARRIED]
-        columns = batch.drop_columns(carried)
-        others = batch.select(carried) if carried else None
+        columns, others = typed_fields_apart(batch)
         return typed_batch(conform(columns, schema.current, schema.version), schema.version, others)
 
     async def _check_typed_batches(self) -> None:

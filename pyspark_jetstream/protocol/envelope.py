@@ -104,6 +104,8 @@ TYPED_COLUMN = "typed"
 SCHEMA_VERSION_KEY = b"jetstream.schema_version"
 """The ``typed`` column's field metadata: the schema version of its fields, in decimal."""
 _TYPED_COLUMNS = frozenset({"key", TYPED_COLUMN, "headers"})
+_CARRIED = ("key", "headers")
+"""A typed batch's columns that are not fields: they travel beside the typed columns."""
 
 
 class AckPolicy(enum.IntEnum):
@@ -394,6 +396,13 @@ def typed_batch(typed: pa.RecordBatch, version: int, others: pa.RecordBatch | No
     fields = [] if others is None else list(others.schema)
     field = pa.field(TYPED_COLUMN, column.type, nullable=False, metadata=metadata)
     return pa.RecordBatch.from_arrays([*arrays, column], schema=pa.schema([*fields, field]))
+
+
+def typed_fields_apart(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
+    """Typed rows (a schema's fields, maybe beside ``key`` and ``headers``) split into the fields and
+    the columns that travel beside them (``None`` if none do), as :func:`typed_batch` takes them."""
+    carried = [n for n in batch.schema.names if n in _CARRIED]
+    return batch.drop_columns(carried), (batch.select(carried) if carried else None)
 
 
 def typed_version(batch: pa.RecordBatch | pa.Table) -> int | None:

@@ -74,7 +74,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.sync import SyncClient
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE, typed_batch
+from pyspark_jetstream.protocol.envelope import MAX_SEQUENCE, typed_batch, typed_fields_apart
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -403,9 +403,8 @@ class _Window:
         """Typed rows (the fields' columns, conformed, beside ``key`` and ``headers``) as the typed
         batch a publish would send (see :func:`~pyspark_jetstream.protocol.envelope.typed_batch`)."""
         assert self.schema_version is not None
-        carried = [n for n in chunk.schema.names if n in ("key", "headers")]
-        others = chunk.select(carried) if carried else None
-        return typed_batch(chunk.drop_columns(carried), self.schema_version, others)
+        fields, others = typed_fields_apart(chunk)
+        return typed_batch(fields, self.schema_version, others)
 
     def _recover(self, sent: list[_Sent]) -> None:
         """Every chunk of ``sent`` whose ack failed is sent again, one at a time, in order."""

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -380,46 +381,77 @@ def test_garbage_on_the_tail_subject_is_ignored(broker, bad):
     assert tail.stats.malformed == 1
 
 
+def _tailed(
+    broker: BrokerProcess, stream: str, count: int, publish: Callable[[Client], Awaitable[None]]
+) -> tuple[list[bytes], list[bytes], LiveTail]:
+    """Tail ``stream`` (new, one partition) from the start while ``publish`` writes to it, until
+    ``count`` values came; those values, every payload on the tail's NATS subject, and the tail."""
+
+    async def main() -> tuple[list[bytes], list[bytes], LiveTail]:
+        async with await connect(broker) as client:
+            await client.create_stream(stream, stream)
+            raw = await client.nc.subscribe(tail_subject(stream, 0))
+            tail = client.tail(stream, start="earliest")
+            values: list[bytes] = []
+
+            async def consume() -> None:
+                async for batch in tail:
+                    values.extend(batch.column("value").to_pylist())
+                    if len(values) == count:
+                        return
+
+            consumer = asyncio.ensure_future(consume())
+            while tail.next_offset < 0:
+                await asyncio.sleep(0.01)
+            await publish(client)
+            await asyncio.wait_for(consumer, 30)
+            await tail.aclose()
+            payloads = []
+            with contextlib.suppress(Exception):
+                while True:
+                    payloads.append((await raw.next_msg(timeout=0.5)).data)
+            return values, payloads, tail
+
+    return asyncio.run(main())
+
+
 def test_a_batch_too_large_for_nats_reaches_consumers_over_flight(tmp_path):
     """A stored batch larger than the server's max_payload is announced by a mark naming it."""
+
+    async def publish(client: Client) -> None:
+        await client.publish("big", b"small", partition=0)
+        # Fits in a publish, but not once stored with its offsets and metadata.
+        await client.publish("big", os.urandom(65_000), partition=0)
+
     with NatsServer(config="max_payload: 65536") as server:
         broker = BrokerProcess(tmp_path / "b", nats_url=server.url).start()
         try:
-
-            async def main() -> tuple[list[bytes], list[bytes], LiveTail]:
-                async with await connect(broker) as client:
-                    await client.create_stream("big", "big")
-                    raw = await client.nc.subscribe(tail_subject("big", 0))
-                    tail = client.tail("big", start="earliest")
-                    values: list[bytes] = []
-
-                    async def consume() -> None:
-                        async for batch in tail:
-                            values.extend(batch.column("value").to_pylist())
-                            if len(values) == 2:
-                                return
-
-                    consumer = asyncio.ensure_future(consume())
-                    while tail.next_offset < 0:
-                        await asyncio.sleep(0.01)
-                    await client.publish("big", b"small", partition=0)
-                    # Fits in a publish, but not once stored with its offsets and metadata.
-                    await client.publish("big", os.urandom(65_000), partition=0)
-                    await asyncio.wait_for(consumer, 30)
-                    await tail.aclose()
-                    payloads = []
-                    with contextlib.suppress(Exception):
-                        while True:
-                            payloads.append((await raw.next_msg(timeout=0.5)).data)
-                    return values, payloads, tail
-
-            values, payloads, tail = asyncio.run(main())
+            values, payloads, tail = _tailed(broker, "big", 2, publish)
         finally:
             broker.stop()
     assert [len(v) for v in values] == [5, 65_000]
     deliveries = [decode_delivery(p) for p in payloads]
     assert any(d.batch is None and (d.first_offset, d.last_offset) == (1, 1) for d in deliveries), deliveries
     assert not any(d.batch is not None and d.first_offset == 1 for d in deliveries)
+    assert tail.stats.gaps >= 1, tail.stats
+
+
+def test_a_bulk_batch_is_announced_by_a_mark_and_read_over_flight(broker):
+    """A stored batch over the tail's 256 KiB (a bulk write: the Spark sink's chunks) is not
+    published, though NATS would take it: a mark names it, and the consumer reads it over Flight;
+    a small batch after it is published as ever."""
+
+    async def publish(client: Client) -> None:
+        bulk = pa.table({"value": [os.urandom(3_000) for _ in range(100)]})  # 300 KB stored
+        await client.publish_batch("bulk", bulk, partition=0)
+        await client.publish("bulk", b"small", partition=0)
+
+    values, payloads, tail = _tailed(broker, "bulk", 101, publish)
+    assert [len(v) for v in values] == [3_000] * 100 + [5]
+    deliveries = [decode_delivery(p) for p in payloads]
+    assert any(d.batch is None and (d.first_offset, d.last_offset) == (0, 99) for d in deliveries), deliveries
+    assert not any(d.batch is not None and d.first_offset == 0 for d in deliveries)
+    assert any(d.batch is not None and d.first_offset == 100 for d in deliveries)  # the small one
     assert tail.stats.gaps >= 1, tail.stats
 
 
@@ -455,47 +487,6 @@ class _Sent:
 
     async def publish(self, subject: str, payload: bytes) -> None:
         self.payloads.append(payload)
-
-
-def test_a_bulk_batch_is_announced_by_a_mark_and_read_over_flight(broker):
-    """A stored batch over the tail's 256 KiB (a bulk write: the Spark sink's chunks) is not
-    published, though NATS would take it: a mark names it, and the consumer reads it over Flight;
-    a small batch after it is published as ever."""
-
-    async def main() -> tuple[list[bytes], list[bytes], LiveTail]:
-        async with await connect(broker) as client:
-            await client.create_stream("bulk", "bulk")
-            raw = await client.nc.subscribe(tail_subject("bulk", 0))
-            tail = client.tail("bulk", start="earliest")
-            values: list[bytes] = []
-
-            async def consume() -> None:
-                async for batch in tail:
-                    values.extend(batch.column("value").to_pylist())
-                    if len(values) == 101:
-                        return
-
-            consumer = asyncio.ensure_future(consume())
-            while tail.next_offset < 0:
-                await asyncio.sleep(0.01)
-            bulk = pa.table({"value": [os.urandom(3_000) for _ in range(100)]})  # 300 KB stored
-            await client.publish_batch("bulk", bulk, partition=0)
-            await client.publish("bulk", b"small", partition=0)
-            await asyncio.wait_for(consumer, 30)
-            await tail.aclose()
-            payloads = []
-            with contextlib.suppress(Exception):
-                while True:
-                    payloads.append((await raw.next_msg(timeout=0.5)).data)
-            return values, payloads, tail
-
-    values, payloads, tail = asyncio.run(main())
-    assert [len(v) for v in values] == [3_000] * 100 + [5]
-    deliveries = [decode_delivery(p) for p in payloads]
-    assert any(d.batch is None and (d.first_offset, d.last_offset) == (0, 99) for d in deliveries), deliveries
-    assert not any(d.batch is not None and d.first_offset == 0 for d in deliveries)
-    assert any(d.batch is not None and d.first_offset == 100 for d in deliveries)  # the small one
-    assert tail.stats.gaps >= 1, tail.stats
 
 
 def test_a_delivery_never_names_a_high_watermark_its_batch_is_not_below():
