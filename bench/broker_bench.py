@@ -52,6 +52,7 @@ Prints two tables; the last line is one JSON object.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import secrets
 import shutil
@@ -664,8 +665,12 @@ async def run(size: str) -> dict[str, float]:
 def versus(
     r: dict[str, float], label: str, ours: str, peer: str, target: str = ""
 ) -> tuple[str, float, float, float, str]:
-    """A table row: our figure ``r[ours]`` against the peer's ``r[peer]``, and their ratio."""
-    return label, r[ours], r[peer], r[ours] / r[peer], target
+    """A table row: our figure ``r[ours]`` against the peer's ``r[peer]``, and their ratio.
+
+    The ratio is NaN when the peer's figure is zero: a CPU time below the clock's tick at
+    ``--smoke`` size reads as zero.
+    """
+    return label, r[ours], r[peer], r[ours] / r[peer] if r[peer] else math.nan, target
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import statistics
 import subprocess
@@ -420,7 +421,8 @@ def main() -> None:
             "  servers' CPU per message (µs)",
             r["rf3_cpu_us_per_msg"],
             r["js_r3_cpu_us_per_msg"],
-            r["rf3_cpu_us_per_msg"] / r["js_r3_cpu_us_per_msg"],
+            # NaN when JetStream's CPU time stayed below the clock's tick (at --smoke size)
+            r["rf3_cpu_us_per_msg"] / r["js_r3_cpu_us_per_msg"] if r["js_r3_cpu_us_per_msg"] else math.nan,
             "",
         ),
         (
