@@ -9,9 +9,10 @@ runs in this process on an event loop of its own thread, with the defaults of
 and keys from 1,000 distinct ones; each stream has one partition.
 
 1. Harvest: with the harvester leading, one transaction commits N rows
-   (100,000; ``--quick`` 20,000) into the outbox; rows/s from that commit until
+   (100,000; ``--quick`` 50,000) into the outbox; rows/s from that commit until
    every row is acked and purged.  The stream is read back afterwards: N
-   messages, each row once.
+   messages, each row once.  Three rounds of this and of 2., taking turns at
+   going first (the harvester stopped between them); the medians are reported.
 2. The peer, SQL only: the same N rows, then a loop of the store's own
    ``mark`` and ``purge`` (:mod:`pyspark_jetstream.outbox.store`, batches of
    500, one connection) until the outbox is empty, publishing nothing: the
@@ -59,7 +60,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sizes import last_line, parser, pick, size_of
+from bench.sizes import last_line, machine_cpu_seconds, parser, pick, size_of
 from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
@@ -150,22 +151,23 @@ def insert_rows(database: str, stream: str, n: int) -> float:
         return time.perf_counter()
 
 
-def sql_only(database: str, n: int, batch_size: int) -> float:
-    """Rows/s of the store's mark and purge alone over ``n`` fresh rows, one batch at a time."""
+def sql_only(database: str, n: int, batch_size: int) -> tuple[float, float]:
+    """Rows/s of the store's mark and purge alone over ``n`` fresh rows, one batch at a time, and
+    the machine's CPU seconds meanwhile."""
     insert_rows(database, "unused", n)
     store = open_store(database, TABLE)
     leader_id = uuid.uuid4().hex
     done = 0
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), machine_cpu_seconds()
         while records := store.mark(leader_id, batch_size):
             store.purge([r.id for r in records])
             done += len(records)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, machine_cpu_seconds() - cpu
     finally:
         store.close()
     assert done == n, f"marked and purged {done} of {n} rows"
-    return n / elapsed
+    return n / elapsed, cpu
 
 
 WRITERS = {"postgresql": 4, "sqlite": 1}
@@ -249,14 +251,16 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1]
 
 
-async def publish_only(nats_url: str, stream: str, n: int, in_flight: int, batch_rows: int) -> float:
+async def publish_only(
+    nats_url: str, stream: str, n: int, in_flight: int, batch_rows: int
+) -> tuple[float, float]:
     """Msg/s of the client alone publishing what the harvester would: the same rows (keys, message
     ids) in batches of ``batch_rows`` (the harvester's marks of one partition's stream), at most
-    ``in_flight`` rows unacked."""
+    ``in_flight`` rows unacked; and the machine's CPU seconds meanwhile."""
     async with await Client.connect(nats_urls=[nats_url], timeout=30) as client:
         await client.create_stream(stream, stream)
         window = asyncio.Semaphore(max(in_flight // batch_rows, 1))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), machine_cpu_seconds()
 
         async def one(first: int) -> Any:
             rows = range(first, min(first + batch_rows, n))
@@ -282,22 +286,24 @@ async def publish_only(nats_url: str, stream: str, n: int, in_flight: int, batch
             await window.acquire()
             tasks.append(asyncio.ensure_future(one(first)))
         acks = await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, machine_cpu_seconds() - cpu
     assert all(a is not None and a.ok for a in acks)
-    return n / elapsed
+    return n / elapsed, cpu
 
 
-def harvest(harvesting: Harvesting, watch: Store, stream: str, n: int) -> float:
-    """Rows/s from the commit of ``n`` rows until all are acked and purged."""
+def harvest(harvesting: Harvesting, watch: Store, stream: str, n: int) -> tuple[float, float]:
+    """Rows/s from the commit of ``n`` rows until all are acked and purged, and the machine's CPU
+    seconds meanwhile."""
     status = harvesting.harvester.status
     published_before = status.published
     committed_at = insert_rows(harvesting.harvester.config.database, stream, n)
+    cpu = machine_cpu_seconds()
     while status.published - published_before < n:  # then the purges: the outbox empty
         harvesting.check()
         time.sleep(0.01)
     while watch.backlog():
         time.sleep(0.005)
-    return n / (time.perf_counter() - committed_at)
+    return n / (time.perf_counter() - committed_at), machine_cpu_seconds() - cpu
 
 
 def steady(
@@ -329,20 +335,52 @@ def steady(
     }
 
 
+def bulk_rates(
+    name: str, config: HarvesterConfig, watch: Store, client: SyncClient, n: int, runs: int
+) -> dict[str, float]:
+    """Median harvest and SQL-only rows/s of ``runs`` rounds, the two taking turns at going first,
+    and the machine's median CPU µs per row for each (all cores: the database, the harvester, the
+    broker and nats-server).
+
+    They alternate so that both meet the table in the same state (its dead rows, PostgreSQL's
+    autovacuum), and the harvester stops between rounds: its marks would take the SQL loop's rows.
+    """
+    rates: dict[str, list[float]] = {"harvest": [], "sql_only": []}
+    cpu: dict[str, list[float]] = {side: [] for side in rates}
+    for i in range(runs):
+        for side in sorted(rates, reverse=i % 2 == 1):
+            if side == "sql_only":
+                rate, spent = sql_only(config.database, n, config.batch_size)
+            else:
+                stream = f"{name}-bulk-{i}"
+                client.create_stream(stream, stream)
+                harvesting = Harvesting(config)
+                try:
+                    rate, spent = harvest(harvesting, watch, stream, n)
+                finally:
+                    harvesting.stop()
+                stored = read_stream(client, stream)
+                assert len(stored) == n == len({r for r, _ in stored}), f"{len(stored)} messages for {n} rows"
+            rates[side].append(rate)
+            cpu[side].append(spent / n * 1e6)
+    return {f"{side}_rows_per_s": statistics.median(values) for side, values in rates.items()} | {
+        f"{side}_cpu_us_per_row": statistics.median(values) for side, values in cpu.items()
+    }
+
+
 def measure(
-    name: str, database: str, nats_url: str, client: SyncClient, n: int, latency_s: float
+    name: str, database: str, nats_url: str, client: SyncClient, n: int, latency_s: float, runs: int
 ) -> dict[str, float]:
     """Harvest rows/s, its two ceilings (SQL only, publish only) and commit-to-ack latency on one database."""
     config = HarvesterConfig(database=database, nats=nats_url, deadline=0.5, report_every=3600)
-    bulk = f"{name}-bulk"
-    for stream in (bulk, f"{name}-steady", f"{name}-steady-fast"):
+    for stream in (f"{name}-steady", f"{name}-steady-fast"):
         client.create_stream(stream, stream)
     results: dict[str, float] = {}
     watch = open_store(database, TABLE)  # counts the rows left
     try:
+        results.update(bulk_rates(name, config, watch, client, n, runs))
         harvesting = Harvesting(config)
         try:
-            results["harvest_rows_per_s"] = harvest(harvesting, watch, bulk, n)
             results.update(steady(harvesting, watch, client, f"{name}-steady", latency_s))
         finally:
             harvesting.stop()
@@ -353,21 +391,19 @@ def measure(
             harvesting.stop()
     finally:
         watch.close()
-    stored = read_stream(client, bulk)
-    assert len(stored) == n == len({i for i, _ in stored}), f"{len(stored)} messages for {n} rows"
     results.update({f"fast_poll_{k}": v for k, v in fast.items()})
-
-    results["sql_only_rows_per_s"] = sql_only(database, n, config.batch_size)
     results["ratio_to_sql_only"] = results["harvest_rows_per_s"] / results["sql_only_rows_per_s"]
-    results["publish_only_msgs_per_s"] = asyncio.run(
+    rate, cpu = asyncio.run(
         publish_only(nats_url, f"{name}-publish", n, config.max_in_flight, config.batch_size)
     )
+    results["publish_only_msgs_per_s"], results["publish_only_cpu_us_per_row"] = rate, cpu / n * 1e6
     results["ratio_to_publish_only"] = results["harvest_rows_per_s"] / results["publish_only_msgs_per_s"]
     return results
 
 
 def run(size: str) -> dict[str, float]:
-    n = pick(size, smoke=500, quick=20_000, full=100_000)
+    n = pick(size, smoke=500, quick=50_000, full=100_000)
+    runs = pick(size, smoke=1, quick=3, full=3)
     latency_s = pick(size, smoke=0.5, quick=5.0, full=30.0)
     workdir = Path(tempfile.mkdtemp(prefix="outbox-bench-"))
     results: dict[str, float] = {"rows": n, "load_1min_before": os.getloadavg()[0]}
@@ -378,10 +414,10 @@ def run(size: str) -> dict[str, float]:
         with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
             dsn = postgres.create_database("bench")
             init_outbox(dsn, TABLE)
-            results.update(measure("pg", dsn, broker.nats_url, client, n, latency_s))
+            results.update(measure("pg", dsn, broker.nats_url, client, n, latency_s, runs))
             sqlite = f"sqlite:///{workdir / 'app.db'}"
             init_outbox(sqlite, TABLE)
-            lite = measure("sqlite", sqlite, broker.nats_url, client, n, latency_s)
+            lite = measure("sqlite", sqlite, broker.nats_url, client, n, latency_s, runs)
             results.update({f"sqlite_{k}": v for k, v in lite.items()})
     finally:
         broker.stop()
@@ -392,7 +428,7 @@ def run(size: str) -> dict[str, float]:
 
 
 def main() -> None:
-    args = parser(__doc__, quick_help="20,000 rows and 5 s of latency, within 120 s").parse_args()
+    args = parser(__doc__, quick_help="50,000 rows three times and 5 s of latency, within 120 s").parse_args()
     started = time.monotonic()
     r = run(size_of(args))
     n = int(r["rows"])
@@ -404,6 +440,9 @@ def main() -> None:
         ("harvest / SQL only", "ratio_to_sql_only", ">= 0.7"),
         ("publish only: client + broker (msg/s)", "publish_only_msgs_per_s", ""),
         ("harvest / publish only", "ratio_to_publish_only", ""),
+        ("machine CPU per row, harvest (µs, all cores)", "harvest_cpu_us_per_row", ""),
+        ("  SQL only (µs)", "sql_only_cpu_us_per_row", ""),
+        ("  publish only (µs)", "publish_only_cpu_us_per_row", ""),
     ]
     for prefix, poll in (("", 0.05), ("fast_poll_", FAST_POLL)):
         rows += [

@@ -1,4 +1,4 @@
-"""What every benchmark shares: its three sizes and its last line.
+"""What every benchmark shares: its three sizes, its last line, and the machine's CPU clock.
 
 * ``--smoke``: seconds; exercises every measure so the suite can check the
   benchmark still runs and still prints every figure (``tests/test_benchmarks.py``);
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -49,3 +51,11 @@ def pick(size: str, *, smoke: T, quick: T, full: T) -> T:
 def last_line(results: Mapping[str, float], digits: int = 4) -> str:
     """The JSON line a benchmark ends with: its figures, sorted, rounded."""
     return json.dumps({k: round(v, digits) for k, v in sorted(results.items())})
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has been busy so far, all cores (Linux ``/proc/stat``: user,
+    nice, system, irq, softirq and steal; not idle or iowait)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

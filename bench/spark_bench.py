@@ -82,7 +82,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bench.kafka_peer import KAFKA_VERSION, KafkaAdmin, KafkaBroker, connector_jars
-from bench.sizes import last_line, parser, pick, size_of
+from bench.sizes import last_line, machine_cpu_seconds, parser, pick, size_of
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
@@ -273,14 +273,6 @@ def timed(run: Callable[[], None]) -> float:
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
-
-
-def machine_cpu_seconds() -> float:
-    """CPU time the whole machine has been busy so far, all cores (Linux ``/proc/stat``: user,
-    nice, system, irq, softirq and steal; not idle or iowait)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def timed_cpu(run: Callable[[], None], cpu: list[float]) -> float:
