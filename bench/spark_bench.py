@@ -39,7 +39,11 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
    compresses with the streams' codec; its consumer has Spark's defaults.
    An untimed warm-up (a write and a read of 10,000 rows) runs for each side
    first, and the sides take turns at going first.  The ratios are ours over
-   Kafka's rows/s: above 1, ours is faster.
+   Kafka's rows/s: above 1, ours is faster.  Beside them, the same write into
+   a Python sink that drops its rows (``discard``, defined here): what Spark's
+   Python data source API costs before a sink does anything, and so the
+   highest ``kafka_write_ratio`` any such sink could reach in the run
+   (``python_floor_write_ratio_to_kafka``).
 
 The messages are JSON orders of ~250 bytes generated from a fixed seed (the
 same bytes every run), each row different, so that Parquet cannot
@@ -78,7 +82,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bench.kafka_peer import KAFKA_VERSION, KafkaAdmin, KafkaBroker, connector_jars
@@ -162,6 +172,26 @@ class ArrowFileStreamReader(DataSourceStreamReader):
             reader = pa.ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 yield reader.get_batch(i).cast(target)
+
+
+class DiscardSink(DataSource):
+    """A Python sink that takes Spark's Arrow batches and drops them: what any sink written with
+    Spark's Python data source API costs before it does anything (the JVM's hand-off of the rows
+    to the Python workers, and the workers)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "discard"
+
+    def writer(self, schema, overwrite):
+        return DiscardWriter()
+
+
+class DiscardWriter(DataSourceArrowWriter):
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _batch in iterator:
+            pass
+        return WriterCommitMessage()
 
 
 def _text(values: np.ndarray, width: int = 0) -> pa.Array:
@@ -618,6 +648,7 @@ def measure_kafka(
         warm = rows.limit(CHUNK).select("value", "partition")
         write_jetstream(warm, "peer-warm-up")()
         write_kafka(warm, "peer-warm-up")()
+        warm.write.format("discard").mode("append").save()
         for side in ("jetstream", "kafka"):
             check(side, "peer-warm-up", min(CHUNK, n))
         for run in reads("peer-warm-up", "warm-up").values():
@@ -632,6 +663,7 @@ def measure_kafka(
             writes = {
                 "jetstream": write_jetstream(out, f"peer-out-{i}"),
                 "kafka": write_kafka(out, f"peer-out-{i}"),
+                "discard": lambda: out.write.format("discard").mode("append").save(),
             }
             for key, run in sorted(read.items(), reverse=first):
                 name = f"{key}_read"
@@ -639,7 +671,8 @@ def measure_kafka(
             for key, run in sorted(writes.items(), reverse=first):
                 name = f"{key}_write"
                 samples.setdefault(name, []).append(timed_cpu(run, cpu.setdefault(name, [])))
-                check(key, f"peer-out-{i}", n)
+                if key != "discard":
+                    check(key, f"peer-out-{i}", n)
     finally:
         admin.close()
     medians = {key: n / statistics.median(values) for key, values in samples.items()}
@@ -653,6 +686,8 @@ def measure_kafka(
         "kafka_read_rows_per_s": medians["kafka_read"],
         "kafka_peer_jetstream_write_rows_per_s": medians["jetstream_write"],
         "kafka_write_rows_per_s": medians["kafka_write"],
+        "python_floor_write_rows_per_s": medians["discard_write"],
+        "python_floor_write_cpu_s_per_m_rows": spent["discard_write_cpu_s_per_m_rows"],
     }
 
 
@@ -714,6 +749,7 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ArrowFileSource)
+    spark.dataSource.register(DiscardSink)
     value_bytes = 0
     try:
         with (
@@ -771,6 +807,10 @@ def main() -> None:
     )
     results["kafka_write_ratio"] = (
         results["kafka_peer_jetstream_write_rows_per_s"] / results["kafka_write_rows_per_s"]
+    )
+    # The highest kafka_write_ratio any Python sink reaches here: one that stores nothing.
+    results["python_floor_write_ratio_to_kafka"] = (
+        results["python_floor_write_rows_per_s"] / results["kafka_write_rows_per_s"]
     )
     data = f"JSON orders of {mean_bytes:.0f} bytes (mean)"
     if args.constant_values:
@@ -832,6 +872,12 @@ def main() -> None:
             results["kafka_write_ratio"],
             ">= 1.5",
         ),
+        (
+            "kafka: df.write a Python sink that drops rows",
+            results["python_floor_write_rows_per_s"],
+            results["kafka_peer_jetstream_write_rows_per_s"] / results["python_floor_write_rows_per_s"],
+            "",
+        ),
         ("typed: orders per currency, typed stream", results["typed_query_rows_per_s"], None, ""),
         (
             "typed: the same, raw stream + from_json",
@@ -866,6 +912,7 @@ def main() -> None:
         ("write: jetstream sink / Parquet writer", "sink", "parquet_write"),
         ("kafka read: jetstream / Kafka source", "kafka_peer_jetstream_read", "kafka_read"),
         ("kafka write: jetstream sink / Kafka sink", "kafka_peer_jetstream_write", "kafka_write"),
+        ("kafka write: jetstream sink / rows dropped", "kafka_peer_jetstream_write", "python_floor_write"),
     ]
     for label, ours, peer in cpu_rows:
         mine, theirs = (results[f"{k}_cpu_s_per_m_rows"] for k in (ours, peer))
