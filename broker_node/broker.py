@@ -217,6 +217,7 @@ class Broker:
             access=self.access,
             max_streams=security.max_streams,
             max_waiting_readers=flight_config.max_waiting_readers,
+            max_open_puts=flight_config.max_open_puts,
             **_flight_tls(security),
         )
         self.runtime.flight = server

@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 MAX_PORT = 65535
 MAX_WAITING_READERS = 100_000
+MAX_OPEN_PUTS = 100_000
 MIN_INTERVAL = 0.01
 """Shortest maintenance interval or reconnect wait: below 10 ms the broker
 would spend its time on the timer, or hammer an unreachable server."""
@@ -97,6 +98,10 @@ class FlightConfig:
     """Follow reads and long-polling reads that may wait for data at once, every principal
     together: each holds a Flight thread while it waits.  Past it a read is refused with
     ``limit_exceeded``; many live readers belong on the live tail, which holds no thread."""
+    max_open_puts: int = 4096
+    """Producers' puts (the Spark sink's chunks, put to this partition leader) open at once,
+    every principal together: each holds two threads while open.  Past it a put is refused with
+    ``limit_exceeded`` (the sink's task fails, naming the limit, and Spark runs it again)."""
 
     def __post_init__(self) -> None:
         port = self.port
@@ -105,6 +110,7 @@ class FlightConfig:
                 f"port must be an integer from 0 to {MAX_PORT}, got {port!r} (0 picks a free port)"
             )
         bounded_int("max_waiting_readers", self.max_waiting_readers, 1, MAX_WAITING_READERS)
+        bounded_int("max_open_puts", self.max_open_puts, 1, MAX_OPEN_PUTS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,11 @@ class BrokerCounts:
         flight = self._runtime.flight
         return flight.waiting_readers if flight is not None else 0
 
+    def open_puts(self) -> int:
+        """Producers' puts open now."""
+        flight = self._runtime.flight
+        return flight.open_puts if flight is not None else 0
+
     def live_tail_batches(self) -> dict[tuple[str, int], int]:
         """Batches each partition led here has published on its live tail."""
         tails = self._runtime.tails

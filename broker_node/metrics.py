@@ -23,6 +23,7 @@ metric                                      labels, meaning
 ``flight_requests_total``                   kind, code: Flight calls served, by outcome
 ``flight_follow_readers``                   Flight follow reads open now
 ``flight_waiting_readers``                  follow and long-polling reads holding a thread now
+``flight_open_puts``                        producers' puts open now
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
 ``partition_messages_in_total``             stream, partition: messages appended here as leader
 ``producer_not_stored_total``               stream, partition, verdict: an idempotent producer's
@@ -84,6 +85,7 @@ class Counts(Protocol):
     def flight_requests(self) -> Mapping[tuple[str, str], int]: ...
     def follow_readers(self) -> int: ...
     def waiting_readers(self) -> int: ...
+    def open_puts(self) -> int: ...
     def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
     def nats_connected(self) -> bool: ...
     def partition_files(self) -> Mapping[tuple[str, int], PartitionFiles]: ...
@@ -177,6 +179,11 @@ class BrokerCollector(Collector):
             PREFIX + "flight_waiting_readers",
             "Follow and long-polling reads holding a Flight thread now ([flight] max_waiting_readers).",
             value=self.counts.waiting_readers(),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "flight_open_puts",
+            "Producers' puts open now, each holding two threads ([flight] max_open_puts).",
+            value=self.counts.open_puts(),
         )
         yield _per_partition(
             "live_tail_batches", "Batches published on the live tail.", self.counts.live_tail_batches()

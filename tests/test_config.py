@@ -82,6 +82,7 @@ def test_shipped_broker_config_documents_the_defaults():
         ("[nats]\nservers = [4222]\n", r"servers must be NATS URLs"),
         ("[flight]\nport = 65536\n", r"port must be .* from 0 to 65535, got 65536"),
         ("[flight]\nport = -1\n", r"port must be .* from 0 to 65535, got -1"),
+        ("[flight]\nmax_open_puts = 0\n", r"max_open_puts must be a positive integer up to 100000, got 0"),
         ("[ingest]\nmax_batch_messages = 0\n", r"max_batch_messages must be a positive integer up to"),
         ("[ingest]\nmax_batch_messages = 10000001\n", r"max_batch_messages must be a positive integer up to"),
         ("[ingest]\nmax_batch_bytes = 1\n", r"max_batch_bytes must be an integer from 1024 \(1 KiB\)"),

@@ -166,12 +166,14 @@ class FlightApi(flight.FlightServerBase):
         access: Access | None = None,
         max_streams: int | None = None,
         max_waiting_readers: int = 256,
+        max_open_puts: int = 4096,
         **tls: Any,
     ) -> None:
         """``tls``: ``tls_certificates``, ``verify_client``, ``root_certificates`` of
         ``FlightServerBase`` (with a ``grpc+tls://`` location).  ``max_waiting_readers``:
         follow and long-polling reads that may wait at once (each holds a thread), all
-        principals together; replica fetches are not counted."""
+        principals together; replica fetches are not counted.  ``max_open_puts``: producers'
+        puts open at once (each holds two threads), all principals together."""
         super().__init__(location, middleware={MIDDLEWARE_KEY: _CredentialsFactory()}, **tls)
         self.broker = broker
         self.access: Access = access if access is not None else _OpenAccess()
@@ -183,6 +185,9 @@ class FlightApi(flight.FlightServerBase):
         self.max_waiting_readers = max_waiting_readers
         self.waiting_readers = 0
         """Follow reads open and long-polling reads waiting now (see ``max_waiting_readers``)."""
+        self.max_open_puts = max_open_puts
+        self.open_puts = 0
+        """Producers' puts open now (see ``max_open_puts``)."""
         self._counts_lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -321,6 +326,24 @@ class FlightApi(flight.FlightServerBase):
 
         return leave
 
+    def _enter_put(self) -> Callable[[], None]:
+        """Count a put about to be served; ``LimitExceededError`` past the limit.  Returns what
+        ends its count (call it once)."""
+        with self._counts_lock:
+            if self.open_puts >= self.max_open_puts:
+                raise LimitExceededError(
+                    f"the broker has {self.open_puts} puts open, its limit ([flight] max_open_puts) is "
+                    f"{self.max_open_puts}: each holds two threads; close idle producers' puts, or "
+                    "raise the limit"
+                )
+            self.open_puts += 1
+
+        def leave() -> None:
+            with self._counts_lock:
+                self.open_puts -= 1
+
+        return leave
+
     def _counting_followers(
         self, batches: Iterator[pa.RecordBatch], close: Callable[[], None]
     ) -> Iterator[pa.RecordBatch]:
@@ -415,7 +438,11 @@ class FlightApi(flight.FlightServerBase):
             call.about("put", request.stream, request.partition)
             self.access.check(self._principal(context), "write", stream=request.stream)
             self.broker.open_put(request)
-            Put(self.broker, request, reader, writer).run()
+            leave = self._enter_put()
+            try:
+                Put(self.broker, request, reader, writer).run()
+            finally:
+                leave()
 
         _guard(put, self._outcome(call), call)
 

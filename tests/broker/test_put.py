@@ -13,13 +13,14 @@ import pyarrow as pa
 import pytest
 from pyarrow import flight
 
-from pyspark_jetstream.client import putting
+from pyspark_jetstream.client import SyncClient, putting
 from pyspark_jetstream.client.putting import Putter
 from pyspark_jetstream.protocol.ack import decode_ack
 from pyspark_jetstream.protocol.envelope import AckPolicy, split_position, typed_batch
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
+    LimitExceededError,
     MessageTooLargeError,
     OutOfOrderSequenceError,
     UnavailableError,
@@ -31,6 +32,8 @@ from pyspark_jetstream.protocol.put import (
     parse_chunk_metadata,
     parse_put_command,
 )
+
+from .harness import BrokerProcess, scrape, wait_until
 
 
 def _chunk(*values: bytes) -> pa.RecordBatch:
@@ -261,3 +264,35 @@ def test_a_put_left_idle_is_closed_when_the_producer_sends_elsewhere(client, mon
     assert putter.send("idle", 0, 1, _chunk(b"c")).result(10).ok  # a new put, the same producer
     putter.close()
     assert client.fetch("idle", 0).to_table().column("value").to_pylist() == [b"a", b"c"]
+
+
+def test_open_puts_are_limited_and_a_closed_one_gives_its_place_back(tmp_path, nats_server):
+    """Each open put holds two of the broker's threads: ``[flight] max_open_puts`` bounds them, all
+    producers together, and a put past it is refused naming the limit, with nothing stored."""
+    # The extra configuration continues the [flight] table.
+    broker = BrokerProcess(
+        tmp_path / "b", nats_url=nats_server.url, extra_config="max_open_puts = 2\n[metrics]\nport = 0\n"
+    ).start()
+    putters: list[Putter] = []
+    try:
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            client.create_stream("limited", "limited", partitions=3)
+            putters += [client.putter(f"producer-{n}", 0, AckPolicy.LEADER) for n in range(3)]
+            first, second, third = putters
+            assert first.send("limited", 0, 0, _chunk(b"a")).result(10).ok
+            assert second.send("limited", 1, 0, _chunk(b"b")).result(10).ok
+            open_puts = ("jetstream_flight_open_puts", ())
+            assert scrape(broker)[open_puts] == 2
+            with pytest.raises(LimitExceededError, match=r"\(\[flight\] max_open_puts\) is 2"):
+                third.send("limited", 2, 0, _chunk(b"c")).result(10)
+            assert client.fetch("limited", 2).num_rows == 0
+            first.close()  # its place is free again
+            wait_until(lambda: scrape(broker)[open_puts] == 1, message="the closed put to be counted out")
+            assert third.send("limited", 2, 0, _chunk(b"c")).result(10).ok
+            assert client.fetch("limited", 2).to_table().column("value").to_pylist() == [b"c"]
+            for putter in putters:
+                putter.close()
+    finally:
+        for putter in putters:
+            putter.close(error=UnavailableError("the test ended"))
+        broker.stop()
