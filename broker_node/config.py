@@ -101,7 +101,8 @@ class FlightConfig:
     max_open_puts: int = 4096
     """Producers' puts (the Spark sink's chunks, put to this partition leader) open at once,
     every principal together: each holds two threads while open.  Past it a put is refused with
-    ``limit_exceeded`` (the sink's task fails, naming the limit, and Spark runs it again)."""
+    ``limit_exceeded``, not retried: the sink's task fails naming the limit (Spark retries it up
+    to ``spark.task.maxFailures``)."""
 
     def __post_init__(self) -> None:
         port = self.port

@@ -166,10 +166,11 @@ class PermissionDeniedError(JetStreamError):
 
 
 class LimitExceededError(JetStreamError):
-    """A per-principal or broker-wide limit is reached (open follow reads, streams).
+    """A per-principal or broker-wide limit is reached (open follow reads, readers waiting
+    for data, open puts, streams).
 
-    Not retried by the client: the limit holds until the principal closes reads
-    or an operator raises it, which a retry loop would only wait out.
+    Not retried by the client: the limit holds until reads or puts close or an
+    operator raises it, which a retry loop would only wait out.
     """
 
     code = ErrorCode.LIMIT_EXCEEDED

@@ -286,6 +286,7 @@ def test_open_puts_are_limited_and_a_closed_one_gives_its_place_back(tmp_path, n
             with pytest.raises(LimitExceededError, match=r"\(\[flight\] max_open_puts\) is 2"):
                 third.send("limited", 2, 0, _chunk(b"c")).result(10)
             assert client.fetch("limited", 2).num_rows == 0
+            assert scrape(broker)[open_puts] == 2  # the refused put was never counted
             first.close()  # its place is free again
             wait_until(lambda: scrape(broker)[open_puts] == 1, message="the closed put to be counted out")
             assert third.send("limited", 2, 0, _chunk(b"c")).result(10).ok
