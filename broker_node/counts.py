@@ -33,12 +33,12 @@ class BrokerCounts:
     def waiting_readers(self) -> int:
         """Follow and long-polling reads holding a Flight thread now."""
         flight = self._runtime.flight
-        return flight.waiting_readers if flight is not None else 0
+        return flight.waiting_readers.taken if flight is not None else 0
 
     def open_puts(self) -> int:
         """Producers' puts open now."""
         flight = self._runtime.flight
-        return flight.open_puts if flight is not None else 0
+        return flight.open_puts.taken if flight is not None else 0
 
     def live_tail_batches(self) -> dict[tuple[str, int], int]:
         """Batches each partition led here has published on its live tail."""

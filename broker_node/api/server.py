@@ -182,11 +182,24 @@ class FlightApi(flight.FlightServerBase):
         """Calls served, by kind (read, follow, replica_fetch, an action's name) and outcome code."""
         self.follow_readers = 0
         """Follow reads open now."""
-        self.max_waiting_readers = max_waiting_readers
-        self.waiting_readers = 0
+        self.waiting_readers = _Places(
+            max_waiting_readers,
+            lambda taken, limit: (
+                f"the broker has {taken} readers waiting for data (follow and "
+                f"long-polling reads), its limit ([flight] max_waiting_readers) is "
+                f"{limit}: each holds a thread; read without waiting, follow "
+                "through the live tail (Client.tail), which holds none, or raise the limit"
+            ),
+        )
         """Follow reads open and long-polling reads waiting now (see ``max_waiting_readers``)."""
-        self.max_open_puts = max_open_puts
-        self.open_puts = 0
+        self.open_puts = _Places(
+            max_open_puts,
+            lambda taken, limit: (
+                f"the broker has {taken} puts open, its limit ([flight] max_open_puts) is "
+                f"{limit}: each holds two threads; close idle producers' puts, or "
+                "raise the limit"
+            ),
+        )
         """Producers' puts open now (see ``max_open_puts``)."""
         self._counts_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -251,7 +264,7 @@ class FlightApi(flight.FlightServerBase):
         shape = ReadShape(request, partition.config.schema)
         start = self._resolve_start(request, partition)
         if request.follow > 0:
-            leave = self._enter_waiting()
+            leave = self.waiting_readers.enter()
             try:
                 close_follow = self.access.open_follow(principal)
             except BaseException:
@@ -275,7 +288,7 @@ class FlightApi(flight.FlightServerBase):
             weakref.finalize(follows, close)
             return flight.GeneratorStream(shape.schema.with_metadata(metadata), follows)
         if request.max_wait > 0 and start >= partition.high_watermark:
-            leave = self._enter_waiting()
+            leave = self.waiting_readers.enter()
             try:
                 partition.wait_for_data(start, request.max_wait)
             finally:
@@ -306,43 +319,6 @@ class FlightApi(flight.FlightServerBase):
         )
         schema = shape.schema.with_metadata(metadata)
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, read.batches))
-
-    def _enter_waiting(self) -> Callable[[], None]:
-        """Count a reader about to wait for data; ``LimitExceededError`` past the limit.
-        Returns what ends its count (call it once)."""
-        with self._counts_lock:
-            if self.waiting_readers >= self.max_waiting_readers:
-                raise LimitExceededError(
-                    f"the broker has {self.waiting_readers} readers waiting for data (follow and "
-                    f"long-polling reads), its limit ([flight] max_waiting_readers) is "
-                    f"{self.max_waiting_readers}: each holds a thread; read without waiting, follow "
-                    "through the live tail (Client.tail), which holds none, or raise the limit"
-                )
-            self.waiting_readers += 1
-
-        def leave() -> None:
-            with self._counts_lock:
-                self.waiting_readers -= 1
-
-        return leave
-
-    def _enter_put(self) -> Callable[[], None]:
-        """Count a put about to be served; ``LimitExceededError`` past the limit.  Returns what
-        ends its count (call it once)."""
-        with self._counts_lock:
-            if self.open_puts >= self.max_open_puts:
-                raise LimitExceededError(
-                    f"the broker has {self.open_puts} puts open, its limit ([flight] max_open_puts) is "
-                    f"{self.max_open_puts}: each holds two threads; close idle producers' puts, or "
-                    "raise the limit"
-                )
-            self.open_puts += 1
-
-        def leave() -> None:
-            with self._counts_lock:
-                self.open_puts -= 1
-
-        return leave
 
     def _counting_followers(
         self, batches: Iterator[pa.RecordBatch], close: Callable[[], None]
@@ -438,7 +414,7 @@ class FlightApi(flight.FlightServerBase):
             call.about("put", request.stream, request.partition)
             self.access.check(self._principal(context), "write", stream=request.stream)
             self.broker.open_put(request)
-            leave = self._enter_put()
+            leave = self.open_puts.enter()
             try:
                 Put(self.broker, request, reader, writer).run()
             finally:
@@ -560,6 +536,31 @@ class FlightApi(flight.FlightServerBase):
                 partition if isinstance(partition, int) and not isinstance(partition, bool) else None,
             )
         return Actions(self.broker, self.access, self.max_streams).run(kind, principal, args)
+
+
+class _Places:
+    """A broker-wide bound on calls that each hold threads while they last: :meth:`enter` takes a
+    place, or refuses with ``LimitExceededError`` (``refusal(taken, limit)`` says why)."""
+
+    def __init__(self, limit: int, refusal: Callable[[int, int], str]) -> None:
+        self.limit = limit
+        self.taken = 0
+        """Places held now."""
+        self._refusal = refusal
+        self._lock = threading.Lock()
+
+    def enter(self) -> Callable[[], None]:
+        """Take a place; returns what gives it back (call it once)."""
+        with self._lock:
+            if self.taken >= self.limit:
+                raise LimitExceededError(self._refusal(self.taken, self.limit))
+            self.taken += 1
+
+        def leave() -> None:
+            with self._lock:
+                self.taken -= 1
+
+        return leave
 
 
 class _Cancelled:
