@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 from nats.aio.client import Client as NatsClient
@@ -103,17 +103,12 @@ class Acks:
 
     def when_committed(self, last_offset: int, outgoing: list[Outgoing]) -> None:
         """Send ``outgoing`` once ``last_offset`` is committed, or their error if that fails."""
-        loop = asyncio.get_running_loop()
 
         async def send(error: JetStreamError | None) -> None:
             for message in outgoing:
                 await self.send(message.subject, message.payload(error), message.received)
 
-        def committed(error: JetStreamError | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(send(error)))
-
-        self.partition.when_committed(last_offset, committed)
+        on_loop_when_committed(self.partition, last_offset, lambda error: asyncio.ensure_future(send(error)))
 
     async def send(self, subject: str, payload: bytes, received: Sequence[float]) -> None:
         """Publish an ack (of messages ``received`` then) and time it; without a connection it is
@@ -126,6 +121,21 @@ class Acks:
             )
             return
         self.latency.observe_since(received, perf_counter())
+
+
+def on_loop_when_committed(
+    partition: IngestPartition, offset: int, then: Callable[[JetStreamError | None], object]
+) -> None:
+    """Call ``then`` on the running event loop once ``offset`` is committed (``None``), or with the
+    error if that fails; the partition settles commits from other threads.  Nothing is called if
+    the loop is gone by then (the broker stopped)."""
+    loop = asyncio.get_running_loop()
+
+    def committed(error: JetStreamError | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
+            loop.call_soon_threadsafe(then, error)
+
+    partition.when_committed(offset, committed)
 
 
 def rows_ack(

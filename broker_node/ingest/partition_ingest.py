@@ -41,7 +41,7 @@ from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .acks import Acks, rows_ack
+from .acks import Acks, on_loop_when_committed, rows_ack
 from .batcher import Batch, Batcher
 from .dead_letter import DeadLetters
 from .decoding import Reader, Refused, Single, Whole, put_whole, read
@@ -289,18 +289,13 @@ class PartitionIngest:
 
     async def _committed(self, offset: int) -> JetStreamError | None:
         """Wait until ``offset`` is committed; the error if that fails."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[JetStreamError | None] = loop.create_future()
+        done: asyncio.Future[JetStreamError | None] = asyncio.get_running_loop().create_future()
 
         def settle(error: JetStreamError | None) -> None:
             if not done.done():
                 done.set_result(error)
 
-        def committed(error: JetStreamError | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
-                loop.call_soon_threadsafe(settle, error)
-
-        self.partition.when_committed(offset, committed)
+        on_loop_when_committed(self.partition, offset, settle)
         return await done
 
     async def _store_new_rows(self, whole: Whole) -> None:
