@@ -453,7 +453,13 @@ class Client:
 
     async def partition_for(self, stream: str, key: bytes | None = None) -> int:
         """The partition :meth:`publish` sends ``key`` to in ``stream`` (the default partitioner)."""
-        return await self._publisher.partition_for(stream, key)
+        (partition,) = await self._publisher.partitions_for(stream, [key])
+        return partition
+
+    async def partitions_for(self, stream: str, keys: Sequence[bytes | None]) -> list[int]:
+        """The partition :meth:`publish` sends each of ``keys`` to in ``stream`` (the default
+        partitioner), the stream looked up once."""
+        return await self._publisher.partitions_for(stream, keys)
 
     # ---- reading -----------------------------------------------------------------------
 

@@ -319,7 +319,7 @@ class Publisher:
                     f"message_ids and producer_id {options.producer_id!r} are not combined: a producer's "
                     "sequence already de-duplicates its batches"
                 )
-            batch = with_ids(batch, message_ids)
+            batch = with_ids(batch, message_ids)  # every row with its id: resending it is safe
         partition = options.partition
         if partition is None and options.subject is None:
             partition = 0
@@ -333,7 +333,8 @@ class Publisher:
                 "producer_epoch": options.producer_epoch,
                 "sequence": options.sequence,
             }
-            return await self._send(target, options, fields)
+            resendable = True if message_ids is not None else None  # None: read from the batch
+            return await self._send(target, options, fields, resendable=resendable)
 
     async def _typed(self, stream: str, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` (the stream's fields, and maybe ``key`` and ``headers``) as a typed envelope
@@ -363,11 +364,12 @@ class Publisher:
         check_typed_batches((await self._metadata())["brokers"])
         self._typed_checked = loop.time()
 
-    async def partition_for(self, stream: str, key: bytes | None = None) -> int:
-        """The partition a publish of ``key`` to ``stream`` goes to (the default partitioner)."""
-        target = await self.routes.target(stream, key, None, key_hash, None)
-        assert target.partition is not None
-        return target.partition
+    async def partitions_for(self, stream: str, keys: Sequence[bytes | None]) -> list[int]:
+        """The partition a publish of each of ``keys`` to ``stream`` goes to (the default
+        partitioner), the stream looked up once."""
+        await self.routes.target(stream, None, None, key_hash, None)  # learned, or refused as a publish is
+        partitions = self.routes.streams[stream].partitions
+        return [key_hash(key, partitions) for key in keys]
 
     def _gatherable(
         self, target: Target, options: PublishOptions, key: bytes | None, value: bytes | None
@@ -485,8 +487,15 @@ class Publisher:
         return future, deadline
 
     async def _send(
-        self, target: Target, options: PublishOptions, fields: dict[str, Any]
+        self,
+        target: Target,
+        options: PublishOptions,
+        fields: dict[str, Any],
+        *,
+        resendable: bool | None = None,
     ) -> asyncio.Future[Ack] | None:
+        """Send an envelope of ``fields``; ``resendable``: whether the broker de-duplicates it, if the
+        caller knows (``None``: :func:`deduplicated` reads it from the fields)."""
         subject = target.subject
         ack_policy = options.ack_policy
         wants_ack = options.wants_ack
@@ -516,7 +525,9 @@ class Publisher:
             await self.send_waiting()
         # Every ack future ends: with the ack, or when the sweeper finds it overdue.
         future, _ = await self._awaiting(correlation_id, subject, options)
-        if target.stream is not None and target.partition is not None and deduplicated(fields):
+        if resendable is None:
+            resendable = deduplicated(fields)
+        if target.stream is not None and target.partition is not None and resendable:
             producer_id = options.producer_id
             self.resender.track(
                 correlation_id,

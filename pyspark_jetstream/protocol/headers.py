@@ -114,17 +114,30 @@ def checked_message_ids(ids: object, rows: int, what: str = "message_ids") -> pa
         for row, value in enumerate(values):
             if value is not None and not isinstance(value, str):
                 raise InvalidArgumentError(f"{what} must be strings, got {shown(value)} at row {row}")
-        array = pa.array(values, pa.string())
+        try:
+            array = pa.array(values, pa.string())
+        except UnicodeEncodeError:  # a lone surrogate: name its row
+            _refuse_first_bad(values, what)
+            raise
     if len(array) != rows:
         raise InvalidArgumentError(f"{what} has {len(array)} ids for a batch of {rows} rows")
     if array.null_count:
         row = pc.index(pc.is_null(array), True).as_py()
         raise InvalidArgumentError(f"{what} has a null at row {row}: every row needs an id")
-    for row, value in enumerate(array.to_pylist()):
-        problem = message_id_problem(value)
+    sizes = pc.binary_length(array)
+    # Valid UTF-8 as Arrow's string arrays must be (one built from Python refuses a lone surrogate);
+    # a row is looked at in Python only to name the first one at fault.
+    if rows and (pc.min(sizes).as_py() < 1 or pc.max(sizes).as_py() > MAX_MESSAGE_ID_BYTES):
+        _refuse_first_bad(array.to_pylist(), what)
+    return array.cast(pa.string())
+
+
+def _refuse_first_bad(ids: list[object], what: str) -> None:
+    """Raise ``InvalidArgumentError`` naming the first id of ``ids`` that is not a message id."""
+    for row, value in enumerate(ids):
+        problem = None if value is None else message_id_problem(value)
         if problem is not None:
             raise InvalidArgumentError(f"{what}, row {row}: {problem}")
-    return array.cast(pa.string())
 
 
 def with_message_ids(headers: pa.Array | None, ids: pa.Array) -> pa.Array:
