@@ -15,7 +15,8 @@ and keys from 1,000 distinct ones; each stream has one partition.
    going first (the harvester stopped between them); the medians are reported.
 2. The peer, SQL only: the same N rows, then a loop of the store's own
    ``mark`` and ``purge`` (:mod:`pyspark_jetstream.outbox.store`, batches of
-   500, one connection) until the outbox is empty, publishing nothing: the
+   500, one connection, each mark above the last one's rows as the harvester
+   marks) until the outbox is empty, publishing nothing: the
    database's ceiling for mark-purge.  The target ratio is harvest / SQL only.
    A second ceiling, publish only, is the client alone publishing N messages
    as the harvester does (batches of 500 rows with their message ids, keys,
@@ -160,9 +161,11 @@ def sql_only(database: str, n: int, batch_size: int) -> tuple[float, float]:
     done = 0
     try:
         start, cpu = time.perf_counter(), machine_cpu_seconds()
-        while records := store.mark(leader_id, batch_size):
+        after = 0  # as the harvester marks: above the last row of a full mark, else from the first
+        while records := store.mark(leader_id, batch_size, after):
             store.purge([r.id for r in records])
             done += len(records)
+            after = records[-1].id if len(records) == batch_size else 0
         elapsed, cpu = time.perf_counter() - start, machine_cpu_seconds() - cpu
     finally:
         store.close()

@@ -15,10 +15,10 @@ The table (``jetstream outbox init`` creates it; ``{t}`` is its name)::
 
 and ``{t}_dead_letters`` holds rows given up on, with their error and attempts.
 
-Mark-purge/reset: :meth:`Store.mark` takes the first rows by id whose
-``leader_id`` is NULL or another term's, sets it to the caller's term and
-returns them, in one statement (``UPDATE ... RETURNING``; on PostgreSQL with
-``FOR UPDATE SKIP LOCKED``); :meth:`Store.purge` deletes published rows;
+Mark-purge/reset: :meth:`Store.mark` takes the first rows by id (above an
+id the caller gives, or all) whose ``leader_id`` is NULL or another term's,
+sets it to the caller's term and returns them, in one statement (``UPDATE ...
+RETURNING``; on PostgreSQL with ``FOR UPDATE SKIP LOCKED``); :meth:`Store.purge` deletes published rows;
 :meth:`Store.reset` clears a row's ``leader_id`` so that it is marked again.
 
 Rows of one key are marked in id order only if no row is marked while a lower
@@ -85,7 +85,7 @@ class Store(Protocol):
     address: str
 
     def init(self) -> None: ...
-    def mark(self, leader_id: str, limit: int) -> list[Record]: ...
+    def mark(self, leader_id: str, limit: int, after: int = 0) -> list[Record]: ...
     def purge(self, ids: Sequence[int]) -> None: ...
     def reset(self, record_id: int, error: str | None) -> int: ...
     def dead_letter(self, record_id: int, error: str) -> None: ...
@@ -231,14 +231,16 @@ class SQLiteStore:
             """
         )
 
-    def mark(self, leader_id: str, limit: int) -> list[Record]:
-        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``) for ``leader_id``."""
+    def mark(self, leader_id: str, limit: int, after: int = 0) -> list[Record]:
+        """Mark up to ``limit`` rows (the first by id above ``after`` not marked by ``leader_id``) for
+        ``leader_id``."""
         t = self.table
         rows = self._query(
             f"UPDATE {t} SET leader_id = ? WHERE id IN ("
-            f"SELECT id FROM {t} WHERE leader_id IS NULL OR leader_id <> ? ORDER BY id LIMIT ?) "
+            f"SELECT id FROM {t} WHERE (leader_id IS NULL OR leader_id <> ?) AND id > ? "
+            "ORDER BY id LIMIT ?) "
             "RETURNING id, stream, subject, key, value, headers, attempts",
-            (leader_id, leader_id, limit),
+            (leader_id, leader_id, after, limit),
         )
         return sorted((_row(r, t) for r in rows), key=lambda r: r.id)
 
@@ -401,17 +403,18 @@ class PostgresStore:
                 )"""
             )
 
-    def mark(self, leader_id: str, limit: int) -> list[Record]:
-        """Mark up to ``limit`` rows (the first by id not marked by ``leader_id``) for ``leader_id``;
-        none above an id that a transaction still running may hold (see the module docstring)."""
+    def mark(self, leader_id: str, limit: int, after: int = 0) -> list[Record]:
+        """Mark up to ``limit`` rows (the first by id above ``after`` not marked by ``leader_id``) for
+        ``leader_id``; none above an id that a transaction still running may hold (see the module
+        docstring)."""
         t = self.table
         horizon = self._horizon()
         rows = self._query(
             f"UPDATE {t} SET leader_id = %s WHERE id IN ("
-            f"SELECT id FROM {t} WHERE (leader_id IS NULL OR leader_id <> %s) AND id <= %s "
+            f"SELECT id FROM {t} WHERE (leader_id IS NULL OR leader_id <> %s) AND id > %s AND id <= %s "
             "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
             "RETURNING id, stream, subject, key, value, headers, attempts",
-            (leader_id, leader_id, horizon, limit),
+            (leader_id, leader_id, after, horizon, limit),
         )
         return sorted((_row(r, t) for r in rows), key=lambda r: r.id)
 
@@ -420,9 +423,11 @@ class PostgresStore:
 
         A row is inserted under the table's ``RowExclusiveLock``, taken before its id is drawn
         from the sequence and held until its transaction ends.  Each call reads the highest id
-        committed (``top``), then the transactions holding that lock.  One not among those of the
-        previous call took the lock after that call's ``top`` was read, so its ids are above that
-        ``top``: its *floor*.  The horizon is ``top`` or the lowest floor of the transactions
+        committed (``top``), then the transactions holding that lock, in one statement: ``top``
+        comes from the snapshot taken before the statement runs, ``pg_locks`` shows the locks
+        held when it is read, later.  A transaction not among those of the previous call took
+        the lock after that call's ``top`` was read, so its ids are above that ``top``: its
+        *floor*.  The horizon is ``top`` or the lowest floor of the transactions
         writing now, if lower.  An id up to it was drawn before ``top`` was read, so a transaction
         still running that holds it is among those writing now, with a floor below the id: there
         is none.  A statement run afterwards sees every committed row up to the horizon.  (A writer
@@ -433,16 +438,16 @@ class PostgresStore:
         default ``CACHE 1``), and ids must come from the column's default.
         """
         t = self.table
-        top = int(self._query(f"SELECT coalesce(max(id), 0) FROM {t}", ())[0][0])
-        writing = self._query(
+        ((top, writing),) = self._query(
+            f"SELECT (SELECT coalesce(max(id), 0) FROM {t}), ARRAY("
             "SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' "
             "AND relation = %s::regclass AND mode = 'RowExclusiveLock' AND granted "
-            "AND pid IS DISTINCT FROM pg_backend_pid()",  # a prepared transaction has no pid
+            "AND pid IS DISTINCT FROM pg_backend_pid())",  # a prepared transaction has no pid
             (t,),
         )
-        self._writers = {w: self._writers.get(w, self._top) for (w,) in writing}
-        self._top = top
-        return min([top, *self._writers.values()])
+        self._writers = {w: self._writers.get(w, self._top) for w in writing}
+        self._top = int(top)
+        return min([self._top, *self._writers.values()])
 
     def purge(self, ids: Sequence[int]) -> None:
         """Delete published rows."""

@@ -21,8 +21,8 @@ class ScriptedClient:
         self.stored: list[str] = []
         self.changed = asyncio.Event()
 
-    async def partition_for(self, stream: str, key: bytes | None) -> int:
-        return 0
+    async def partitions_for(self, stream: str, keys: list[bytes | None]) -> list[int]:
+        return [0] * len(keys)
 
     async def publish_async(self, stream, value, *, message_id, **options) -> asyncio.Future[Ack]:
         return self._answer([message_id])
