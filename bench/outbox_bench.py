@@ -66,6 +66,7 @@ from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, init_outbox, open_store
+from pyspark_jetstream.outbox.harvester import RESCAN_EVERY
 from pyspark_jetstream.outbox.store import Store
 
 VALUE = b"x" * 100
@@ -161,11 +162,12 @@ def sql_only(database: str, n: int, batch_size: int) -> tuple[float, float]:
     done = 0
     try:
         start, cpu = time.perf_counter(), machine_cpu_seconds()
-        after = 0  # as the harvester marks: above the last row of a full mark, else from the first
+        after, marks = 0, 0  # as the harvester marks: above the last row of a full mark, else from the first
         while records := store.mark(leader_id, batch_size, after):
             store.purge([r.id for r in records])
             done += len(records)
-            after = records[-1].id if len(records) == batch_size else 0
+            marks += 1
+            after = records[-1].id if len(records) == batch_size and marks % RESCAN_EVERY else 0
         elapsed, cpu = time.perf_counter() - start, machine_cpu_seconds() - cpu
     finally:
         store.close()

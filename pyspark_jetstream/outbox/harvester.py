@@ -267,10 +267,17 @@ class _Marks:
     A mark takes the rows above the last row of the mark before it under the same leader id, when
     that one was full.  Below that, every row was marked by this leader id, except one a transaction
     held locked when a mark passed it (SKIP LOCKED) or another harvester marked meanwhile: those
-    wait for a mark from the first row, which follows a mark that was not full, comes every
-    :data:`RESCAN_EVERY` marks, and comes with each new leader id.  Without the bound, each mark
-    passed again the rows in flight and the dead row versions that marks and purges leave until
-    PostgreSQL vacuums them: 500 rows took 6-7 ms to mark on a fresh table, 14-23 ms after 400,000.
+    wait for a mark from the first row, which follows a mark that was not full, follows every
+    :data:`RESCAN_EVERY`-th mark, and comes with each new leader id.  (A row passed while locked
+    is published after the later rows of its key marked meanwhile, as it was before the bound, only
+    with more of them: the marks until the next one from the first row.)  Without the bound, each
+    mark passed again the rows in flight and the dead row versions that marks and purges leave
+    until PostgreSQL vacuums them: 500 rows took 6-7 ms to mark on a fresh table, 14-23 ms after
+    400,000.
+
+    A mark queued behind one that was not full, or under a leader id no longer current, is skipped
+    if it has not started (no rows are marked for nothing, and the loop does not wait a poll for a
+    mark taken before the last rows were committed); one that has started is awaited.
     """
 
     AHEAD = 2
@@ -279,7 +286,11 @@ class _Marks:
     def __init__(self, connection: _Connection, limit: int) -> None:
         self._connection = connection
         self._limit = limit
-        self._queued: deque[tuple[str, asyncio.Future[list[Record]]]] = deque()
+        self._queued: deque[tuple[str, asyncio.Future[list[Record] | None]]] = deque()
+        self._tickets = 0
+        """Marks queued so far; each carries its number."""
+        self._skip_through = 0
+        """Marks numbered up to this one are skipped if they have not started (set on the loop)."""
         # Read and written on the mark connection's thread alone:
         self._leader_id = ""
         self._after = 0
@@ -287,36 +298,44 @@ class _Marks:
 
     async def next(self, leader_id: str) -> list[Record]:
         """The next rows marked for ``leader_id`` (marks queued under an older one are dropped)."""
-        while self._queued and self._queued[0][0] != leader_id:
-            await self._drop_first()
-        if not self._queued:
-            self._queue(leader_id)
-        _, marked = self._queued[0]
-        try:
-            records = await marked
-        finally:
-            self._queued.popleft()
+        while True:
+            if self._queued and self._queued[0][0] != leader_id:
+                await self.drop()
+            if not self._queued:
+                self._queue(leader_id)
+            _, marked = self._queued[0]
+            try:
+                records = await marked
+            finally:
+                self._queued.popleft()
+            if records is not None:
+                break
         if len(records) == self._limit:
             while len(self._queued) < self.AHEAD:
                 self._queue(leader_id)
+        else:
+            self._skip_through = self._tickets
         return records
 
     async def drop(self) -> None:
-        """Wait for the marks still queued, and drop their rows."""
+        """Skip the marks queued that have not started; wait for the others, and drop their rows
+        (marked by a leader id that is no longer current, or by a term that ends: they are
+        marked again under the next)."""
+        self._skip_through = self._tickets
         while self._queued:
-            await self._drop_first()
-
-    async def _drop_first(self) -> None:
-        _, marked = self._queued.popleft()
-        await asyncio.wait({marked})
-        if not marked.cancelled():
-            marked.exception()  # retrieved: a database error here is reported by the marks after it
+            _, marked = self._queued.popleft()
+            await asyncio.wait({marked})
 
     def _queue(self, leader_id: str) -> None:
-        self._queued.append((leader_id, self._connection.run(self._mark, leader_id)))
+        self._tickets += 1
+        marked = self._connection.run(self._mark, leader_id, self._tickets)
+        marked.add_done_callback(_retrieved)
+        self._queued.append((leader_id, marked))
 
-    def _mark(self, store: Store, leader_id: str) -> list[Record]:
-        """On the connection's thread: the mark after the last one."""
+    def _mark(self, store: Store, leader_id: str, ticket: int) -> list[Record] | None:
+        """On the connection's thread: the mark after the last one (``None``: skipped)."""
+        if ticket <= self._skip_through:
+            return None
         if leader_id != self._leader_id:
             self._leader_id, self._after = leader_id, 0
         self._after, after = 0, self._after  # a mark that fails leaves the next to start from the first row
@@ -325,6 +344,12 @@ class _Marks:
         if len(records) == self._limit and self._count % RESCAN_EVERY:
             self._after = records[-1].id
         return records
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A mark's failure is reported by the one awaiting it; one dropped is not reported at all."""
+    if not future.cancelled():
+        future.exception()
 
 
 @dataclass(eq=False)
@@ -518,7 +543,7 @@ class Harvester:
                     await self._send(unit)
             await self._send_all(filling)
         finally:
-            for unit in filling.values():  # left unpublished: still marked, the next mark takes them
+            for unit in filling.values():  # left unpublished, still marked: a new leader id marks them again
                 self._release(unit)
         if held_back:
             # Rows held back stay marked by this term; come back to them when the first wait ends.

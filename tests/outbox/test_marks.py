@@ -38,16 +38,23 @@ def sqlite_database(tmp_path) -> str:
     return address
 
 
-def test_a_mark_takes_only_the_rows_above_the_given_id(tmp_path, database):  # noqa: F811
-    for address in (sqlite_database(tmp_path), database):
-        rows(address, 6)
-        store = open_store(address)
-        try:
-            assert [r.id for r in store.mark("a", 10, 3)] == [4, 5, 6]
-            assert [r.id for r in store.mark("a", 10, 0)] == [1, 2, 3]
-            assert store.mark("a", 10, 6) == []
-        finally:
-            store.close()
+def marks_above(address: str) -> None:
+    rows(address, 6)
+    store = open_store(address)
+    try:
+        assert [r.id for r in store.mark("a", 10, 3)] == [4, 5, 6]
+        assert [r.id for r in store.mark("a", 10, 0)] == [1, 2, 3]
+        assert store.mark("a", 10, 6) == []
+    finally:
+        store.close()
+
+
+def test_a_sqlite_mark_takes_only_the_rows_above_the_given_id(tmp_path):
+    marks_above(sqlite_database(tmp_path))
+
+
+def test_a_postgres_mark_takes_only_the_rows_above_the_given_id(database):  # noqa: F811
+    marks_above(database)
 
 
 def test_marks_go_on_above_the_last_full_one_and_rows_left_below_are_salvaged(tmp_path, monkeypatch):
@@ -76,7 +83,7 @@ def test_marks_go_on_above_the_last_full_one_and_rows_left_below_are_salvaged(tm
 
 def test_every_rescan_every_marks_one_starts_from_the_first_row(tmp_path, monkeypatch):
     address = sqlite_database(tmp_path)
-    rows(address, 40)
+    rows(address, 50)
     monkeypatch.setattr(harvester_module, "RESCAN_EVERY", 2)
     afters: list[int] = []
     original = SQLiteStore.mark
@@ -92,13 +99,13 @@ def test_every_rescan_every_marks_one_starts_from_the_first_row(tmp_path, monkey
         connection = _Connection(config, "mark")
         marks = _Marks(connection, 10)
         try:
-            return [[r.id for r in await marks.next("a")] for _ in range(4)]
+            return [[r.id for r in await marks.next("a")] for _ in range(5)]
         finally:
             await marks.drop()
             await connection.close()
 
     seen = asyncio.run(scenario())
-    assert seen == [list(range(1, 11)), list(range(11, 21)), list(range(21, 31)), list(range(31, 41))]
+    assert seen == [list(range(n, n + 10)) for n in range(1, 51, 10)]
     assert afters[:5] == [0, 10, 0, 30, 0], "the second and the fourth mark are each followed by a rescan"
 
 
@@ -162,3 +169,41 @@ def test_rows_of_a_mark_whose_answer_is_lost_are_marked_again(deployment, client
     assert lost == [[1, 2, 3, 4, 5]]
     stored = [bytes(r["value"]) for r in read_all(client, "lost-mark")]
     assert stored == [b"v%d" % i for i in range(20)], "every row once, in id order"
+
+
+def test_marks_queued_under_an_older_leader_id_are_dropped_and_its_rows_marked_again(tmp_path, monkeypatch):
+    """Two marks queued under leader id a; the loop asks for b: a's marks are skipped if they have
+    not started, awaited if they have, and b's mark takes every row from the first, a's too."""
+    address = sqlite_database(tmp_path)
+    rows(address, 30)
+    started, gate = threading.Event(), threading.Event()
+    original = SQLiteStore.mark
+    leaders: list[str] = []
+
+    def gated(self, leader_id: str, limit: int, after: int = 0):
+        if len(leaders) == 1:
+            started.set()
+            gate.wait(10)  # a's second mark holds the thread: the third, queued, has not started
+        leaders.append(leader_id)
+        return original(self, leader_id, limit, after)
+
+    monkeypatch.setattr(SQLiteStore, "mark", gated)
+    config = HarvesterConfig(database=address, nats="nats://unused:4222")
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        connection = _Connection(config, "mark")
+        marks = _Marks(connection, 10)
+        try:
+            first = [r.id for r in await marks.next("a")]  # 1-10; the next two queued
+            assert started.wait(10), "a's second mark did not start"
+            asyncio.get_running_loop().call_later(0.2, gate.set)
+            again = [r.id for r in await marks.next("b")]
+            return first, again
+        finally:
+            await marks.drop()
+            await connection.close()
+
+    first, again = asyncio.run(scenario())
+    assert first == list(range(1, 11))
+    assert again == list(range(1, 11)), "b marks from the first row, a's rows too"
+    assert leaders[:3] == ["a", "a", "b"], "a's third mark was skipped, not run"
