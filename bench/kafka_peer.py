@@ -244,7 +244,7 @@ class KafkaBroker:
         while True:
             if self._process.poll() is not None:
                 raise KafkaPeerError(
-                    f"Kafka exited with {self._process.returncode} at start: {self._log_tail()}"
+                    f"Kafka exited with {self._process.returncode} at start: {self.log_tail()}"
                 )
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -253,7 +253,7 @@ class KafkaBroker:
                 if time.monotonic() > deadline:
                     raise KafkaPeerError(
                         f"Kafka did not listen on {self.bootstrap} within {START_TIMEOUT:g} s: "
-                        f"{self._log_tail()}"
+                        f"{self.log_tail()}"
                     ) from None
                 time.sleep(0.2)
 
@@ -271,7 +271,8 @@ class KafkaBroker:
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
+        """The last 2,000 characters of the broker's log (for an error)."""
         try:
             return self.log_path.read_text(errors="replace")[-2000:]
         except OSError:
@@ -293,9 +294,24 @@ class KafkaAdmin:
         self._admin = self._jvm.org.apache.kafka.clients.admin.Admin.create(properties)
 
     def create_topic(self, name: str, partitions: int) -> None:
-        """Create ``name`` with ``partitions`` partitions, replication 1."""
+        """Create ``name`` with ``partitions`` partitions, replication 1, and return once the broker
+        names a leader for each (the controller has the topic before the broker has applied it);
+        ``KafkaPeerError`` after ``ADMIN_TIMEOUT_MS``."""
         topic = self._jvm.org.apache.kafka.clients.admin.NewTopic(name, partitions, 1)
         self._admin.createTopics(self._jvm.java.util.Collections.singletonList(topic)).all().get()
+        deadline = time.monotonic() + ADMIN_TIMEOUT_MS / 1000
+        while True:
+            leaderless = self._leaderless(name)
+            if not leaderless:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaPeerError(f"topic {name}: no leader for partitions {leaderless} after creation")
+            time.sleep(0.05)
+
+    def _leaderless(self, name: str) -> list[int]:
+        described = self._admin.describeTopics(self._jvm.java.util.Collections.singletonList(name))
+        partitions = described.allTopicNames().get().get(name).partitions()
+        return [int(p.partition()) for p in partitions if p.leader() is None]
 
     def end_offsets(self, name: str) -> int:
         """The sum of ``name``'s partitions' end offsets: how many records it holds (none deleted)."""

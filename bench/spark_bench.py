@@ -790,8 +790,12 @@ def main() -> None:
             results |= measure_typed_sink(spark, client, broker, work, n, runs)
             # Kafka starts only now: its JVM shares the 2 cores with what it is not measured against.
             with KafkaBroker(work / "kafka", partitions=PEER_PARTITIONS) as kafka:
-                results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
-                results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
+                try:
+                    results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
+                    results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
+                except Exception:
+                    print(f"the Kafka peer's log, last lines:\n{kafka.log_tail()}", file=sys.stderr)
+                    raise
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
