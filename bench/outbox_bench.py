@@ -66,7 +66,7 @@ from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, init_outbox, open_store
-from pyspark_jetstream.outbox.harvester import RESCAN_EVERY
+from pyspark_jetstream.outbox.harvester import next_mark_after
 from pyspark_jetstream.outbox.store import Store
 
 VALUE = b"x" * 100
@@ -167,7 +167,7 @@ def sql_only(database: str, n: int, batch_size: int) -> tuple[float, float]:
             store.purge([r.id for r in records])
             done += len(records)
             marks += 1
-            after = records[-1].id if len(records) == batch_size and marks % RESCAN_EVERY else 0
+            after = next_mark_after(records, batch_size, marks)
         elapsed, cpu = time.perf_counter() - start, machine_cpu_seconds() - cpu
     finally:
         store.close()

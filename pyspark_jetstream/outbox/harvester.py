@@ -55,7 +55,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 
@@ -85,7 +85,6 @@ from .store import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ACKED_MEMORY = 100_000
 """Ids acked in this term that a re-mark will not publish again (the broker would drop them anyway)."""
@@ -233,12 +232,12 @@ class _Connection:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"outbox-{name}")
         self._store: Store | None = None
 
-    def run(self, call: str | Callable[..., T], *args: Any) -> asyncio.Future[Any]:
+    def run(self, call: str | Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """The store's method ``call``, or ``call(store, *args)``, on the connection's thread: handed
         to it now, not once the result is awaited."""
         return asyncio.get_running_loop().run_in_executor(self._pool, self._call, call, args)
 
-    def _call(self, call: str | Callable[..., T], args: tuple[Any, ...]) -> Any:
+    def _call(self, call: str | Callable[..., Any], args: tuple[Any, ...]) -> Any:
         if self._store is None:
             self._store = open_store(self.config.database, self.config.table)
         try:
@@ -341,9 +340,15 @@ class _Marks:
         self._after, after = 0, self._after  # a mark that fails leaves the next to start from the first row
         records = store.mark(leader_id, self._limit, after)
         self._count += 1
-        if len(records) == self._limit and self._count % RESCAN_EVERY:
-            self._after = records[-1].id
+        self._after = next_mark_after(records, self._limit, self._count)
         return records
+
+
+def next_mark_after(records: list[Record], limit: int, count: int) -> int:
+    """Where the mark after ``records`` (the ``count``-th mark of at most ``limit`` rows) starts:
+    above their last row if they were a full mark, else (0) from the table's first row, as after
+    every :data:`RESCAN_EVERY`-th mark."""
+    return records[-1].id if len(records) == limit and count % RESCAN_EVERY else 0
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
@@ -564,9 +569,8 @@ class Harvester:
                 partitions = await self._client.partitions_for(stream, [records[r].key for r in rows])
             except JetStreamError:
                 continue  # published alone, their publishes fail with the reason, naming each row
-            of_partition = [(stream, p) for p in range(max(partitions) + 1)]
             for row, partition in zip(rows, partitions, strict=True):
-                targets[row] = of_partition[partition]
+                targets[row] = (stream, partition)
         return targets
 
     async def _send_all(self, filling: dict[tuple[str, int], _Unit]) -> None:
