@@ -51,11 +51,14 @@ from nats.aio.msg import Msg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.broker_bench import (
+    VALUE,
     _latency,
     _percentile,
     _steady_publish,
     jetstream_latency,
+    jetstream_publish,
     ours_latency,
+    ours_sync,
     with_cpu,
 )
 from bench.cluster_bench import JetStreamCluster, js_latency
@@ -68,6 +71,8 @@ from pyspark_jetstream.local import LocalBroker, LocalCluster
 FOLLOWERS = 2
 FRAME = struct.Struct("<qI")
 """A bare frame's header: offset, value length."""
+OFFSET = struct.Struct("<q")
+"""The bare relay's answer to a request: the offset it stored it at."""
 ACK = struct.Struct("<iq")
 """A follower's acknowledgement: its number, its log end offset."""
 
@@ -76,7 +81,7 @@ ACK = struct.Struct("<iq")
 
 
 async def relay(nc: nats.NATS, fd: int, prefix: str) -> None:
-    """Store each message, then publish it on the tail."""
+    """Store each message, then publish it on the tail; store each request, then answer its offset."""
     offset = 0
 
     async def stored(message: Msg) -> None:
@@ -85,7 +90,14 @@ async def relay(nc: nats.NATS, fd: int, prefix: str) -> None:
         offset += 1
         await nc.publish(f"{prefix}.tail", message.data)
 
+    async def answered(message: Msg) -> None:
+        nonlocal offset
+        os.write(fd, FRAME.pack(offset, len(message.data)) + message.data)
+        await message.respond(OFFSET.pack(offset))
+        offset += 1
+
     await nc.subscribe(f"{prefix}.in", cb=stored)
+    await nc.subscribe(f"{prefix}.request", cb=answered)
 
 
 async def leader(nc: nats.NATS, fd: int, prefix: str) -> None:
@@ -216,6 +228,15 @@ async def bare_latencies(nc: nats.NATS, prefix: str, seconds: float) -> list[flo
     return latencies
 
 
+async def bare_awaited(nc: nats.NATS, prefix: str, n: int) -> float:
+    """Requests to the bare relay, each answer awaited before the next (msg/s)."""
+    payload = b"x" * VALUE
+    start = time.perf_counter()
+    for _ in range(n):
+        await nc.request(f"{prefix}.request", payload, timeout=10)
+    return n / (time.perf_counter() - start)
+
+
 async def measured(
     results: dict[str, float],
     name: str,
@@ -228,7 +249,7 @@ async def measured(
     results[f"{name}_cpu_us_per_msg"] = cpu / len(latencies) * 1e6
 
 
-async def one_copy(results: dict[str, float], workdir: Path, seconds: float) -> None:
+async def one_copy(results: dict[str, float], workdir: Path, seconds: float, awaited: int) -> None:
     server = NatsServer().start()
     js_server = NatsServer(jetstream=True, store_dir=workdir / "js1").start()
     broker = LocalBroker(workdir / "ours1", nats_url=server.url, log_level="WARNING").start()
@@ -238,18 +259,22 @@ async def one_copy(results: dict[str, float], workdir: Path, seconds: float) -> 
         await measured(
             results, "bare_rf1", [server.pid, *bare.pids], lambda: bare_latencies(nc, "relay", seconds)
         )
+        results["bare_awaited_msgs_per_s"] = await bare_awaited(nc, "relay", awaited)
         await nc.close()
         js_nc = await nats.connect(js_server.url)
+        js = js_nc.jetstream()
+        results["js_awaited_msgs_per_s"] = await jetstream_publish(js, "AWAITED", awaited, awaited=True)
         await measured(
             results,
             "js_r1",
             [js_server.pid],
-            lambda: jetstream_latency(js_nc.jetstream(), js_nc, "FLOOR", seconds),
+            lambda: jetstream_latency(js, js_nc, "FLOOR", seconds),
         )
         await js_nc.close()
         assert broker.process is not None
         client = await Client.connect(nats_urls=server.url, broker=broker.flight, timeout=60)
         our_nc = await nats.connect(server.url)
+        results["ours_awaited_msgs_per_s"] = await ours_sync(client, "awaited", awaited)
         await measured(
             results,
             "ours_rf1",
@@ -305,13 +330,18 @@ async def three_copies(results: dict[str, float], workdir: Path, seconds: float)
 
 async def run(size: str) -> dict[str, float]:
     seconds = pick(size, smoke=0.5, quick=5.0, full=30.0)
+    awaited = pick(size, smoke=200, quick=5_000, full=20_000)
     workdir = Path(tempfile.mkdtemp(prefix="floor-bench-"))
     results: dict[str, float] = {}
     try:
-        await one_copy(results, workdir, seconds)
+        await one_copy(results, workdir, seconds, awaited)
         await three_copies(results, workdir, seconds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    for side in ("bare", "ours"):
+        results[f"{side}_awaited_ratio_to_js"] = (
+            results[f"{side}_awaited_msgs_per_s"] / results["js_awaited_msgs_per_s"]
+        )
     for copies, peer in (("rf1", "js_r1"), ("rf3", "js_r3")):
         results[f"ours_{copies}_p99_ratio_to_bare"] = (
             results[f"ours_{copies}_p99_ms"] / results[f"bare_{copies}_p99_ms"]
@@ -344,6 +374,10 @@ def main() -> None:
         ours, bare = r[f"ours_{copies}_p99_ratio_to_{peer}"], r[f"bare_{copies}_p99_ratio_to_{peer}"]
         print(f"  p99: ours / bare {r[f'ours_{copies}_p99_ratio_to_bare']:.2f}, ", end="")
         print(f"bare / JetStream {bare:.2f}, ours / JetStream {ours:.2f}")
+    print("one publish at a time, each answer awaited (msg/s, one copy)")
+    for name, title in (("bare", "bare event loops on NATS"), ("ours", "ours"), ("js", "JetStream")):
+        ratio = "" if name == "js" else f"  ({r[f'{name}_awaited_ratio_to_js']:.2f} of JetStream's)"
+        print(f"  {title:<32}{r[f'{name}_awaited_msgs_per_s']:>9,.0f}{ratio}")
     print(last_line(r))
 
 
