@@ -1,4 +1,4 @@
-"""Floor benchmark: the live tail's latency with nothing but event loops on NATS, against ours and JetStream.
+"""Floor benchmark: a bare Python broker on NATS beside ours and JetStream, in one run.
 
 What would a broker reach if every hop of a message were a Python event loop
 on NATS, with no log format, no checks and no threads?  This bench runs that
@@ -15,15 +15,20 @@ steady 1,000 messages/s of 100-byte values (as ``broker_bench`` and
    what they receive to their files and publish their log end offset; the
    leader publishes a message on the tail's subject once both followers hold
    it (``ALL``).  Beside it our RF=3 ``ALL`` live tail (three brokers,
-   ZooKeeper) and JetStream R3.
+   ZooKeeper) and JetStream R3;
+3. **one publish at a time**, each answer awaited before the next: NATS
+   requests to the relay, which writes each and answers its offset; our
+   ``publish`` (as ``broker_bench``'s ``sync_publish_ratio``); JetStream R1's
+   ``js.publish``.
 
 The bare processes run on uvloop, as our brokers do (asyncio's loop where
-uvloop is not installed), with one nats-server of their own.  For each it
-prints p50 and p99 (ms) and the servers' CPU per message (µs of user and
+uvloop is not installed), with one nats-server of their own.  For each live
+tail it prints p50 and p99 (ms) and the servers' CPU per message (µs of user and
 system time, from ``/proc``: the bare processes or our brokers, with their
 nats-server; JetStream's nats-servers).  The ratios say how far our design
 is from the floor of a Python broker on NATS, and how far that floor is from
-JetStream, which stores inside the server.
+JetStream, which stores inside the server.  The figures of 2026-11-28 are in
+bench/RESULTS.md.
 
 Prints a table; the last line is one JSON object.
 
