@@ -244,6 +244,21 @@ def _latency(payload: bytes, now_ns: int) -> float:
     return (now_ns - struct.unpack_from("<q", payload)[0]) / 1e6
 
 
+DRAIN_SECONDS = 30.0
+"""How long the last messages of a latency measure may take to arrive before it fails."""
+
+
+async def _all_received(latencies: list[float], sent: int, stream: str) -> None:
+    """Wait until a latency for each of the ``sent`` messages arrived; fail after :data:`DRAIN_SECONDS`."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while len(latencies) < sent:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{stream}: {sent} published, {len(latencies)} consumed in {DRAIN_SECONDS:g} s"
+            )
+        await asyncio.sleep(0.05)
+
+
 async def ours_latency(client: Client, nc: nats.NATS, stream: str, seconds: float) -> list[float]:
     await client.create_stream(stream, f"bench.{stream}")
     return await tail_latencies(client, nc, stream, seconds)
@@ -266,8 +281,7 @@ async def tail_latencies(
     consumer = asyncio.ensure_future(consume())
     await asyncio.sleep(0.2)
     sent = await _steady_publish(nc, f"bench.{stream}", seconds, 1000)
-    while len(latencies) < sent:
-        await asyncio.sleep(0.05)
+    await _all_received(latencies, sent, stream)
     done.set()
     consumer.cancel()
     return latencies
@@ -292,8 +306,7 @@ async def push_latencies(
     subscription = await js.subscribe(f"js.{stream}", stream=stream, ordered_consumer=True, cb=received)
     await asyncio.sleep(0.2)
     sent = await _steady_publish(nc, f"js.{stream}", seconds, 1000)
-    while len(latencies) < sent:
-        await asyncio.sleep(0.05)
+    await _all_received(latencies, sent, stream)
     await subscription.unsubscribe()
     return latencies
 

@@ -22,7 +22,10 @@ steady 1,000 messages/s of 100-byte values (as ``broker_bench`` and
    ``js.publish``.
 
 The bare processes run on uvloop, as our brokers do (asyncio's loop where
-uvloop is not installed), with one nats-server of their own.  For each live
+uvloop is not installed).  Each system runs alone, started just before its
+measures and stopped after them, on a nats-server of its own, and each latency
+measure follows an untimed warm-up of the same load (on a stream of its own
+for ours and JetStream: their consumers read from the start).  For each live
 tail it prints p50 and p99 (ms) and the servers' CPU per message (µs of user and
 system time, from ``/proc``: the bare processes or our brokers, with their
 nats-server; JetStream's nats-servers).  The ratios say how far our design
@@ -38,7 +41,9 @@ Prints a table; the last line is one JSON object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import select
 import shutil
 import statistics
 import struct
@@ -52,22 +57,23 @@ from pathlib import Path
 
 import nats
 from nats.aio.msg import Msg
+from nats.js.api import StorageType, StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.broker_bench import (
     VALUE,
+    _all_received,
     _latency,
     _percentile,
     _steady_publish,
-    jetstream_latency,
     jetstream_publish,
-    ours_latency,
     ours_sync,
+    push_latencies,
+    tail_latencies,
     with_cpu,
 )
-from bench.cluster_bench import JetStreamCluster, js_latency
-from bench.cluster_bench import ours_latency as ours_rf3_latency
+from bench.cluster_bench import JetStreamCluster, js_ready
 from bench.sizes import last_line, parser, pick, size_of
 from broker_node.nats_server import NatsServer
 from pyspark_jetstream.client import Client
@@ -98,8 +104,8 @@ async def relay(nc: nats.NATS, fd: int, prefix: str) -> None:
     async def answered(message: Msg) -> None:
         nonlocal offset
         os.write(fd, FRAME.pack(offset, len(message.data)) + message.data)
-        await message.respond(OFFSET.pack(offset))
         offset += 1
+        await message.respond(OFFSET.pack(offset - 1))
 
     await nc.subscribe(f"{prefix}.in", cb=stored)
     await nc.subscribe(f"{prefix}.request", cb=answered)
@@ -133,17 +139,28 @@ async def leader(nc: nats.NATS, fd: int, prefix: str) -> None:
 
 
 async def follower(nc: nats.NATS, fd: int, prefix: str, number: int) -> None:
-    """Store each replicated frame, then acknowledge the log end offset."""
+    """Store each replicated frame that follows the last one, then acknowledge the log end offset.
+
+    A frame after a gap (one NATS did not deliver) is not stored and nothing
+    more is acknowledged: the leader then holds back the tail and the bench
+    fails, rather than count as replicated a message a follower never wrote.
+    """
+    end = 0
 
     async def replicated(message: Msg) -> None:
-        os.write(fd, message.data)
+        nonlocal end
         offset, _ = FRAME.unpack_from(message.data)
-        await nc.publish(f"{prefix}.ack", ACK.pack(number, offset + 1))
+        if offset != end:
+            return
+        os.write(fd, message.data)
+        end = offset + 1
+        await nc.publish(f"{prefix}.ack", ACK.pack(number, end))
 
     await nc.subscribe(f"{prefix}.replicate", cb=replicated)
 
 
 async def serve(role: str, url: str, path: str, prefix: str) -> None:
+    """Run one bare process until the bench closes its standard input."""
     nc = await nats.connect(url)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     if role == "relay":
@@ -153,15 +170,16 @@ async def serve(role: str, url: str, path: str, prefix: str) -> None:
     else:
         await follower(nc, fd, prefix, int(role.removeprefix("follower")))
     await nc.flush()
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes it
+    print(f"ready {type(asyncio.get_running_loop()).__module__.split('.')[0]}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await nc.close()
 
 
 def run_role(role: str, url: str, path: str, prefix: str) -> None:
+    """``--role``: one bare process, on uvloop (asyncio's loop where it is not installed)."""
     try:
         import uvloop
-    except ImportError:  # asyncio's loop, as the broker falls back to
+    except ImportError:  # as the broker falls back
         asyncio.run(serve(role, url, path, prefix))
     else:
         uvloop.run(serve(role, url, path, prefix))
@@ -169,48 +187,63 @@ def run_role(role: str, url: str, path: str, prefix: str) -> None:
 
 # ---- the bench -----------------------------------------------------------------------------------
 
+START_SECONDS = 30.0
+"""How long a bare process may take to say it is ready."""
+
 
 class Bare:
-    """The bare processes of one design, started on ``url`` and stopped by closing their stdin."""
+    """The bare processes of one design with a nats-server of their own; stopped by closing their
+    standard input (a process whose bench died reads the end of it and exits)."""
 
-    def __init__(self, roles: list[str], url: str, workdir: Path, prefix: str) -> None:
-        self.processes = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--role",
-                    role,
-                    url,
-                    str(workdir / f"{prefix}-{role}.log"),
-                    prefix,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for role in roles
-        ]
-        for role, process in zip(roles, self.processes, strict=True):
-            assert process.stdout is not None
-            if process.stdout.readline().strip() != "ready":
-                self.stop()
-                raise RuntimeError(f"the bare {role} did not start (exit code {process.poll()})")
+    def __init__(self, roles: list[str], workdir: Path, prefix: str) -> None:
+        self.server = NatsServer().start()
+        self.processes: list[subprocess.Popen[str]] = []
+        self.on_uvloop = True
+        try:
+            for role in roles:
+                path = workdir / f"{prefix}-{role}.log"
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, __file__, "--role", role, self.server.url, str(path), prefix],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+            for role, process in zip(roles, self.processes, strict=True):
+                line = _read_line(process, START_SECONDS)
+                if not line.startswith("ready"):
+                    raise RuntimeError(f"the bare {role} did not start (exit code {process.poll()})")
+                self.on_uvloop &= line.split()[-1] == "uvloop"
+        except BaseException:
+            self.stop()
+            raise
 
     @property
     def pids(self) -> list[int | None]:
-        return [p.pid for p in self.processes]
+        """The bare processes and their nats-server."""
+        return [self.server.pid, *(p.pid for p in self.processes)]
 
     def stop(self) -> None:
+        """Stop the processes (killed after 10 s) and their nats-server."""
         for process in self.processes:
             assert process.stdin is not None
-            process.stdin.close()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
         for process in self.processes:
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self.server.stop()
+
+
+def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The next line ``process`` prints, or ``""`` if none comes within ``timeout`` seconds."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    return process.stdout.readline() if ready else ""
 
 
 async def bare_latencies(nc: nats.NATS, prefix: str, seconds: float) -> list[float]:
@@ -222,14 +255,10 @@ async def bare_latencies(nc: nats.NATS, prefix: str, seconds: float) -> list[flo
 
     subscription = await nc.subscribe(f"{prefix}.tail", cb=received)
     await nc.flush()
+    await asyncio.sleep(0.2)  # as the helpers for ours and JetStream wait before publishing
     sent = await _steady_publish(nc, f"{prefix}.in", seconds, 1000)
-    for _ in range(200):  # up to 10 s for the last ones
-        if len(latencies) >= sent:
-            break
-        await asyncio.sleep(0.05)
+    await _all_received(latencies, sent, prefix)
     await subscription.unsubscribe()
-    if len(latencies) < sent:
-        raise RuntimeError(f"{prefix}: {sent} published, {len(latencies)} reached the tail")
     return latencies
 
 
@@ -242,105 +271,134 @@ async def bare_awaited(nc: nats.NATS, prefix: str, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+ROUNDS = ("warm", "timed")
+"""Each latency measure runs twice: an untimed warm-up (``WARM_SECONDS``), then the one kept."""
+
+
 async def measured(
     results: dict[str, float],
     name: str,
     pids: list[int | None],
-    measure: Callable[[], Awaitable[list[float]]],
+    measure: Callable[[str, float], Awaitable[list[float]]],
+    seconds: tuple[float, float],
 ) -> None:
-    latencies, cpu, _ = await with_cpu(pids, measure())
+    """Run a latency ``measure(round, seconds)`` untimed, then timed; keep the timed round's p50,
+    p99 and the CPU per message of ``pids``."""
+    warm, timed = seconds
+    await measure(ROUNDS[0], warm)
+    latencies, cpu, _ = await with_cpu(pids, measure(ROUNDS[1], timed))
     results[f"{name}_p50_ms"] = statistics.median(latencies)
     results[f"{name}_p99_ms"] = _percentile(latencies, 0.99)
     results[f"{name}_cpu_us_per_msg"] = cpu / len(latencies) * 1e6
 
 
-async def one_copy(results: dict[str, float], workdir: Path, seconds: float, awaited: int) -> None:
-    server = NatsServer().start()
-    js_server = NatsServer(jetstream=True, store_dir=workdir / "js1").start()
-    broker = LocalBroker(workdir / "ours1", nats_url=server.url, log_level="WARNING").start()
-    bare = Bare(["relay"], server.url, workdir, "relay")
+async def bare(results: dict[str, float], workdir: Path, seconds: tuple[float, float], awaited: int) -> None:
+    """The bare relay, then the bare leader and followers, each with its own nats-server."""
+    relay = Bare(["relay"], workdir, "relay")
     try:
-        nc = await nats.connect(server.url)
-        await measured(
-            results, "bare_rf1", [server.pid, *bare.pids], lambda: bare_latencies(nc, "relay", seconds)
-        )
+        nc = await nats.connect(relay.server.url)
+        await measured(results, "bare_rf1", relay.pids, lambda _, s: bare_latencies(nc, "relay", s), seconds)
         results["bare_awaited_msgs_per_s"] = await bare_awaited(nc, "relay", awaited)
         await nc.close()
-        js_nc = await nats.connect(js_server.url)
-        js = js_nc.jetstream()
-        results["js_awaited_msgs_per_s"] = await jetstream_publish(js, "AWAITED", awaited, awaited=True)
-        await measured(
-            results,
-            "js_r1",
-            [js_server.pid],
-            lambda: jetstream_latency(js, js_nc, "FLOOR", seconds),
-        )
-        await js_nc.close()
-        assert broker.process is not None
-        client = await Client.connect(nats_urls=server.url, broker=broker.flight, timeout=60)
-        our_nc = await nats.connect(server.url)
-        results["ours_awaited_msgs_per_s"] = await ours_sync(client, "awaited", awaited)
-        await measured(
-            results,
-            "ours_rf1",
-            [broker.process.pid, server.pid],
-            lambda: ours_latency(client, our_nc, "floor", seconds),
-        )
-        await our_nc.close()
-        await client.close()
     finally:
-        bare.stop()
-        broker.stop()
-        js_server.stop()
-        server.stop()
+        relay.stop()
+    replicated = Bare(["leader", *(f"follower{n}" for n in range(FOLLOWERS))], workdir, "replicated")
+    try:
+        nc = await nats.connect(replicated.server.url)
+        pids = replicated.pids
+        await measured(results, "bare_rf3", pids, lambda _, s: bare_latencies(nc, "replicated", s), seconds)
+        await nc.close()
+    finally:
+        replicated.stop()
+    results["bare_on_uvloop"] = float(relay.on_uvloop and replicated.on_uvloop)
 
 
-async def three_copies(results: dict[str, float], workdir: Path, seconds: float) -> None:
-    server = NatsServer().start()
-    js_cluster = JetStreamCluster(workdir).start()
-    cluster = LocalCluster(3, base_dir=workdir / "ours3", log_level="WARNING").start()
-    bare = Bare(["leader", *(f"follower{n}" for n in range(FOLLOWERS))], server.url, workdir, "replicated")
+async def jetstream(
+    results: dict[str, float], workdir: Path, seconds: tuple[float, float], awaited: int
+) -> None:
+    """JetStream R1 (one nats-server), then R3 (three clustered ones), file streams."""
+    server = NatsServer(jetstream=True, store_dir=workdir / "js-r1").start()
     try:
         nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        results["js_awaited_msgs_per_s"] = await jetstream_publish(js, "AWAITED", awaited, awaited=True)
+        for name in ROUNDS:
+            await js.add_stream(
+                StreamConfig(name=f"FLOOR_{name}", subjects=[f"js.FLOOR_{name}"], storage=StorageType.FILE)
+            )
         await measured(
-            results, "bare_rf3", [server.pid, *bare.pids], lambda: bare_latencies(nc, "replicated", seconds)
+            results, "js_r1", [server.pid], lambda r, s: push_latencies(js, nc, f"FLOOR_{r}", s), seconds
         )
         await nc.close()
-        js_nc = await nats.connect(servers=js_cluster.urls)
+    finally:
+        server.stop()
+    cluster = JetStreamCluster(workdir / "js-r3").start()
+    try:
+        nc = await nats.connect(servers=cluster.urls)
+        js = nc.jetstream()
+        for name in ROUNDS:
+            await js_ready(js, f"FLOOR3_{name}", f"js.FLOOR3_{name}")
+        pids = [s.pid for s in cluster.servers]
+        await measured(results, "js_r3", pids, lambda r, s: push_latencies(js, nc, f"FLOOR3_{r}", s), seconds)
+        await nc.close()
+    finally:
+        cluster.stop()
+
+
+async def ours(results: dict[str, float], workdir: Path, seconds: tuple[float, float], awaited: int) -> None:
+    """One broker on a nats-server of its own, then three brokers with RF=3 (``LocalCluster``)."""
+    server = NatsServer().start()
+    broker = None
+    try:
+        broker = LocalBroker(workdir / "ours1", nats_url=server.url, log_level="WARNING").start()
+        assert broker.process is not None
+        client = await Client.connect(nats_urls=server.url, broker=broker.flight, timeout=60)
+        nc = await nats.connect(server.url)
+        results["ours_awaited_msgs_per_s"] = await ours_sync(client, "awaited", awaited)
+        for name in ROUNDS:
+            await client.create_stream(f"floor_{name}", f"bench.floor_{name}")
+        pids = [broker.process.pid, server.pid]
         await measured(
-            results,
-            "js_r3",
-            [s.pid for s in js_cluster.servers],
-            lambda: js_latency(js_nc.jetstream(), js_nc, "FLOOR3", seconds),
+            results, "ours_rf1", pids, lambda r, s: tail_latencies(client, nc, f"floor_{r}", s), seconds
         )
-        await js_nc.close()
+        await nc.close()
+        await client.close()
+    finally:
+        if broker is not None:
+            broker.stop()
+        server.stop()
+    cluster = LocalCluster(3, base_dir=workdir / "ours3", log_level="WARNING")
+    try:
+        cluster.start()
         client = await Client.connect(
             nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=60
         )
-        our_nc = await nats.connect(cluster.nats_url)
+        nc = await nats.connect(cluster.nats_url)
+        for name in ROUNDS:
+            await client.create_stream(
+                f"floor_{name}", f"bench.floor_{name}", replication_factor=3, min_insync_replicas=2
+            )
+        pids = [cluster.nats.pid, *(b.process.pid for b in cluster.brokers if b.process)]
         await measured(
-            results,
-            "ours_rf3",
-            [cluster.nats.pid, *(b.process.pid for b in cluster.brokers if b.process)],
-            lambda: ours_rf3_latency(client, our_nc, "floor", seconds),
+            results, "ours_rf3", pids, lambda r, s: tail_latencies(client, nc, f"floor_{r}", s), seconds
         )
-        await our_nc.close()
+        await nc.close()
         await client.close()
     finally:
-        bare.stop()
         cluster.stop()
-        js_cluster.stop()
-        server.stop()
 
 
 async def run(size: str) -> dict[str, float]:
-    seconds = pick(size, smoke=0.5, quick=5.0, full=30.0)
+    """Every measure, each system started just before its own and stopped after it; ``seconds``:
+    each latency measure's untimed warm-up and timed round."""
+    seconds = pick(size, smoke=(0.2, 0.5), quick=(1.0, 5.0), full=(3.0, 30.0))
     awaited = pick(size, smoke=200, quick=5_000, full=20_000)
     workdir = Path(tempfile.mkdtemp(prefix="floor-bench-"))
     results: dict[str, float] = {}
     try:
-        await one_copy(results, workdir, seconds, awaited)
-        await three_copies(results, workdir, seconds)
+        await bare(results, workdir, seconds, awaited)
+        await jetstream(results, workdir, seconds, awaited)
+        await ours(results, workdir, seconds, awaited)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for side in ("bare", "ours"):
@@ -364,23 +422,27 @@ def main() -> None:
     if len(sys.argv) == 6 and sys.argv[1] == "--role":
         run_role(*sys.argv[2:])
         return
-    args = parser(__doc__, quick_help="5 s per measure, finishes within 120 s").parse_args()
+    args = parser(__doc__, quick_help="1 s of warm-up and 5 s per latency measure, within 120 s").parse_args()
     r = asyncio.run(run(size_of(args)))
+    loop = "uvloop" if r["bare_on_uvloop"] else "asyncio's loop"
     print(f"{'live tail at 1,000 msg/s':<34}{'p50 ms':>9}{'p99 ms':>9}{'CPU µs/msg':>12}")
     for copies, peer, label in (("rf1", "js_r1", "one copy"), ("rf3", "js_r3", "three copies (ALL)")):
         print(label)
         for name, title in (
-            (f"bare_{copies}", "bare event loops on NATS"),
+            (f"bare_{copies}", f"bare, {loop}"),
             (f"ours_{copies}", "ours"),
             (peer, "JetStream"),
         ):
             p50, p99, cpu = (r[f"{name}_{figure}"] for figure in ("p50_ms", "p99_ms", "cpu_us_per_msg"))
             print(f"  {title:<32}{p50:>9.3f}{p99:>9.3f}{cpu:>12.0f}")
-        ours, bare = r[f"ours_{copies}_p99_ratio_to_{peer}"], r[f"bare_{copies}_p99_ratio_to_{peer}"]
+        ours_ratio, bare_ratio = (
+            r[f"ours_{copies}_p99_ratio_to_{peer}"],
+            r[f"bare_{copies}_p99_ratio_to_{peer}"],
+        )
         print(f"  p99: ours / bare {r[f'ours_{copies}_p99_ratio_to_bare']:.2f}, ", end="")
-        print(f"bare / JetStream {bare:.2f}, ours / JetStream {ours:.2f}")
+        print(f"bare / JetStream {bare_ratio:.2f}, ours / JetStream {ours_ratio:.2f}")
     print("one publish at a time, each answer awaited (msg/s, one copy)")
-    for name, title in (("bare", "bare event loops on NATS"), ("ours", "ours"), ("js", "JetStream")):
+    for name, title in (("bare", f"bare, {loop}"), ("ours", "ours"), ("js", "JetStream")):
         ratio = "" if name == "js" else f"  ({r[f'{name}_awaited_ratio_to_js']:.2f} of JetStream's)"
         print(f"  {title:<32}{r[f'{name}_awaited_msgs_per_s']:>9,.0f}{ratio}")
     print(last_line(r))
