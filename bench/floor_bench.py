@@ -91,19 +91,26 @@ ACK = struct.Struct("<iq")
 # ---- the bare processes (run with --role) ----------------------------------------------------
 
 
+def _append(fd: int, offset: int, value: bytes) -> bytes:
+    """Write ``value`` at ``offset`` to the bare log ``fd`` (one ``write(2)``); the frame written."""
+    frame = FRAME.pack(offset, len(value)) + value
+    os.write(fd, frame)
+    return frame
+
+
 async def relay(nc: nats.NATS, fd: int, prefix: str) -> None:
     """Store each message, then publish it on the tail; store each request, then answer its offset."""
     offset = 0
 
     async def stored(message: Msg) -> None:
         nonlocal offset
-        os.write(fd, FRAME.pack(offset, len(message.data)) + message.data)
+        _append(fd, offset, message.data)
         offset += 1
         await nc.publish(f"{prefix}.tail", message.data)
 
     async def answered(message: Msg) -> None:
         nonlocal offset
-        os.write(fd, FRAME.pack(offset, len(message.data)) + message.data)
+        _append(fd, offset, message.data)
         offset += 1
         await message.respond(OFFSET.pack(offset - 1))
 
@@ -119,8 +126,7 @@ async def leader(nc: nats.NATS, fd: int, prefix: str) -> None:
 
     async def stored(message: Msg) -> None:
         nonlocal offset
-        frame = FRAME.pack(offset, len(message.data)) + message.data
-        os.write(fd, frame)
+        frame = _append(fd, offset, message.data)
         waiting.append((offset, message.data))
         offset += 1
         await nc.publish(f"{prefix}.replicate", frame)
