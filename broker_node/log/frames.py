@@ -22,8 +22,10 @@ The frame layout is in :mod:`.segment`.  Two uses:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -111,7 +113,10 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
     file): the frame comes from a leader that checksummed it, so the checks
     are structural -- one whole record-batch message in the log schema, rows,
     no null offsets, offsets increasing from after ``previous_last``, one
-    leader epoch -- without reading every value.
+    leader epoch -- without reading every value.  A batch of up to
+    :data:`SMALL_BATCH` rows (what a follower gets under a steady trickle of
+    messages) is checked on its value buffers in Python: an Arrow compute call
+    costs 10-25 µs each, several times the rest of the check.
     """
     try:
         message = pa.ipc.read_message(frame)
@@ -119,24 +124,56 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
             return None
         batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
         batch.validate()
-        offsets, epochs = batch.column(0), batch.column(2)
+        offsets, stamps, epochs = batch.column(0), batch.column(1), batch.column(2)
         rows = batch.num_rows
         if rows == 0 or offsets.null_count:
             return None
-        base, last = offsets[0].as_py(), offsets[-1].as_py()
-        epoch = epochs[0].as_py()
-        if rows > 1 and not (
-            pc.all(pc.greater(offsets.slice(1), offsets.slice(0, rows - 1))).as_py()
-            and pc.all(pc.equal(epochs, epoch)).as_py()
-        ):
-            return None
-        newest = pc.max(batch.column(1).cast(pa.int64())).as_py() if rows > 1 else batch.column(1)[0].value
+        if rows <= SMALL_BATCH and not stamps.null_count and not epochs.null_count:
+            bounds = _small_bounds(offsets, stamps, epochs)
+        else:
+            bounds = _bounds(offsets, stamps, epochs)
     except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
         logger.debug("not a replicated frame: %s", exc)
         return None
+    if bounds is None:
+        return None
+    base, last, epoch, newest = bounds
     if base <= previous_last:
         return None
     return BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, rows, newest)
+
+
+SMALL_BATCH = 64
+"""Rows up to which :func:`replicated_entry` checks a batch in Python rather than with Arrow compute."""
+
+
+def _values(array: pa.Array, typecode: Literal["q", "i"]) -> list[int]:
+    """The values of a primitive array without nulls, read from its data buffer."""
+    data = array.buffers()[1]
+    assert data is not None
+    return memoryview(data).cast(typecode)[array.offset : array.offset + len(array)].tolist()
+
+
+def _small_bounds(offsets: pa.Array, stamps: pa.Array, epochs: pa.Array) -> tuple[int, int, int, int] | None:
+    """``(base, last, epoch, newest timestamp)`` of a few rows, or ``None`` if their offsets do
+    not increase or they hold more than one leader epoch."""
+    numbers = _values(offsets, "q")
+    found = _values(epochs, "i")
+    if len(set(found)) != 1 or any(a >= b for a, b in itertools.pairwise(numbers)):
+        return None
+    return numbers[0], numbers[-1], found[0], max(_values(stamps, "q"))
+
+
+def _bounds(offsets: pa.Array, stamps: pa.Array, epochs: pa.Array) -> tuple[int, int, int, int] | None:
+    """:func:`_small_bounds` for any number of rows, with Arrow compute."""
+    rows = len(offsets)
+    epoch = epochs[0].as_py()
+    if rows > 1 and not (
+        pc.all(pc.greater(offsets.slice(1), offsets.slice(0, rows - 1))).as_py()
+        and pc.all(pc.equal(epochs, epoch)).as_py()
+    ):
+        return None
+    return offsets[0].as_py(), offsets[-1].as_py(), epoch, pc.max(stamps.cast(pa.int64())).as_py()
 
 
 def scan(

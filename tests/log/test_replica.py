@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from broker_node.log import InvalidRecordsError, Log, LogConfig, OffsetOutOfRangeError, Record
+from broker_node.log.frames import SMALL_BATCH, parse_frame, replicated_entry
+from broker_node.log.segment import encode_frame
 from broker_node.replication.truncation import truncation_offset
+from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 
 from .helpers import FakeClock, values
 
@@ -262,3 +265,61 @@ class LeaderAndFollower(RuleBasedStateMachine):
 
 LeaderAndFollower.TestCase.settings = settings(max_examples=100, stateful_step_count=30)
 test_leader_and_follower = LeaderAndFollower.TestCase
+
+
+def _stored(offsets: list[int], epochs: list[int], stamps: list[int]) -> pa.RecordBatch:
+    """A batch in the log schema with the given offsets, leader epochs and timestamps (µs)."""
+    rows = len(offsets)
+    columns = {
+        "offset": pa.array(offsets, pa.int64()),
+        "timestamp": pa.array(stamps, pa.int64()).cast(TIMESTAMP_TYPE),
+        "leader_epoch": pa.array(epochs, pa.int32()),
+        "value": pa.array([b"v%d" % i for i in range(rows)], pa.binary()),
+    }
+    return pa.record_batch(
+        [columns.get(f.name, pa.nulls(rows, f.type)) for f in LOG_SCHEMA], schema=LOG_SCHEMA
+    )
+
+
+@pytest.mark.parametrize("rows", [1, 3, SMALL_BATCH, SMALL_BATCH + 1, 500])
+def test_a_replicated_frame_is_indexed_alike_below_and_above_the_small_batch_limit(rows):
+    # Small batches are checked in Python, larger ones with Arrow compute: the same entry either way,
+    # and the same as a scan of the frame in a file finds.
+    offsets = [10 + 2 * i for i in range(rows)]  # gaps, as compaction leaves them
+    stamps = [1_000_000 + (i * 7919) % 1000 for i in range(rows)]  # not in order
+    frame = encode_frame(_stored(offsets, [4] * rows, stamps))
+    entry = replicated_entry(frame, 9)
+    assert entry is not None
+    assert (entry.base_offset, entry.last_offset, entry.leader_epoch) == (10, offsets[-1], 4)
+    assert (entry.record_count, entry.max_timestamp, entry.size) == (rows, max(stamps), frame.size)
+    scanned = parse_frame(frame, 0, 9, None)
+    assert scanned is not None and scanned == entry
+    assert replicated_entry(frame, 10) is None  # an overlap with what the log holds
+
+
+@pytest.mark.parametrize("rows", [3, SMALL_BATCH + 1])
+def test_a_replicated_frame_with_unordered_offsets_or_mixed_epochs_is_refused(rows):
+    ordered = list(range(rows))
+    stamps = [1_000_000] * rows
+    assert replicated_entry(encode_frame(_stored(ordered, [1] * rows, stamps)), -1) is not None
+    repeated = [*ordered[:-1], ordered[-2]]
+    assert replicated_entry(encode_frame(_stored(repeated, [1] * rows, stamps)), -1) is None
+    backwards = ordered[::-1]
+    assert replicated_entry(encode_frame(_stored(backwards, [1] * rows, stamps)), -1) is None
+    mixed = [1] * (rows - 1) + [2]
+    assert replicated_entry(encode_frame(_stored(ordered, mixed, stamps)), -1) is None
+    with_null = encode_frame(
+        _stored(ordered, [1] * rows, stamps).set_column(
+            0, LOG_SCHEMA.field("offset"), pa.array([None, *ordered[1:]], pa.int64())
+        )
+    )
+    assert replicated_entry(with_null, -1) is None
+
+
+def test_a_replicated_frame_of_sliced_columns_is_read_at_its_slice():
+    whole = _stored(list(range(100, 110)), [3] * 10, [5_000_000 + i for i in range(10)])
+    part = whole.slice(4, 3)  # serialized with the slice's offset honoured
+    entry = replicated_entry(encode_frame(part), -1)
+    assert entry is not None
+    found = (entry.base_offset, entry.last_offset, entry.record_count, entry.max_timestamp)
+    assert found == (104, 106, 3, 5_000_006)
