@@ -14,17 +14,21 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats
 import pyarrow as pa
 import pytest
+from nats.errors import ConnectionClosedError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from broker_node.log.reads import ReplicaFrame
 from broker_node.nats_server import NatsServer
 from broker_node.tail.publisher import TailPublisher
 from broker_node.zookeeper_server import free_port
-from pyspark_jetstream.client import AckPolicy, Client
+from pyspark_jetstream.client import AckPolicy, Client, live
 from pyspark_jetstream.client.live import LiveTail
 from pyspark_jetstream.protocol.flight import StartPosition
 from pyspark_jetstream.protocol.tail import _HEADER, HEADER_BYTES, decode_delivery, tail_subject
@@ -501,3 +505,42 @@ def test_a_delivery_never_names_a_high_watermark_its_batch_is_not_below():
     assert headers
     for first, last, _, hw in headers:
         assert last < hw, (first, last, hw)
+
+
+def test_deliveries_are_handed_over_in_order_and_a_wait_ends_on_idle_and_on_close(nats_server, monkeypatch):
+    """The tail's hand-over from its subscription: what arrives while the consumer is busy waits
+    in the subscription and comes in order; a wait with nothing ends after IDLE_SECONDS, and at
+    once (within one watch) when the connection closes."""
+    monkeypatch.setattr(live, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(live, "WATCH_SECONDS", 0.05)
+
+    async def main() -> tuple[list[bytes], float, float]:
+        nc = await nats.connect(nats_server.url)
+        publisher = await nats.connect(nats_server.url)
+        deliveries = live._Deliveries(nc)
+        await nc.subscribe("handed", cb=deliveries.received)
+        await nc.flush()
+        for i in range(5):  # nobody is taking them yet
+            await publisher.publish("handed", b"%d" % i)
+        await publisher.flush()
+        await asyncio.sleep(0.2)
+        got = [await deliveries.next() for _ in range(5)]
+        began = time.monotonic()
+        with pytest.raises(NatsTimeoutError):
+            await deliveries.next()
+        idle = time.monotonic() - began
+        waiting = asyncio.ensure_future(deliveries.next())
+        await asyncio.sleep(0.1)
+        began = time.monotonic()
+        await nc.close()
+        with pytest.raises(ConnectionClosedError):
+            await waiting
+        closed = time.monotonic() - began
+        deliveries.close()
+        await publisher.close()
+        return got, idle, closed
+
+    got, idle, closed = asyncio.run(main())
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
+    assert 0.5 <= idle < 5, idle
+    assert closed < 5, closed
