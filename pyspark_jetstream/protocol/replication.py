@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -176,20 +177,47 @@ def parse_fetch_metadata(metadata: dict[bytes, bytes] | None) -> LeaderOffsets:
         raise InvalidArgumentError(f"a replica fetch answer lacks its offsets: {exc}") from None
 
 
+_STREAM_MESSAGE = b'{"high_watermark":%d,"log_start_offset":%d,"log_end_offset":%d,"leader_epoch":%d}'
+_STREAM_MESSAGE_FORM = re.compile(
+    rb'\{"high_watermark":(-?(?:0|[1-9]\d{0,18})),"log_start_offset":(-?(?:0|[1-9]\d{0,18})),'
+    rb'"log_end_offset":(-?(?:0|[1-9]\d{0,18})),"leader_epoch":(-?(?:0|[1-9]\d{0,18}))\}'
+)
+"""The leader's message metadata exactly as :func:`stream_message_metadata` writes it: parsed by
+one match (a few µs, where the JSON parser and its checks take 15; one per replicated message)."""
+_STREAM_ACK_FORM = re.compile(rb'\{"fetch_offset":(0|[1-9]\d{0,18})\}')
+"""An acknowledgement exactly as :func:`stream_ack` writes it (see :data:`_STREAM_MESSAGE_FORM`)."""
+
+
 def stream_message_metadata(offsets: LeaderOffsets) -> bytes:
-    """The ``app_metadata`` of a leader's message on the replication stream."""
-    return json.dumps(offsets.as_dict(), separators=(",", ":")).encode()
+    """The ``app_metadata`` of a leader's message on the replication stream (a JSON object of
+    :data:`RESPONSE_KEYS`, in that order, without spaces)."""
+    return _STREAM_MESSAGE % (
+        offsets.high_watermark,
+        offsets.log_start_offset,
+        offsets.log_end_offset,
+        offsets.leader_epoch,
+    )
 
 
 def parse_stream_message_metadata(metadata: pa.Buffer | bytes | None) -> LeaderOffsets:
-    """Offsets of a leader's message on the replication stream; every key of :data:`RESPONSE_KEYS`."""
-    data = decode_json_object(_bytes(metadata), "replication stream message")
-    if set(data) != set(RESPONSE_KEYS) or not all(_is_int(data[k]) for k in RESPONSE_KEYS):
+    """Offsets of a leader's message on the replication stream; every key of :data:`RESPONSE_KEYS`.
+
+    What :func:`stream_message_metadata` writes is read by one match; any other
+    JSON object goes through the JSON parser and is refused unless it holds
+    exactly those integer fields.
+    """
+    data = _bytes(metadata)
+    match = _STREAM_MESSAGE_FORM.fullmatch(data)
+    if match is not None:
+        high_watermark, log_start_offset, log_end_offset, leader_epoch = map(int, match.groups())
+        return LeaderOffsets(high_watermark, log_start_offset, log_end_offset, leader_epoch)
+    fields = decode_json_object(data, "replication stream message")
+    if set(fields) != set(RESPONSE_KEYS) or not all(_is_int(fields[k]) for k in RESPONSE_KEYS):
         raise InvalidArgumentError(
             f"a replication stream message needs exactly the integer fields {list(RESPONSE_KEYS)}, "
-            f"got {shown(data)}"
+            f"got {shown(fields)}"
         )
-    return LeaderOffsets(**{k: int(data[k]) for k in RESPONSE_KEYS})
+    return LeaderOffsets(**{k: int(fields[k]) for k in RESPONSE_KEYS})
 
 
 def stream_ack(fetch_offset: int) -> bytes:
@@ -198,13 +226,21 @@ def stream_ack(fetch_offset: int) -> bytes:
 
 
 def parse_stream_ack(metadata: pa.Buffer | bytes | None) -> int:
-    """The log end offset a follower acknowledged (``InvalidArgumentError`` naming what is wrong)."""
-    data = decode_json_object(_bytes(metadata), "replication stream acknowledgement")
-    if set(data) != {"fetch_offset"}:
+    """The log end offset a follower acknowledged (``InvalidArgumentError`` naming what is wrong).
+
+    What :func:`stream_ack` writes is read by one match; anything else goes
+    through the JSON parser and the offset's checks.
+    """
+    data = _bytes(metadata)
+    match = _STREAM_ACK_FORM.fullmatch(data)
+    if match is not None:
+        return validate_offset("fetch_offset", int(match.group(1)))
+    fields = decode_json_object(data, "replication stream acknowledgement")
+    if set(fields) != {"fetch_offset"}:
         raise InvalidArgumentError(
-            f"a replication stream acknowledgement needs exactly the field fetch_offset, got {shown(data)}"
+            f"a replication stream acknowledgement needs exactly the field fetch_offset, got {shown(fields)}"
         )
-    return validate_offset("fetch_offset", data["fetch_offset"])
+    return validate_offset("fetch_offset", fields["fetch_offset"])
 
 
 def _is_int(value: object) -> bool:

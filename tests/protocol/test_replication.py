@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -89,3 +91,55 @@ def test_a_bad_leader_message_is_refused(metadata):
 def test_the_stream_opens_with_a_fetch_ticket():
     fetch = ReplicaFetch("orders", 2, "broker-2", 10, 3, 1024, 0.5)
     assert parse_ticket(fetch.to_ticket()) == fetch
+
+
+@given(values=st.tuples(*[st.integers(-(2**70), 2**70)] * 4))
+def test_any_leaders_offsets_read_back_as_the_json_parser_reads_them(values):
+    # The wire form is read by one match; what the match does not take goes to the JSON parser.
+    # Either way the offsets come back as written, and the JSON parser agrees with the match.
+    sent = LeaderOffsets(*values)
+    wire = stream_message_metadata(sent)
+    assert json.loads(wire) == dict(zip(RESPONSE_KEYS, values, strict=True))
+    assert parse_stream_message_metadata(wire) == sent
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        b'{"high_watermark": 5, "log_start_offset": 1, "log_end_offset": 9, "leader_epoch": 3}',
+        b'{"leader_epoch":3,"log_end_offset":9,"log_start_offset":1,"high_watermark":5}',
+        b'{"high_watermark":5,"log_start_offset":1,"log_end_offset":9,"leader_epoch":3} ',
+    ],
+)
+def test_a_leader_message_in_another_json_form_is_read_by_the_json_parser(metadata):
+    assert parse_stream_message_metadata(metadata) == LeaderOffsets(5, 1, 9, 3)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        b'{"high_watermark":05,"log_start_offset":1,"log_end_offset":9,"leader_epoch":3}',  # not JSON
+        b'{"high_watermark":5,"log_start_offset":1,"log_end_offset":9,"leader_epoch":3}\x00',
+        b'{"high_watermark":5.0,"log_start_offset":1,"log_end_offset":9,"leader_epoch":3}',
+    ],
+)
+def test_what_only_looks_like_the_wire_form_is_refused(metadata):
+    with pytest.raises(InvalidArgumentError):
+        parse_stream_message_metadata(metadata)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        (b'{"fetch_offset": 7}', 7),
+        (b'{"fetch_offset":9223372036854775807}', 2**63 - 1),
+    ],
+)
+def test_an_acknowledgement_in_another_json_form_or_at_the_largest_offset_is_read(metadata, expected):
+    assert parse_stream_ack(metadata) == expected
+
+
+@pytest.mark.parametrize("metadata", [b'{"fetch_offset":007}', b'{"fetch_offset":9999999999999999999}'])
+def test_an_acknowledgement_in_the_wire_form_but_not_an_offset_is_refused(metadata):
+    with pytest.raises(InvalidArgumentError, match="fetch_offset|JSON"):
+        parse_stream_ack(metadata)
