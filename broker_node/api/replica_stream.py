@@ -35,6 +35,7 @@ from pyspark_jetstream.protocol.replication import (
     STREAM_SCHEMA,
     LeaderOffsets,
     ReplicaFetch,
+    packed_stream_message,
     parse_stream_ack,
     stream_message_metadata,
 )
@@ -85,6 +86,10 @@ class ReplicaStream:
     reader: flight.MetadataRecordBatchReader
     writer: flight.MetadataRecordBatchWriter
     stopping: threading.Event
+    packed: bool = False
+    """Send each message packed in its ``app_metadata`` (the follower asked for it), else as a
+    record batch of :data:`STREAM_SCHEMA` with JSON metadata (see
+    :mod:`pyspark_jetstream.protocol.replication`)."""
     in_flight: int = IN_FLIGHT
     _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     _owed: int = 0
@@ -96,7 +101,8 @@ class ReplicaStream:
 
     def run(self) -> None:
         """Serve the stream until the server stops, the follower ends it, or a check fails."""
-        self.writer.begin(STREAM_SCHEMA)
+        if not self.packed:
+            self.writer.begin(STREAM_SCHEMA)
         answer = self.leader.replica_fetch(self.request)
         acknowledgements = threading.Thread(
             target=self._read_acknowledgements,
@@ -135,10 +141,14 @@ class ReplicaStream:
                 return False
             self._owed += 1
         try:
-            self.writer.write_with_metadata(
-                pa.record_batch([large_binary_of([f.data for f in answer.frames])], schema=STREAM_SCHEMA),
-                pa.py_buffer(stream_message_metadata(answer.offsets)),
-            )
+            frames = [f.data for f in answer.frames]
+            if self.packed:
+                self.writer.write_metadata(pa.py_buffer(packed_stream_message(answer.offsets, frames)))
+            else:
+                self.writer.write_with_metadata(
+                    pa.record_batch([large_binary_of(frames)], schema=STREAM_SCHEMA),
+                    pa.py_buffer(stream_message_metadata(answer.offsets)),
+                )
         except flight.FlightError as exc:  # the follower went away (stopped, crashed, timed out)
             logger.debug("replication stream of %s ended: %s", self.request.replica, exc)
             with self._changed:

@@ -52,6 +52,7 @@ from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
     ReplicaFetch,
     fetch_metadata,
+    parse_stream_ticket,
 )
 from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
@@ -434,13 +435,14 @@ class FlightApi(flight.FlightServerBase):
         call = _Call("do_exchange")
 
         def exchange() -> None:
-            fetch = parse_replica_ticket(_command(descriptor))
-            if fetch is None:
+            opened = parse_stream_ticket(_command(descriptor))
+            if opened is None:
                 _not_over_flight("do_exchange")()
                 return
+            fetch, packed = opened
             call.about("replica_stream", fetch.stream, fetch.partition)
             self.access.check_cluster(self._principal(context), "replicate")
-            self._replica_stream(fetch, reader, writer)
+            self._replica_stream(fetch, reader, writer, packed=packed)
 
         _guard(exchange, self._outcome(call), call)
 
@@ -449,10 +451,12 @@ class FlightApi(flight.FlightServerBase):
         request: ReplicaFetch,
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
+        *,
+        packed: bool = False,
     ) -> None:
         """Pipelined: what is appended goes at once, acknowledgements are read beside it (see
-        :mod:`.replica_stream`)."""
-        ReplicaStream(self.broker, request, reader, writer, self._stopping).run()
+        :mod:`.replica_stream`); ``packed``: the follower asked for packed messages."""
+        ReplicaStream(self.broker, request, reader, writer, self._stopping, packed=packed).run()
 
     def shutdown(self) -> None:
         """Stop serving: replication streams end at their next turn, then the server stops."""

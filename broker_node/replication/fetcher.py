@@ -3,7 +3,8 @@
 It first truncates the follower's log where it may differ from the leader's
 (:mod:`.truncation`: the leader says where the follower's latest epoch ends),
 then keeps a replication stream open to the leader (a Flight ``do_exchange``,
-see :mod:`pyspark_jetstream.protocol.replication`): the leader pushes what it
+see :mod:`pyspark_jetstream.protocol.replication`; its messages packed, or as
+record batches from a leader that does not pack them): the leader pushes what it
 appends, the fetcher appends it byte for byte, takes the leader's high
 watermark and acknowledges its new log end offset on the same stream, which
 is what lets the leader commit.  One stream lasts ``STREAM_SECONDS`` and the
@@ -47,8 +48,10 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
 from pyspark_jetstream.protocol.replication import (
+    PACKED_STREAM,
     ReplicaFetch,
     parse_fetch_metadata,
+    parse_packed_stream_message,
     parse_stream_message_metadata,
     stream_ack,
 )
@@ -109,6 +112,9 @@ class Fetcher:
         """Batches of frames (or heartbeats) received from the leader."""
         self.streaming = True
         """Whether the leader offers the replication stream (else: one fetch per round trip)."""
+        self.packed = True
+        """Whether the leader offers packed stream messages (else: record batches, as a leader of
+        an earlier version sends them)."""
         self.last_error: str | None = None
         self._fields = Labels(partition.stream, partition.number).fields
         """``extra`` of its log lines: stream and partition as fields."""
@@ -243,7 +249,10 @@ class Fetcher:
         client = self._connect()
         # The deadline also ends the leader's side of a stream whose follower froze.
         options = flight.FlightCallOptions(timeout=STREAM_SECONDS + self._max_wait + 10)
-        descriptor = flight.FlightDescriptor.for_command(request.to_ticket())
+        descriptor = flight.FlightDescriptor.for_command(
+            request.to_ticket(PACKED_STREAM if self.packed else "replica_fetch")
+        )
+        packed = self.packed
         ends = time.monotonic() + STREAM_SECONDS
         try:
             writer, reader = client.do_exchange(descriptor, options)
@@ -255,8 +264,11 @@ class Fetcher:
                     chunk = reader.read_chunk()
                 except StopIteration:
                     return  # the leader ended the stream (it is stopping): open the next one
-                offsets = parse_stream_message_metadata(chunk.app_metadata)
-                frames = [frame.as_buffer() for frame in chunk.data.column("frame")] if chunk.data else []
+                if packed:
+                    offsets, frames = parse_packed_stream_message(chunk.app_metadata)
+                else:
+                    offsets = parse_stream_message_metadata(chunk.app_metadata)
+                    frames = [f.as_buffer() for f in chunk.data.column("frame")] if chunk.data else []
                 partition.append_replicated(frames, offsets.high_watermark, self.leader_epoch)
                 self.fetches += 1
                 self._held_back(frames)
@@ -271,6 +283,10 @@ class Fetcher:
         except flight.FlightError as exc:
             error = _error(exc, self._address)
             if isinstance(error, InvalidArgumentError) and "do_exchange is not supported" in str(error):
+                if packed:
+                    logger.info("%s: the leader offers no packed stream; streaming record batches", self)
+                    self.packed = False
+                    return
                 logger.info("%s: the leader offers no replication stream; fetching instead", self)
                 self.streaming = False
                 return

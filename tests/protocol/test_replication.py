@@ -11,13 +11,17 @@ from hypothesis import strategies as st
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.replication import (
+    PACKED_STREAM,
     RESPONSE_KEYS,
     LeaderOffsets,
     ReplicaFetch,
     fetch_metadata,
+    packed_stream_message,
     parse_fetch_metadata,
+    parse_packed_stream_message,
     parse_stream_ack,
     parse_stream_message_metadata,
+    parse_stream_ticket,
     parse_ticket,
     stream_ack,
     stream_message_metadata,
@@ -143,3 +147,55 @@ def test_an_acknowledgement_in_another_json_form_or_at_the_largest_offset_is_rea
 def test_an_acknowledgement_in_the_wire_form_but_not_an_offset_is_refused(metadata):
     with pytest.raises(InvalidArgumentError, match="fetch_offset|JSON"):
         parse_stream_ack(metadata)
+
+
+@given(
+    values=st.tuples(offsets, offsets, offsets, st.integers(0, 2**31 - 1)),
+    frames=st.lists(st.binary(max_size=200), max_size=8),
+)
+def test_a_packed_message_round_trips_its_offsets_and_frames(values, frames):
+    sent = LeaderOffsets(*values)
+    wire = pa.py_buffer(packed_stream_message(sent, [pa.py_buffer(f) for f in frames]))
+    got, got_frames = parse_packed_stream_message(wire)
+    assert got == sent
+    assert [f.to_pybytes() for f in got_frames] == frames
+
+
+def test_packed_frames_keep_their_8_byte_alignment_within_the_message():
+    frames = [pa.py_buffer(b"f" * size) for size in (1120, 8, 2048, 16)]  # frames are padded to 8
+    wire = pa.py_buffer(packed_stream_message(LeaderOffsets(5, 1, 9, 3), frames))
+    _, got = parse_packed_stream_message(wire)
+    assert [(f.address - wire.address) % 8 for f in got] == [0, 0, 0, 0]
+
+
+def _packed(*frames: bytes) -> bytes:
+    return packed_stream_message(LeaderOffsets(5, 1, 9, 3), [pa.py_buffer(f) for f in frames])
+
+
+@pytest.mark.parametrize(
+    ("metadata", "match"),
+    [
+        (None, "shorter than its"),
+        (_packed(b"abc")[:20], "shorter than its"),
+        (b"XXXX" + _packed(b"abc")[4:], "starts with b'XXXX'"),
+        (_packed(b"abc")[:-1], "add up to 3 bytes, but 2 follow"),
+        (_packed(b"abc") + b"!", "add up to 3 bytes, but 4 follow"),
+        (_packed()[:-8] + (2**32 - 1).to_bytes(8, "little"), "names 4294967295 frames"),
+    ],
+)
+def test_a_bad_packed_message_is_refused_naming_what_does_not_fit(metadata, match):
+    buffer = None if metadata is None else pa.py_buffer(metadata)
+    with pytest.raises(InvalidArgumentError, match=match):
+        parse_packed_stream_message(buffer)
+
+
+def test_a_stream_opens_with_either_ticket_and_says_which_form_it_wants():
+    fetch = ReplicaFetch("orders", 2, "broker-2", 10, 3, 1024, 0.5)
+    assert parse_stream_ticket(fetch.to_ticket()) == (fetch, False)
+    assert parse_stream_ticket(fetch.to_ticket(PACKED_STREAM)) == (fetch, True)
+    assert parse_ticket(fetch.to_ticket(PACKED_STREAM)) is None  # not a fetch's ticket
+    assert parse_stream_ticket(b'{"stream":"orders"}') is None  # a consumer's
+    with pytest.raises(InvalidArgumentError, match="holds only replica_stream"):
+        parse_stream_ticket(
+            b'{"replica_stream":' + fetch.to_ticket()[len(b'{"replica_fetch":') : -1] + b',"x":1}'
+        )

@@ -82,11 +82,27 @@ class OlderLeaderApi(FlightApi):
         )
 
 
+class UnpackedLeaderApi(FlightApi):
+    """A leader from before packed messages: a stream opened with a ``replica_stream`` ticket is
+    not a replica's to it, so it refuses it as every Flight write; one opened with a
+    ``replica_fetch`` ticket gets record batches."""
+
+    def do_exchange(self, context, descriptor, reader, writer):  # type: ignore[no-untyped-def]
+        if descriptor.command.startswith(b'{"replica_stream"'):
+            raise flight.FlightServerError(
+                error_message(InvalidArgumentError("Flight do_exchange is not supported: ..."))
+            )
+        super().do_exchange(context, descriptor, reader, writer)
+
+
 @pytest.fixture
 def pair() -> Iterator[Callable[[type[FlightApi]], tuple[Partition, Partition, FlightApi, Fetcher]]]:
     opened: list[object] = []
 
-    def start(api_class: type[FlightApi] = FlightApi) -> tuple[Partition, Partition, FlightApi, Fetcher]:
+    def start(
+        api_class: type[FlightApi] = FlightApi, *, packed: bool = True
+    ) -> tuple[Partition, Partition, FlightApi, Fetcher]:
+        """``packed=False``: the follower asks for record batches, as one of an earlier version."""
         leader = Partition(CONFIG, 0, MemoryLog(), "a", STATE)
         leader.become_leader(STATE)
         follower = Partition(CONFIG, 0, MemoryLog(), "b", STATE)
@@ -94,6 +110,7 @@ def pair() -> Iterator[Callable[[type[FlightApi]], tuple[Partition, Partition, F
         api = api_class("grpc://127.0.0.1:0", LeaderView(leader))  # type: ignore[arg-type]
         address = f"grpc://127.0.0.1:{api.port}"
         fetcher = Fetcher(follower, "a", 1, lambda _: address, max_wait=0.2)
+        fetcher.packed = packed
         opened.extend([fetcher, api, leader, follower])
         fetcher.start()
         return leader, follower, api, fetcher
@@ -126,9 +143,39 @@ def test_a_follower_replicates_over_one_stream_and_its_acknowledgements_commit(p
     assert [f.data.to_pybytes() for f in follower.log.read_frames(0)] == [
         f.data.to_pybytes() for f in leader.log.read_frames(0)
     ]
-    assert fetcher.streaming
+    assert fetcher.streaming and fetcher.packed
     # Every round trip was a turn of the stream: no fetch call at all.
     assert not [kind for kind, _ in api.requests if kind == "replica_fetch"]
+
+
+@pytest.mark.parametrize(
+    ("api_class", "packed"),
+    [(UnpackedLeaderApi, True), (FlightApi, False)],
+    ids=["a leader from before packing", "a follower from before packing"],
+)
+def test_a_stream_of_record_batches_still_replicates_between_versions(pair, api_class, packed):
+    leader, follower, api, fetcher = pair(api_class, packed=packed)
+    for size in (1, 3, 2000):  # one frame of 2,000 rows among them
+        commit(leader, size)
+    assert follower.log.log_end_offset == leader.log.log_end_offset == 2004
+    assert [f.data.to_pybytes() for f in follower.log.read_frames(0)] == [
+        f.data.to_pybytes() for f in leader.log.read_frames(0)
+    ]
+    assert fetcher.streaming and not fetcher.packed
+    assert not [kind for kind, _ in api.requests if kind == "replica_fetch"]
+
+
+def test_packed_messages_carry_large_frames_and_many_at_once(pair):
+    leader, follower, _, fetcher = pair()
+    commit(leader, 20_000)  # one frame of about 2 MB
+    for _ in range(30):  # many small frames, some sent together
+        leader.append(values(2))
+    commit(leader, 1)
+    assert follower.log.log_end_offset == leader.log.log_end_offset == 20_061
+    assert [f.data.to_pybytes() for f in follower.log.read_frames(0)] == [
+        f.data.to_pybytes() for f in leader.log.read_frames(0)
+    ]
+    assert fetcher.packed
 
 
 def test_the_leader_pushes_heartbeats_so_an_idle_follower_stays_caught_up(pair):
