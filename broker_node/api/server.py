@@ -439,10 +439,10 @@ class FlightApi(flight.FlightServerBase):
             if opened is None:
                 _not_over_flight("do_exchange")()
                 return
-            fetch, packed = opened
+            fetch = opened.fetch
             call.about("replica_stream", fetch.stream, fetch.partition)
             self.access.check_cluster(self._principal(context), "replicate")
-            self._replica_stream(fetch, reader, writer, packed=packed)
+            self._replica_stream(fetch, reader, writer, packed=opened.packed)
 
         _guard(exchange, self._outcome(call), call)
 

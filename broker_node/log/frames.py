@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 CONTINUATION = 0xFFFFFFFF
 _MARKER = struct.pack("<I", CONTINUATION)
+SMALL_BATCH = 64
+"""Rows up to which :func:`replicated_entry` checks a batch in Python rather than with Arrow compute."""
 
 
 def batch_bounds(batch: pa.RecordBatch) -> tuple[int, int, int, int]:
@@ -143,15 +145,13 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
     return BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, rows, newest)
 
 
-SMALL_BATCH = 64
-"""Rows up to which :func:`replicated_entry` checks a batch in Python rather than with Arrow compute."""
-
-
 def _values(array: pa.Array, typecode: Literal["q", "i"]) -> list[int]:
     """The values of a primitive array without nulls, read from its data buffer."""
     data = array.buffers()[1]
     assert data is not None
-    return memoryview(data).cast(typecode)[array.offset : array.offset + len(array)].tolist()
+    width = array.type.bit_width // 8
+    start = array.offset * width
+    return memoryview(data)[start : start + len(array) * width].cast(typecode).tolist()
 
 
 def _small_bounds(offsets: pa.Array, stamps: pa.Array, epochs: pa.Array) -> tuple[int, int, int, int] | None:

@@ -48,7 +48,6 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.flight import ActionType, encode_json, error_from_message
 from pyspark_jetstream.protocol.replication import (
-    PACKED_STREAM,
     ReplicaFetch,
     parse_fetch_metadata,
     parse_packed_stream_message,
@@ -249,9 +248,7 @@ class Fetcher:
         client = self._connect()
         # The deadline also ends the leader's side of a stream whose follower froze.
         options = flight.FlightCallOptions(timeout=STREAM_SECONDS + self._max_wait + 10)
-        descriptor = flight.FlightDescriptor.for_command(
-            request.to_ticket(PACKED_STREAM if self.packed else "replica_fetch")
-        )
+        descriptor = flight.FlightDescriptor.for_command(request.to_ticket(packed=self.packed))
         packed = self.packed
         ends = time.monotonic() + STREAM_SECONDS
         try:

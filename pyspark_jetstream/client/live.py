@@ -147,12 +147,16 @@ class LiveTail:
     async def _run(self) -> AsyncGenerator[pa.RecordBatch, None]:
         nc = self._client.nc
         deliveries = _Deliveries(nc)
-        subscription = await nc.subscribe(
-            tail_subject(self.stream, self.partition),
-            cb=deliveries.received,
-            pending_msgs_limit=self._pending[0],
-            pending_bytes_limit=self._pending[1],
-        )
+        try:
+            subscription = await nc.subscribe(
+                tail_subject(self.stream, self.partition),
+                cb=deliveries.received,
+                pending_msgs_limit=self._pending[0],
+                pending_bytes_limit=self._pending[1],
+            )
+        except BaseException:
+            deliveries.close()
+            raise
         try:
             # Once the server has the subscription, every later commit reaches it.
             await nc.flush(timeout=self._client.timeout)  # type: ignore[arg-type]
@@ -265,10 +269,14 @@ class _Deliveries:
         self._waiter: asyncio.Future[bytes] | None = None
         self._waiting_since = 0.0
         self._held: tuple[bytes, asyncio.Future[None]] | None = None
+        self._closed = False
         self._timer = self._loop.call_later(WATCH_SECONDS, self._watch)
 
     async def received(self, message: Msg) -> None:
-        """The subscription's callback: hand ``message`` over, waiting until it is taken."""
+        """The subscription's callback: hand ``message`` over, waiting until it is taken (once
+        closed, nothing is taken: it returns at once)."""
+        if self._closed:
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             self._waiter = None
@@ -293,7 +301,9 @@ class _Deliveries:
         return await self._waiter
 
     def close(self) -> None:
-        """Stop the timer; a callback waiting for its delivery to be taken goes on."""
+        """Stop the timer; a callback waiting for its delivery to be taken goes on, and later ones
+        return at once."""
+        self._closed = True
         self._timer.cancel()
         if self._held is not None and not self._held[1].done():
             self._held[1].set_result(None)

@@ -38,8 +38,16 @@ leader).  Then:
   epochs are in the frames themselves), and its offsets.  A stream opened
   with the ticket key ``replica_stream`` (:data:`PACKED_STREAM`, the fetch's
   fields inside) gets *packed* messages, all in ``app_metadata``
-  (:func:`packed_stream_message`: the offsets and frame sizes as fixed-width
-  integers, then the frames' bytes).  One opened with a ``replica_fetch``
+  (:func:`packed_stream_message`), little-endian::
+
+      4 bytes   b"JSR1" (the form's version)
+      i64 x 3   high_watermark, log_start_offset, log_end_offset
+      i32       leader_epoch
+      u64       number of frames, n
+      u64 x n   each frame's size
+      ...       the frames' bytes, one after another
+
+  (a 40-byte head).  One opened with a ``replica_fetch``
   ticket, as followers of earlier versions open it, gets record batches of
   :data:`STREAM_SCHEMA` with the offsets in ``app_metadata`` as JSON:
   ``{"high_watermark": .., "log_start_offset": .., "log_end_offset": ..,
@@ -67,6 +75,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -88,6 +97,15 @@ RESPONSE_KEYS = ("high_watermark", "log_start_offset", "log_end_offset", "leader
 _PREFIX = "jetstream."
 MAX_FETCH_WAIT = 30.0
 MAX_FETCH_BYTES = 1024 * 1024 * 1024
+PACKED_STREAM = "replica_stream"
+"""The ticket key of a replication stream whose leader messages are packed."""
+_PACKED_HEAD = struct.Struct("<4sqqqiQ")
+"""A packed message's head: :data:`_PACKED_MAGIC`, the leader's offsets, the number of frames.
+Its 40 bytes and the 8-byte sizes keep each frame at a multiple of 8 bytes from the start of the
+message, as in the log (frames are padded to a multiple of 8 bytes); where the message itself
+lies in memory is up to Flight (Arrow reads unaligned frames too)."""
+_PACKED_MAGIC = b"JSR1"
+_FRAME_SIZE = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +120,11 @@ class ReplicaFetch:
     max_bytes: int = 8 * 1024 * 1024
     max_wait: float = 0.5
 
-    def to_ticket(self, key: str = "replica_fetch") -> bytes:
-        """The ticket bytes; ``key`` :data:`PACKED_STREAM` opens a packed replication stream."""
+    def to_ticket(self, *, packed: bool = False) -> bytes:
+        """The ticket bytes; ``packed``: a replication stream's, asking for packed messages."""
         return json.dumps(
             {
-                key: {
+                PACKED_STREAM if packed else "replica_fetch": {
                     "stream": self.stream,
                     "partition": self.partition,
                     "replica": self.replica,
@@ -153,28 +171,24 @@ def parse_ticket(ticket: bytes) -> ReplicaFetch | None:
     return ReplicaFetch.from_json(decode_json_object(ticket, "replica fetch ticket")["replica_fetch"])
 
 
-def parse_stream_ticket(command: bytes) -> tuple[ReplicaFetch, bool] | None:
-    """The replica fetch a replication stream opens with, and whether its messages are packed
-    (:func:`packed_stream_message`); ``None`` if the command is not a replica's."""
+class StreamTicket(NamedTuple):
+    """What a replication stream opens with: the fetch, and whether it asks for packed messages."""
+
+    fetch: ReplicaFetch
+    packed: bool
+
+
+def parse_stream_ticket(command: bytes) -> StreamTicket | None:
+    """The ticket a replication stream opens with; ``None`` if the command is not a replica's."""
     if command.startswith(b'{"%s"' % PACKED_STREAM.encode()):
         data = decode_json_object(command, "replica stream ticket")
         if set(data) != {PACKED_STREAM}:
             raise InvalidArgumentError(
                 f"a replica stream ticket holds only {PACKED_STREAM}, got {shown(data)}"
             )
-        return ReplicaFetch.from_json(data[PACKED_STREAM]), True
+        return StreamTicket(ReplicaFetch.from_json(data[PACKED_STREAM]), packed=True)
     fetch = parse_ticket(command)
-    return None if fetch is None else (fetch, False)
-
-
-PACKED_STREAM = "replica_stream"
-"""The ticket key of a replication stream whose leader messages are packed."""
-_PACKED_HEAD = struct.Struct("<4sqqqiQ")
-"""A packed message's head: :data:`_PACKED_MAGIC`, the leader's offsets, the number of frames.
-Its 40 bytes and the 8-byte sizes keep each frame where it was in the log relative to 8-byte
-alignment (frames are padded to a multiple of 8 bytes)."""
-_PACKED_MAGIC = b"JSR1"
-_FRAME_SIZE = struct.Struct("<Q")
+    return None if fetch is None else StreamTicket(fetch, packed=False)
 
 
 def packed_stream_message(offsets: LeaderOffsets, frames: Sequence[pa.Buffer]) -> bytes:
@@ -196,7 +210,14 @@ def packed_stream_message(offsets: LeaderOffsets, frames: Sequence[pa.Buffer]) -
     return b"".join([head, *(_FRAME_SIZE.pack(f.size) for f in frames), *frames])
 
 
-def parse_packed_stream_message(metadata: pa.Buffer | None) -> tuple[LeaderOffsets, list[pa.Buffer]]:
+class PackedMessage(NamedTuple):
+    """A packed message read: the leader's offsets and the frames (slices of the message)."""
+
+    offsets: LeaderOffsets
+    frames: list[pa.Buffer]
+
+
+def parse_packed_stream_message(metadata: pa.Buffer | None) -> PackedMessage:
     """The leader's offsets and the frames (slices of ``metadata``, no copy) of a packed message;
     ``InvalidArgumentError`` naming what does not fit."""
     if metadata is None or metadata.size < _PACKED_HEAD.size:
@@ -226,7 +247,7 @@ def parse_packed_stream_message(metadata: pa.Buffer | None) -> tuple[LeaderOffse
     for size in sizes:
         frames.append(metadata.slice(position, size))
         position += size
-    return LeaderOffsets(high_watermark, log_start, log_end, epoch), frames
+    return PackedMessage(LeaderOffsets(high_watermark, log_start, log_end, epoch), frames)
 
 
 @dataclass(frozen=True, slots=True)

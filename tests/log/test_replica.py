@@ -323,3 +323,14 @@ def test_a_replicated_frame_of_sliced_columns_is_read_at_its_slice():
     assert entry is not None
     found = (entry.base_offset, entry.last_offset, entry.record_count, entry.max_timestamp)
     assert found == (104, 106, 3, 5_000_006)
+
+
+def test_a_small_replicated_frame_with_a_null_timestamp_is_indexed_as_a_scan_finds_it():
+    # Nulls never come from a leader; a frame holding one takes the compute path, as before.
+    batch = _stored([0, 1, 2], [1] * 3, [5_000_000, 5_000_009, 5_000_001])
+    stamps = pa.array([5_000_000, None, 5_000_001], pa.int64()).cast(TIMESTAMP_TYPE)
+    with_null = batch.set_column(1, LOG_SCHEMA.field("timestamp"), stamps)
+    frame = encode_frame(with_null)
+    entry = replicated_entry(frame, -1)
+    assert entry is not None and entry.max_timestamp == 5_000_001
+    assert entry == parse_frame(frame, 0, -1, None)

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.replication import (
-    PACKED_STREAM,
     RESPONSE_KEYS,
     LeaderOffsets,
     ReplicaFetch,
+    StreamTicket,
     fetch_metadata,
     packed_stream_message,
     parse_fetch_metadata,
@@ -191,9 +191,9 @@ def test_a_bad_packed_message_is_refused_naming_what_does_not_fit(metadata, matc
 
 def test_a_stream_opens_with_either_ticket_and_says_which_form_it_wants():
     fetch = ReplicaFetch("orders", 2, "broker-2", 10, 3, 1024, 0.5)
-    assert parse_stream_ticket(fetch.to_ticket()) == (fetch, False)
-    assert parse_stream_ticket(fetch.to_ticket(PACKED_STREAM)) == (fetch, True)
-    assert parse_ticket(fetch.to_ticket(PACKED_STREAM)) is None  # not a fetch's ticket
+    assert parse_stream_ticket(fetch.to_ticket()) == StreamTicket(fetch, packed=False)
+    assert parse_stream_ticket(fetch.to_ticket(packed=True)) == StreamTicket(fetch, packed=True)
+    assert parse_ticket(fetch.to_ticket(packed=True)) is None  # not a fetch's ticket
     assert parse_stream_ticket(b'{"stream":"orders"}') is None  # a consumer's
     with pytest.raises(InvalidArgumentError, match="holds only replica_stream"):
         parse_stream_ticket(
