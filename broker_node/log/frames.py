@@ -91,16 +91,14 @@ def parse_frame(view: pa.Buffer, position: int, previous_last: int, limit: int |
             return None
         batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
         batch.validate(full=True)
-        if batch.num_rows == 0 or batch.column(0).null_count:
-            return None
-        offsets = batch.column(0)
-        increasing = pc.all(pc.greater(offsets.slice(1), offsets.slice(0, len(offsets) - 1)))
-        base, last, epoch, max_ts = batch_bounds(batch)
-        epochs_equal = pc.all(pc.equal(batch.column(2), epoch)).as_py()
+        bounds = sound_bounds(batch)
     except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
         logger.debug("no valid frame at byte %d: %s", position, exc)
         return None
-    if increasing.as_py() is False or not epochs_equal or base <= previous_last:
+    if bounds is None:
+        return None
+    base, last, epoch, max_ts = bounds
+    if base <= previous_last:
         return None
     if limit is not None and last >= limit:
         return None
@@ -115,10 +113,7 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
     file): the frame comes from a leader that checksummed it, so the checks
     are structural -- one whole record-batch message in the log schema, rows,
     no null offsets, offsets increasing from after ``previous_last``, one
-    leader epoch -- without reading every value.  A batch of up to
-    :data:`SMALL_BATCH` rows (what a follower gets under a steady trickle of
-    messages) is checked on its value buffers in Python: an Arrow compute call
-    costs 10-25 µs each, several times the rest of the check.
+    leader epoch (:func:`sound_bounds`) -- without reading every value.
     """
     try:
         message = pa.ipc.read_message(frame)
@@ -126,14 +121,7 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
             return None
         batch = pa.ipc.read_record_batch(message, LOG_SCHEMA)
         batch.validate()
-        offsets, stamps, epochs = batch.column(0), batch.column(1), batch.column(2)
-        rows = batch.num_rows
-        if rows == 0 or offsets.null_count:
-            return None
-        if rows <= SMALL_BATCH and not stamps.null_count and not epochs.null_count:
-            bounds = _small_bounds(offsets, stamps, epochs)
-        else:
-            bounds = _bounds(offsets, stamps, epochs)
+        bounds = sound_bounds(batch)
     except Exception as exc:  # noqa: BLE001 - any decoding failure means "not a frame"
         logger.debug("not a replicated frame: %s", exc)
         return None
@@ -142,7 +130,24 @@ def replicated_entry(frame: pa.Buffer, previous_last: int) -> BatchEntry | None:
     base, last, epoch, newest = bounds
     if base <= previous_last:
         return None
-    return BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, rows, newest)
+    return BatchEntry(base, last, 0, frame.size, crc32(frame), epoch, batch.num_rows, newest)
+
+
+def sound_bounds(batch: pa.RecordBatch) -> tuple[int, int, int, int] | None:
+    """:func:`batch_bounds` of a stored batch, or ``None`` if it is not sound: no rows, a null
+    offset, offsets that do not strictly increase, or more than one leader epoch.
+
+    A batch of up to :data:`SMALL_BATCH` rows (what a follower gets under a
+    steady trickle of messages) is checked on its value buffers in Python: an
+    Arrow compute call costs 10-25 µs each, several times the rest of the check.
+    """
+    offsets, stamps, epochs = batch.column(0), batch.column(1), batch.column(2)
+    rows = batch.num_rows
+    if rows == 0 or offsets.null_count:
+        return None
+    if rows <= SMALL_BATCH and not stamps.null_count and not epochs.null_count:
+        return _small_bounds(offsets, stamps, epochs)
+    return _bounds(offsets, stamps, epochs)
 
 
 def _values(array: pa.Array, typecode: Literal["q", "i"]) -> list[int]:

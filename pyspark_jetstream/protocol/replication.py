@@ -282,10 +282,11 @@ def parse_fetch_metadata(metadata: dict[bytes, bytes] | None) -> LeaderOffsets:
         raise InvalidArgumentError(f"a replica fetch answer lacks its offsets: {exc}") from None
 
 
-_STREAM_MESSAGE = b'{"high_watermark":%d,"log_start_offset":%d,"log_end_offset":%d,"leader_epoch":%d}'
+_STREAM_MESSAGE = ("{" + ",".join(f'"{key}":%d' for key in RESPONSE_KEYS) + "}").encode()
+_JSON_INT = r"(-?(?:0|[1-9]\d{0,18}))"
+"""A JSON integer of at most 19 digits (no leading zeros, as JSON has none)."""
 _STREAM_MESSAGE_FORM = re.compile(
-    rb'\{"high_watermark":(-?(?:0|[1-9]\d{0,18})),"log_start_offset":(-?(?:0|[1-9]\d{0,18})),'
-    rb'"log_end_offset":(-?(?:0|[1-9]\d{0,18})),"leader_epoch":(-?(?:0|[1-9]\d{0,18}))\}'
+    ("\\{" + ",".join(f'"{key}":{_JSON_INT}' for key in RESPONSE_KEYS) + "\\}").encode()
 )
 """The leader's message metadata exactly as :func:`stream_message_metadata` writes it: parsed by
 one match (a few µs, where the JSON parser and its checks take 15; one per replicated message)."""
