@@ -516,31 +516,33 @@ def test_deliveries_are_handed_over_in_order_and_a_wait_ends_on_idle_and_on_clos
 
     async def main() -> tuple[list[bytes], float, float]:
         nc = await nats.connect(nats_server.url)
-        publisher = await nats.connect(nats_server.url)
         deliveries = live._Deliveries(nc)
-        await nc.subscribe("handed", cb=deliveries.received)
-        await nc.flush()
-        for i in range(5):  # nobody is taking them yet
-            await publisher.publish("handed", b"%d" % i)
-        await publisher.flush()
-        deadline = time.monotonic() + 10
-        while deliveries._held is None and time.monotonic() < deadline:  # the first is held
-            await asyncio.sleep(0.01)
-        assert deliveries._held is not None
-        got = [await deliveries.next() for _ in range(5)]
-        began = time.monotonic()
-        with pytest.raises(NatsTimeoutError):
-            await deliveries.next()
-        idle = time.monotonic() - began
-        waiting = asyncio.ensure_future(deliveries.next())
-        await asyncio.sleep(0.1)
-        began = time.monotonic()
-        await nc.close()
-        with pytest.raises(ConnectionClosedError):
-            await waiting
-        closed = time.monotonic() - began
-        deliveries.close()
-        await publisher.close()
+        try:
+            await nc.subscribe("handed", cb=deliveries.received)
+            # Published on the subscribing connection: the server handles one connection's SUB
+            # before its PUBs, where another connection's first PUBs can race the new interest.
+            for i in range(5):  # nobody is taking them yet
+                await nc.publish("handed", b"%d" % i)
+            await nc.flush()
+            deadline = time.monotonic() + 10
+            while deliveries._held is None and time.monotonic() < deadline:  # the first is held
+                await asyncio.sleep(0.01)
+            assert deliveries._held is not None
+            got = [await deliveries.next() for _ in range(5)]
+            began = time.monotonic()
+            with pytest.raises(NatsTimeoutError):
+                await deliveries.next()
+            idle = time.monotonic() - began
+            waiting = asyncio.ensure_future(deliveries.next())
+            await asyncio.sleep(0.1)
+            began = time.monotonic()
+            await nc.close()
+            with pytest.raises(ConnectionClosedError):
+                await waiting
+            closed = time.monotonic() - began
+        finally:
+            deliveries.close()
+            await nc.close()
         return got, idle, closed
 
     got, idle, closed = asyncio.run(main())
