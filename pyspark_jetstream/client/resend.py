@@ -24,8 +24,12 @@ order first sent, within each message's own ack timeout:
   first, that refusal is its answer, not a timeout;
 * a message already resent is resent again after a growing pause while
   unacked (the new leader may have subscribed only after the resend); so
-  is one held, never sooner: resends must not flood a leader that is just
-  taking over.
+  is one held, never sooner, and only once its sender's messages on that
+  partition have gone unanswered for as long: while answers come in, the
+  leader is still working through the last resend, and sending it all
+  again would only bury it (an overloaded leader once got four rounds of
+  2,000 copies and answered nothing in time).  Resends must not flood a
+  leader that is just taking over.
 
 Others (a plain publish, no producer, no message id) are never resent: a
 copy could be stored twice.  They time out as before, and their error says
@@ -85,14 +89,19 @@ class Resender:
         publish: Callable[[str, bytes], Awaitable[None]],
         *,
         check: float = CHECK,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``describe(stream)`` reads a stream's partitions (leaders and epochs); ``publish``
-        sends a payload on NATS."""
+        sends a payload on NATS; ``clock``: seconds, the event loop's time unless given."""
+        self._clock = clock
         self._describe = describe
         self._publish = publish
         self._check = check
         self._pending: dict[str, Pending] = {}
         self._epochs: dict[tuple[str, int], int] = {}
+        self._answered: dict[tuple[str, int, tuple[str, int] | None], float] = {}
+        """When a broker last answered a sender's message on a partition (the key: stream,
+        partition and the producer, ``None`` for messages with ids), other than a refusal held."""
         self._task: asyncio.Task[None] | None = None
         self.resent = 0
         """Messages sent again so far."""
@@ -115,7 +124,6 @@ class Resender:
         sequence: int,
     ) -> None:
         """Keep a message sent just now until :meth:`done` (the event loop's thread only)."""
-        loop = asyncio.get_running_loop()
         self._pending[correlation_id] = Pending(
             int(correlation_id),
             subject,
@@ -125,7 +133,7 @@ class Resender:
             producer,
             sequence,
             self._epochs.get((stream, partition), -1),
-            loop.time(),
+            self._now(),
         )
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
@@ -133,6 +141,8 @@ class Resender:
     def done(self, correlation_id: str) -> None:
         """The message's wait ended (acked, timed out, failed): forget it."""
         self._pending.pop(correlation_id, None)
+        if not self._pending:
+            self._answered.clear()  # nothing waits: no sender's last answer matters any more
 
     def holds(self, ack: Ack) -> bool:
         """Whether ``ack`` is no answer yet for its tracked message, which waits for a resend: a
@@ -156,6 +166,7 @@ class Resender:
             if earlier:
                 pending.held = True
                 return True
+        self._answered[_sender(pending)] = self._now()
         return False
 
     def refusal(self, correlation_id: str) -> Ack | None:
@@ -169,17 +180,20 @@ class Resender:
         if self._task is not None:
             self._task.cancel()
         self._pending.clear()
+        self._answered.clear()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._pending:
             await asyncio.sleep(self._check)
             try:
-                await self._resend_due(loop.time())
+                await self._resend_due(self._now())
             except asyncio.CancelledError:
                 raise
             except Exception:  # a task that died would leave every later stall unhandled
                 logger.exception("resending publishes failed; trying again")
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     async def _resend_due(self, now: float) -> None:
         """Resend the partitions whose pending messages a leadership change may have lost."""
@@ -196,17 +210,37 @@ class Resender:
                 logger.debug("cannot read the leadership of %s: %s", stream, exc)
         for key, messages in stalled.items():
             epoch = self._epochs.get(key, -1)
-            moved = any(m.epoch < epoch for m in messages)
-            # Resent before: again only after its pause, whatever refused it meanwhile (a burst
-            # of resends must not feed on its own out-of-order refusals).
-            again = any((m.pause or m.held) and now - m.sent >= max(m.pause, self._check) for m in messages)
-            if moved or again:
+            if any(m.epoch < epoch for m in messages):  # the leadership moved: everything again
                 await self._resend(key, epoch, now)
+                continue
+            # Resent before: again only after its pause, whatever refused it meanwhile (a burst
+            # of resends must not feed on its own out-of-order refusals), and only once its
+            # sender has had no answer for as long (see the module docstring).
+            due = {
+                _sender(m)
+                for m in messages
+                if (m.pause or m.held)
+                and now - max(m.sent, self._answered.get(_sender(m), m.sent)) >= max(m.pause, self._check)
+            }
+            if due:
+                await self._resend(key, epoch, now, due)
 
-    async def _resend(self, key: tuple[str, int], epoch: int, now: float) -> None:
-        """Send every pending message of partition ``key`` again, in the order first sent."""
+    async def _resend(
+        self,
+        key: tuple[str, int],
+        epoch: int,
+        now: float,
+        senders: set[tuple[str, int, tuple[str, int] | None]] | None = None,
+    ) -> None:
+        """Send every pending message of partition ``key`` (of ``senders`` only, if given) again,
+        in the order first sent."""
         messages = sorted(
-            (p for p in self._pending.values() if (p.stream, p.partition) == key), key=lambda p: p.order
+            (
+                p
+                for p in self._pending.values()
+                if (p.stream, p.partition) == key and (senders is None or _sender(p) in senders)
+            ),
+            key=lambda p: p.order,
         )
         if not messages:
             return  # acked while the leadership was being read
@@ -223,3 +257,8 @@ class Resender:
             pending.pause = min(max(pending.pause * 2, self._check * 2), MAX_PAUSE)
             await self._publish(pending.subject, pending.payload)
             self.resent += 1
+
+
+def _sender(pending: Pending) -> tuple[str, int, tuple[str, int] | None]:
+    """Whose messages on which partition ``pending`` is among (see ``Resender._answered``)."""
+    return pending.stream, pending.partition, pending.producer

@@ -98,3 +98,72 @@ def test_messages_acked_while_the_leadership_is_read_leave_nothing_to_resend():
         resender.close()
 
     asyncio.run(main())
+
+
+def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_pause():
+    """After a resend, the leader works through it: while its sender's messages on the partition
+    are answered, nothing is sent again (a second copy of everything would bury an overloaded
+    leader); once they go unanswered for the pause, what is still pending is resent."""
+
+    async def main() -> None:
+        sent: list[bytes] = []
+        now = [100.0]
+
+        async def publish(_subject: str, payload: bytes) -> None:
+            sent.append(payload)
+
+        async def describe(_stream: str):
+            raise UnavailableError("no broker answers")  # the epochs stay as they are
+
+        resender = Resender(describe, publish, check=0.25, clock=lambda: now[0])
+        for n in range(3):
+            resender.track(str(n), "s", b"x%d" % n, stream="s", partition=0, producer=("p", 0), sequence=n)
+            assert resender.holds(_refusal(str(n), ErrorCode.NOT_LEADER))
+        resender.track("9", "s", b"y", stream="s", partition=0, producer=("q", 0), sequence=0)
+        assert resender.holds(_refusal("9", ErrorCode.NOT_LEADER))
+        now[0] = 100.3
+        await resender._resend_due(now[0])  # held: all four go again, in the order first sent
+        assert sent == [b"x0", b"x1", b"x2", b"y"]
+
+        now[0] = 100.6  # the pause (0.5 s) has not passed since the resend
+        await resender._resend_due(now[0])
+        assert len(sent) == 4
+        for correlation_id in ("0", "9"):  # p's first message and q's are answered: at work
+            assert not resender.holds(Ack("s", 0, 0, 0, correlation_id, ErrorCode.OK, ""))
+            resender.done(correlation_id)
+        now[0] = 101.0  # 0.7 s since the resend, 0.4 s since p's last answer
+        await resender._resend_due(now[0])
+        assert len(sent) == 4, "resent while the leader was answering its sender"
+
+        now[0] = 101.2  # p's 1 and 2 have had no answer for the pause
+        await resender._resend_due(now[0])
+        assert sent[4:] == [b"x1", b"x2"]
+        resender.close()
+
+    asyncio.run(main())
+
+
+def test_a_sender_due_for_a_resend_does_not_take_another_senders_messages_with_it():
+    async def main() -> None:
+        sent: list[bytes] = []
+        now = [100.0]
+
+        async def publish(_subject: str, payload: bytes) -> None:
+            sent.append(payload)
+
+        async def describe(_stream: str):
+            raise UnavailableError("no broker answers")
+
+        resender = Resender(describe, publish, check=0.25, clock=lambda: now[0])
+        resender.track("0", "s", b"p0", stream="s", partition=0, producer=("p", 0), sequence=0)
+        resender.track("1", "s", b"q0", stream="s", partition=0, producer=("q", 0), sequence=0)
+        resender.track("2", "s", b"q1", stream="s", partition=0, producer=("q", 0), sequence=1)
+        assert resender.holds(_refusal("0", ErrorCode.NOT_ENOUGH_REPLICAS))
+        assert not resender.holds(Ack("s", 0, 0, 0, "1", ErrorCode.OK, ""))  # q is answered
+        resender.done("1")
+        now[0] = 100.3
+        await resender._resend_due(now[0])
+        assert sent == [b"p0"]  # q's second message waits for its own answer, not p's resend
+        resender.close()
+
+    asyncio.run(main())
