@@ -8,8 +8,10 @@ import time
 from pyspark_jetstream.client import AckPolicy, Client
 from pyspark_jetstream.protocol.errors import RequestTimeoutError
 
-RATE = 600
-"""Messages per second: enough to have hundreds in flight when the leader dies."""
+RATE = 300
+"""Messages per second: enough to have hundreds in flight when the leader dies (a few seconds pass
+before another broker leads), and well below what a cluster of three sharing two busy cores with
+the rest of the suite acknowledges with all replicas (at 600/s it fell behind before the kill)."""
 
 
 async def _publish_through_a_kill(cluster, stream: str, count: int, **per_message) -> list:
@@ -35,7 +37,7 @@ async def _publish_through_a_kill(cluster, stream: str, count: int, **per_messag
 
 def test_an_idempotent_producers_publishes_in_flight_follow_the_new_leader(cluster, client):
     client.create_stream("fo", "fo", replication_factor=3, min_insync_replicas=2)
-    count = 2400
+    count = 1200
     outcomes, stored, _ = asyncio.run(
         _publish_through_a_kill(cluster, "fo", count, producer_id="p", sequence=lambda n: n)
     )
