@@ -305,12 +305,23 @@ class KafkaAdmin:
             if not leaderless:
                 return
             if time.monotonic() > deadline:
-                raise KafkaPeerError(f"topic {name}: no leader for partitions {leaderless} after creation")
+                what = f"partitions {leaderless}" if isinstance(leaderless, list) else leaderless
+                raise KafkaPeerError(f"topic {name}: no leader after creation: {what}")
             time.sleep(0.05)
 
-    def _leaderless(self, name: str) -> list[int]:
+    def _leaderless(self, name: str) -> list[int] | str:
+        """The partitions of ``name`` with no leader yet, or why the broker cannot say (it has not
+        applied the new topic: it answers that it does not host it)."""
+        from py4j.protocol import Py4JJavaError
+
         described = self._admin.describeTopics(self._jvm.java.util.Collections.singletonList(name))
-        partitions = described.allTopicNames().get().get(name).partitions()
+        try:
+            partitions = described.allTopicNames().get().get(name).partitions()
+        except Py4JJavaError as exc:
+            cause = exc.java_exception.getCause()
+            if cause is not None and cause.getClass().getSimpleName() == "UnknownTopicOrPartitionException":
+                return f"not known to the broker yet ({cause.getMessage()})"
+            raise
         return [int(p.partition()) for p in partitions if p.leader() is None]
 
     def end_offsets(self, name: str) -> int:
