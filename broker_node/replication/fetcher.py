@@ -36,7 +36,7 @@ from collections.abc import Callable
 import pyarrow as pa
 from pyarrow import flight
 
-from broker_node.log import EpochEndOffset, InvalidRecordsError, LogError
+from broker_node.log import DamagedRange, EpochEndOffset, InvalidRecordsError, LogError
 from broker_node.log.logging_labels import Labels
 from broker_node.log.typed_frames import frames_in_range
 from pyspark_jetstream.protocol.errors import (
@@ -306,29 +306,35 @@ class Fetcher:
         return True
 
     def _repair(self) -> None:
+        """Repair the damaged ranges of the log from the leader's copies, one segment at a time:
+        the log rewrites a segment whole, so every damaged range of a segment goes in one call."""
         log = self.partition.log
+        by_segment: dict[str, list[DamagedRange]] = {}
         for damaged in log.damaged:
-            request = self._request(damaged.first_offset, 0.0)
-            first, last = damaged.first_offset, damaged.last_offset
+            by_segment.setdefault(damaged.path, []).append(damaged)
+        for ranges in by_segment.values():
+            what = ", ".join(f"{r.first_offset} to {r.last_offset}" for r in ranges)
             try:
-                table = self._do_get(request)
-                # The leader's frames as stored (a typed batch's typed columns with them).
-                frames = stored_frames(table)
-                copies = frames_in_range(frames, first, last, log.config.compression)
-                if not copies:
-                    continue
-                for fixed in log.repair(copies):
-                    logger.warning(
-                        "%s: repaired offsets %d to %d from the leader",
-                        self,
-                        fixed.first_offset,
-                        fixed.last_offset,
-                        extra=self._fields,
-                    )
+                copies: list[pa.Buffer] = []
+                for damaged in ranges:
+                    first, last = damaged.first_offset, damaged.last_offset
+                    # The leader's frames as stored (a typed batch's typed columns with them).
+                    frames = stored_frames(self._do_get(self._request(first, 0.0)))
+                    found = frames_in_range(frames, first, last, log.config.compression)
+                    if not found:
+                        break  # the leader cannot give this range now: the segment waits
+                    copies.extend(found)
+                else:
+                    for fixed in log.repair(copies):
+                        logger.warning(
+                            "%s: repaired offsets %d to %d from the leader",
+                            self,
+                            fixed.first_offset,
+                            fixed.last_offset,
+                            extra=self._fields,
+                        )
             except (JetStreamError, LogError, flight.FlightError) as exc:
-                logger.warning(
-                    "%s: cannot repair offsets %d to %d yet: %s", self, first, last, exc, extra=self._fields
-                )
+                logger.warning("%s: cannot repair offsets %s yet: %s", self, what, exc, extra=self._fields)
 
     # ---- Flight ----------------------------------------------------------------------------
 
