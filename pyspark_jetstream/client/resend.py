@@ -49,6 +49,10 @@ from pyspark_jetstream.protocol.flight import StreamInfo
 
 logger = logging.getLogger(__name__)
 
+Sender = tuple[str, int, tuple[str, int] | None]
+"""Whose messages on which partition: stream, partition and the producer (``None`` for messages
+with ids)."""
+
 CHECK = 0.25
 """Seconds a message may wait for its ack before its partition's leadership is checked."""
 MAX_PAUSE = 2.0
@@ -99,7 +103,7 @@ class Resender:
         self._check = check
         self._pending: dict[str, Pending] = {}
         self._epochs: dict[tuple[str, int], int] = {}
-        self._answered: dict[tuple[str, int, tuple[str, int] | None], float] = {}
+        self._answered: dict[Sender, float] = {}
         """When a broker last answered a sender's message on a partition (the key: stream,
         partition and the producer, ``None`` for messages with ids), other than a refusal held."""
         self._task: asyncio.Task[None] | None = None
@@ -230,7 +234,7 @@ class Resender:
         key: tuple[str, int],
         epoch: int,
         now: float,
-        senders: set[tuple[str, int, tuple[str, int] | None]] | None = None,
+        senders: set[Sender] | None = None,
     ) -> None:
         """Send every pending message of partition ``key`` (of ``senders`` only, if given) again,
         in the order first sent."""
@@ -259,6 +263,6 @@ class Resender:
             self.resent += 1
 
 
-def _sender(pending: Pending) -> tuple[str, int, tuple[str, int] | None]:
+def _sender(pending: Pending) -> Sender:
     """Whose messages on which partition ``pending`` is among (see ``Resender._answered``)."""
     return pending.stream, pending.partition, pending.producer

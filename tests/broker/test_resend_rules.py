@@ -21,6 +21,20 @@ async def _never(*_: object) -> None:
     raise AssertionError("nothing is resent in these checks")
 
 
+def _clocked_resender(now: list[float]) -> tuple[Resender, list[bytes]]:
+    """A resender on the clock ``now[0]`` whose leadership reads fail (the epochs stay as they
+    are), and the payloads it publishes."""
+    sent: list[bytes] = []
+
+    async def publish(_subject: str, payload: bytes) -> None:
+        sent.append(payload)
+
+    async def describe(_stream: str):
+        raise UnavailableError("no broker answers")
+
+    return Resender(describe, publish, check=0.25, clock=lambda: now[0]), sent
+
+
 def test_an_out_of_order_refusal_behind_a_pending_sequence_waits_for_the_resend():
     async def main() -> None:
         resender = Resender(_never, _never, check=60)
@@ -106,16 +120,8 @@ def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_paus
     leader); once they go unanswered for the pause, what is still pending is resent."""
 
     async def main() -> None:
-        sent: list[bytes] = []
         now = [100.0]
-
-        async def publish(_subject: str, payload: bytes) -> None:
-            sent.append(payload)
-
-        async def describe(_stream: str):
-            raise UnavailableError("no broker answers")  # the epochs stay as they are
-
-        resender = Resender(describe, publish, check=0.25, clock=lambda: now[0])
+        resender, sent = _clocked_resender(now)
         for n in range(3):
             resender.track(str(n), "s", b"x%d" % n, stream="s", partition=0, producer=("p", 0), sequence=n)
             assert resender.holds(_refusal(str(n), ErrorCode.NOT_LEADER))
@@ -145,16 +151,8 @@ def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_paus
 
 def test_a_sender_due_for_a_resend_does_not_take_another_senders_messages_with_it():
     async def main() -> None:
-        sent: list[bytes] = []
         now = [100.0]
-
-        async def publish(_subject: str, payload: bytes) -> None:
-            sent.append(payload)
-
-        async def describe(_stream: str):
-            raise UnavailableError("no broker answers")
-
-        resender = Resender(describe, publish, check=0.25, clock=lambda: now[0])
+        resender, sent = _clocked_resender(now)
         resender.track("0", "s", b"p0", stream="s", partition=0, producer=("p", 0), sequence=0)
         resender.track("1", "s", b"q0", stream="s", partition=0, producer=("q", 0), sequence=0)
         resender.track("2", "s", b"q1", stream="s", partition=0, producer=("q", 0), sequence=1)
