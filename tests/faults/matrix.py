@@ -287,18 +287,22 @@ class Workload:
 
     async def _evolve(self) -> None:
         """A new nullable field in the typed stream's schema every ``schema_every`` seconds, up to
-        :data:`SCHEMA_CHANGES` (one refused while the controller is down or being elected is
-        tried again at the next turn)."""
+        :data:`SCHEMA_CHANGES`.  One refused while ZooKeeper or the controller is down is tried
+        again a second later, so a change lands soon after the fault heals rather than a whole
+        turn later (a turn can fall inside the next fault again)."""
         assert self.client is not None
         fields = list(TYPED_FIELDS)
+        pause = self._schema_every
         while not self._stop.is_set() and self.history.schema_changes < SCHEMA_CHANGES:
-            await asyncio.sleep(self._schema_every)
+            await asyncio.sleep(pause)
             wanted = [*fields, {"name": f"note_{len(fields)}", "type": "string"}]
             try:
                 await self.client.update_schema(TYPED_STREAM, {"format": "json", "fields": wanted})
             except JetStreamError as exc:
                 self.history.errors[f"schema {type(exc).__name__}"] += 1
+                pause = min(self._schema_every, 1.0)
                 continue
+            pause = self._schema_every
             fields = wanted
             self.history.schema_changes += 1
 
