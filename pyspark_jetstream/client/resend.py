@@ -248,10 +248,16 @@ class Resender:
         )
         if not messages:
             return  # acked while the leadership was being read
+        reason = (
+            "after a leadership change"
+            if senders is None
+            else "refused for a retry, or unanswered for their pause,"
+        )
         logger.info(
-            "%s/%d: resending %d unacknowledged message(s) after a leadership change (epoch %d) %s-%s",
+            "%s/%d: resending %d unacknowledged message(s) %s (epoch %d) %s-%s",
             *key,
             len(messages),
+            reason,
             epoch,
             messages[0].order,
             messages[-1].order,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pyarrow as pa
 
@@ -10,6 +11,7 @@ from pyspark_jetstream.client.publish_options import deduplicated, with_ids
 from pyspark_jetstream.client.resend import Resender
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import ErrorCode, UnavailableError
+from pyspark_jetstream.protocol.flight import PartitionInfo, StreamInfo
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 
 
@@ -114,10 +116,11 @@ def test_messages_acked_while_the_leadership_is_read_leave_nothing_to_resend():
     asyncio.run(main())
 
 
-def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_pause():
+def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_pause(caplog):
     """After a resend, the leader works through it: while its sender's messages on the partition
     are answered, nothing is sent again (a second copy of everything would bury an overloaded
     leader); once they go unanswered for the pause, what is still pending is resent."""
+    caplog.set_level(logging.INFO, logger="pyspark_jetstream.client.resend")
 
     async def main() -> None:
         now = [100.0]
@@ -145,6 +148,9 @@ def test_a_resend_goes_again_only_once_its_sender_has_had_no_answer_for_the_paus
         await resender._resend_due(now[0])
         assert sent[4:] == [b"x1", b"x2"]
         resender.close()
+        # The leadership was never seen to move (its reads failed): the log says why instead.
+        reasons = [r.getMessage() for r in caplog.records if "resending" in r.getMessage()]
+        assert len(reasons) == 2 and all("unanswered for their pause" in m for m in reasons), reasons
 
     asyncio.run(main())
 
@@ -165,3 +171,27 @@ def test_a_sender_due_for_a_resend_does_not_take_another_senders_messages_with_i
         resender.close()
 
     asyncio.run(main())
+
+
+def test_a_moved_leadership_resends_every_pending_message_and_the_log_says_so(caplog):
+    caplog.set_level(logging.INFO, logger="pyspark_jetstream.client.resend")
+
+    async def main() -> None:
+        sent: list[bytes] = []
+
+        async def publish(_subject: str, payload: bytes) -> None:
+            sent.append(payload)
+
+        async def describe(stream: str) -> StreamInfo:
+            return StreamInfo({"name": stream}, (PartitionInfo(0, "b2", ("b2",), ("b2",), 3, 0, 0, 0),))
+
+        resender = Resender(describe, publish, check=0.01)
+        resender.track("0", "s", b"p0", stream="s", partition=0, producer=("p", 0), sequence=0)
+        resender.track("1", "s", b"q0", stream="s", partition=0, producer=("q", 0), sequence=0)
+        await resender._resend_due(asyncio.get_running_loop().time() + 1)  # sent in epoch -1
+        assert sent == [b"p0", b"q0"]
+        resender.close()
+
+    asyncio.run(main())
+    reasons = [r.getMessage() for r in caplog.records if "resending" in r.getMessage()]
+    assert reasons == ["s/0: resending 2 unacknowledged message(s) after a leadership change (epoch 3) 0-1"]
