@@ -307,6 +307,14 @@ class Workload:
             self.history.schema_changes += 1
 
 
+def injection_order(faults: str) -> list[str]:
+    """The kinds of ``faults`` (joined by ``+``) in the order to inject them: ZooKeeper's restart
+    last, since the others need it up to be injected (an expired session is stolen through it, a
+    reassignment and the leader's and controller's names are read through the brokers from it)."""
+    kinds = faults.split("+")
+    return sorted(kinds, key=lambda kind: kind == "restart-zookeeper")
+
+
 class Nemesis:
     """Injects and heals one fault at a time (see the module docstring)."""
 
@@ -354,7 +362,7 @@ class Nemesis:
         heal here waits for its broker to be up before the next one begins."""
         heals: list[Callable[[], None]] = []
         busy: set[str] = set()
-        for fault in faults.split("+"):
+        for fault in injection_order(faults):
             heal, hold = self._inject(fault, hold, busy)
             heals.append(heal)
         time.sleep(hold)
