@@ -23,7 +23,9 @@ checkpoint and the leader-epoch checkpoint (:mod:`.epochs`).
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -58,6 +60,14 @@ from .typed_frames import sliced_frame
 logger = logging.getLogger(__name__)
 
 HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
+
+
+@functools.cache
+def _checkpoints() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that writes the logs' periodic high-watermark checkpoints, started on first use."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hw-checkpoint")
+
+
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 
 
@@ -96,6 +106,9 @@ class Log(LogBase):
         self._last_fsync = clock()
         self._unsynced = False  # appended data that no fsync has covered yet
         self._last_hw_checkpoint = clock()
+        self._hw_write = threading.Lock()
+        """Held while the high-watermark checkpoint file is written, by whichever thread writes it."""
+        self._hw_checkpoint_queued = False
         self._reconcile_epochs()
         saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
         try:
@@ -178,7 +191,9 @@ class Log(LogBase):
                     self._active.fsync()
                 except OSError as exc:
                     failures.append(f"could not fsync {self._active.path}: {exc}")
-            if self._high_watermark != self._checkpointed_high_watermark:
+            with self._hw_write:  # a checkpoint written in the background is finished first
+                changed = self._high_watermark != self._checkpointed_high_watermark
+            if changed:
                 try:
                     self._checkpoint_high_watermark()
                 except LogStorageError as exc:
@@ -516,9 +531,30 @@ class Log(LogBase):
             raise LogClosedError(f"the log in {self.directory} is closed")
 
     def _high_watermark_moved(self) -> None:
+        """Checkpoint the high watermark now and then, on the checkpoint thread: the caller is
+        the commit path (a broker's event loop), and a checkpoint's fsync can take a second
+        when the disk is busy writing back other data."""
         interval = self.config.high_watermark_checkpoint_interval
-        if self._clock() - self._last_hw_checkpoint >= interval:
-            self._checkpoint_high_watermark()
+        if self._hw_checkpoint_queued or self._clock() - self._last_hw_checkpoint < interval:
+            return
+        self._hw_checkpoint_queued = True
+        self._last_hw_checkpoint = self._clock()
+        _checkpoints().submit(self._checkpoint_in_background)
+
+    def _checkpoint_in_background(self) -> None:
+        """Write the high watermark as it is now (not as it was when queued: a truncation since
+        may have lowered it, and its own checkpoint waits for this one to finish)."""
+        try:
+            with self._hw_write:
+                if self._closed:  # close() wrote the checkpoint itself
+                    return
+                hw = self._high_watermark
+                write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
+                self._checkpointed_high_watermark = hw
+        except OSError as exc:  # tried again at the next interval; close() reports a failure
+            self._log.warning("could not checkpoint the high watermark of %s: %s", self.directory, exc)
+        finally:
+            self._hw_checkpoint_queued = False
 
     def _epochs_forgotten(self, newer: list[tuple[int, int]], epoch: int) -> None:
         self._log.warning(
@@ -537,14 +573,15 @@ class Log(LogBase):
         )
 
     def _checkpoint_high_watermark(self) -> None:
-        hw = self._high_watermark
-        try:
-            write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
-        except OSError as exc:
-            raise LogStorageError(
-                f"could not checkpoint the high watermark of {self.directory}: {exc}"
-            ) from exc
-        self._checkpointed_high_watermark = hw
+        with self._hw_write:
+            hw = self._high_watermark
+            try:
+                write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
+            except OSError as exc:
+                raise LogStorageError(
+                    f"could not checkpoint the high watermark of {self.directory}: {exc}"
+                ) from exc
+            self._checkpointed_high_watermark = hw
         self._last_hw_checkpoint = self._clock()
 
     def _record_segments(self, *, required: bool) -> None:
