@@ -546,13 +546,10 @@ class Log(LogBase):
         may have lowered it, and its own checkpoint waits for this one to finish)."""
         try:
             with self._hw_write:
-                if self._closed:  # close() wrote the checkpoint itself
-                    return
-                hw = self._high_watermark
-                write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
-                self._checkpointed_high_watermark = hw
-        except OSError as exc:  # tried again at the next interval; close() reports a failure
-            self._log.warning("could not checkpoint the high watermark of %s: %s", self.directory, exc)
+                if not self._closed:  # else close() wrote the checkpoint itself
+                    self._write_high_watermark()
+        except LogStorageError as exc:  # tried again at the next interval; close() reports a failure
+            self._log.warning("%s", exc)
         finally:
             self._hw_checkpoint_queued = False
 
@@ -574,15 +571,19 @@ class Log(LogBase):
 
     def _checkpoint_high_watermark(self) -> None:
         with self._hw_write:
-            hw = self._high_watermark
-            try:
-                write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
-            except OSError as exc:
-                raise LogStorageError(
-                    f"could not checkpoint the high watermark of {self.directory}: {exc}"
-                ) from exc
-            self._checkpointed_high_watermark = hw
+            self._write_high_watermark()
         self._last_hw_checkpoint = self._clock()
+
+    def _write_high_watermark(self) -> None:
+        """Write the high watermark's checkpoint file; the caller holds ``_hw_write``."""
+        hw = self._high_watermark
+        try:
+            write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
+        except OSError as exc:
+            raise LogStorageError(
+                f"could not checkpoint the high watermark of {self.directory}: {exc}"
+            ) from exc
+        self._checkpointed_high_watermark = hw
 
     def _record_segments(self, *, required: bool) -> None:
         """Write the segment manifest; unless ``required``, a failure is only logged.

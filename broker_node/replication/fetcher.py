@@ -313,7 +313,6 @@ class Fetcher:
         for damaged in log.damaged:
             by_segment.setdefault(damaged.path, []).append(damaged)
         for ranges in by_segment.values():
-            what = ", ".join(f"{r.first_offset} to {r.last_offset}" for r in ranges)
             try:
                 copies: list[pa.Buffer] = []
                 for damaged in ranges:
@@ -334,6 +333,7 @@ class Fetcher:
                             extra=self._fields,
                         )
             except (JetStreamError, LogError, flight.FlightError) as exc:
+                what = ", ".join(f"{r.first_offset} to {r.last_offset}" for r in ranges)
                 logger.warning("%s: cannot repair offsets %s yet: %s", self, what, exc, extra=self._fields)
 
     # ---- Flight ----------------------------------------------------------------------------
