@@ -23,16 +23,17 @@ async def _never(*_: object) -> None:
     raise AssertionError("nothing is resent in these checks")
 
 
-def _clocked_resender(now: list[float]) -> tuple[Resender, list[bytes]]:
-    """A resender on the clock ``now[0]`` whose leadership reads fail (the epochs stay as they
-    are), and the payloads it publishes."""
+async def _no_leaders(_stream: str) -> StreamInfo:
+    raise UnavailableError("no broker answers")
+
+
+def _clocked_resender(now: list[float], describe=_no_leaders) -> tuple[Resender, list[bytes]]:
+    """A resender on the clock ``now[0]`` that reads leaderships with ``describe`` (by default the
+    reads fail, so the epochs stay as they are), and the payloads it publishes."""
     sent: list[bytes] = []
 
     async def publish(_subject: str, payload: bytes) -> None:
         sent.append(payload)
-
-    async def describe(_stream: str):
-        raise UnavailableError("no broker answers")
 
     return Resender(describe, publish, check=0.25, clock=lambda: now[0]), sent
 
@@ -176,19 +177,16 @@ def test_a_sender_due_for_a_resend_does_not_take_another_senders_messages_with_i
 def test_a_moved_leadership_resends_every_pending_message_and_the_log_says_so(caplog):
     caplog.set_level(logging.INFO, logger="pyspark_jetstream.client.resend")
 
+    async def epoch_3(stream: str) -> StreamInfo:
+        return StreamInfo({"name": stream}, (PartitionInfo(0, "b2", ("b2",), ("b2",), 3, 0, 0, 0),))
+
     async def main() -> None:
-        sent: list[bytes] = []
-
-        async def publish(_subject: str, payload: bytes) -> None:
-            sent.append(payload)
-
-        async def describe(stream: str) -> StreamInfo:
-            return StreamInfo({"name": stream}, (PartitionInfo(0, "b2", ("b2",), ("b2",), 3, 0, 0, 0),))
-
-        resender = Resender(describe, publish, check=0.01)
+        now = [100.0]
+        resender, sent = _clocked_resender(now, epoch_3)
         resender.track("0", "s", b"p0", stream="s", partition=0, producer=("p", 0), sequence=0)
         resender.track("1", "s", b"q0", stream="s", partition=0, producer=("q", 0), sequence=0)
-        await resender._resend_due(asyncio.get_running_loop().time() + 1)  # sent in epoch -1
+        now[0] = 100.3
+        await resender._resend_due(now[0])  # both were sent in epoch -1
         assert sent == [b"p0", b"q0"]
         resender.close()
 
