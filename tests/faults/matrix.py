@@ -653,7 +653,14 @@ def run_matrix(
                 nemesis.run(fault, hold)
                 time.sleep(rest)
                 # Unavailability is measured to the first ack after the heal: wait for it (bounded).
-                _wait_for_ack(workload.history, nemesis.heals[-1], timeout=60)
+                _wait_until(
+                    workload.history,
+                    lambda h, healed=nemesis.heals[-1]: bool(h.ack_times) and h.ack_times[-1] >= healed,
+                    60,
+                )
+            # A schema change may still be in flight after the last fault (its attempts during the
+            # faults wait out their timeouts): the run ends once one has landed (bounded).
+            _wait_until(workload.history, lambda h: h.schema_changes >= 1, 60)
         finally:
             workload.stop()
         settle(cluster)
@@ -661,10 +668,11 @@ def run_matrix(
     return judge(workload.history, read_replicas(cluster), nemesis.injected, nemesis.heals, nemesis.damage)
 
 
-def _wait_for_ack(history: History, since: float, timeout: float) -> None:
+def _wait_until(history: History, done: Callable[[History], bool], timeout: float) -> None:
+    """Wait until ``done(history)`` holds (checked under its lock), at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with history.lock:
-            if history.ack_times and history.ack_times[-1] >= since:
+            if done(history):
                 return
         time.sleep(0.1)
