@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import ssl
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -54,14 +55,16 @@ from broker_node.log_terms import LOG_TERMS
 from broker_node.metrics import MetricsServer
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
+from broker_node.replication.fetcher import PeerLink
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
 from broker_node.replication.partition_record import partition_directories, read_record
+from broker_node.replication.replica_server import ReplicaServer
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
 from broker_node.start_watch import StartWatch
 from broker_node.tail.publishers import LiveTails
-from pyspark_jetstream.client.credentials import Credentials
+from pyspark_jetstream.client.credentials import Credentials, basic_authorization
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
@@ -148,8 +151,9 @@ class Broker:
             await self._start_nats()
             watch.step("connecting to NATS")
             await self._connect_ingest()
-            watch.step("serving Flight and metrics")
+            watch.step("serving Flight, replication and metrics")
             self._serve_flight()
+            await self._serve_replication()
             self._serve_metrics()
             watch.step("joining the coordinator")
             await self._join_coordination()
@@ -230,6 +234,23 @@ class Broker:
                 self.runtime.flight_address,
             )
 
+    async def _serve_replication(self) -> None:
+        """The replication listener its followers connect to, served on this loop, and how this
+        broker's own fetchers connect to their leaders' (also on this loop)."""
+        flight_config, security = self.config.flight, self.config.security
+        server = ReplicaServer(
+            self.manager,
+            self.access,
+            host=flight_config.host,
+            port=self.config.replication.port,
+            tls=_replication_tls(security),
+            advertised_host=flight_config.advertised_host,
+        )
+        await server.start()
+        self.runtime.replication = server
+        self.manager.loop = self._loop
+        self.manager.link = _peer_link(self.credentials)
+
     def _serve_metrics(self) -> None:
         metrics_config = self.config.metrics
         if metrics_config.port >= 0:
@@ -239,8 +260,14 @@ class Broker:
     async def _join_coordination(self) -> None:
         """Register with the coordinator, check that metadata and data agree, listen for changes."""
         runtime = self.runtime
+        assert runtime.replication is not None
         info = BrokerInfo(
-            self.broker_id, runtime.flight_address, tuple(runtime.advertised_nats), self.config.rack, FEATURES
+            self.broker_id,
+            runtime.flight_address,
+            tuple(runtime.advertised_nats),
+            self.config.rack,
+            FEATURES,
+            runtime.replication.address,
         )
         await asyncio.to_thread(self.coordinator.start, info)
         if self.clustered and self.access.enabled:
@@ -290,6 +317,7 @@ class Broker:
             "broker_id": self.broker_id,
             "flight": self.runtime.flight_address,
             "nats": self.runtime.advertised_nats,
+            "replication": self.runtime.replication.address if self.runtime.replication else None,
             "pid": os.getpid(),
         }
         if self._metrics is not None:
@@ -323,6 +351,8 @@ class Broker:
             await runtime.ingestor.close()
         for partition in self.manager.held():
             partition.wake_readers()
+        if runtime.replication is not None:
+            await runtime.replication.close()
         if runtime.flight is not None:
             await asyncio.to_thread(runtime.flight.shutdown)
         if self._metrics is not None:
@@ -484,6 +514,32 @@ def _flight_tls(security: SecurityConfig) -> dict[str, Any]:
         arguments["verify_client"] = True
         arguments["root_certificates"] = Path(security.tls_ca).read_text(encoding="utf-8")
     return arguments
+
+
+def _replication_tls(security: SecurityConfig) -> ssl.SSLContext | None:
+    """The replication listener's TLS, as Flight's: ``[security]``'s certificate, and with
+    ``verify_clients`` a client certificate from its CA required."""
+    if not security.tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(security.tls_cert, security.tls_key)
+    if security.verify_clients:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(security.tls_ca)
+    return context
+
+
+def _peer_link(credentials: Credentials) -> PeerLink:
+    """How this broker's fetchers present themselves to their leaders: as its Flight calls do."""
+    tls = None
+    if credentials.tls_ca is not None or credentials.tls_cert is not None:
+        tls = ssl.create_default_context(cafile=credentials.tls_ca)
+        if credentials.tls_cert is not None and credentials.tls_key is not None:
+            tls.load_cert_chain(credentials.tls_cert, credentials.tls_key)
+    authorization = ""
+    if credentials.user is not None and credentials.token is not None:
+        authorization = basic_authorization(credentials.user, credentials.token)
+    return PeerLink(tls, authorization)
 
 
 def _own_credentials(config: BrokerConfig) -> Credentials:

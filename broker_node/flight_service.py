@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from broker_node.api.replica_stream import ReplicaFetchAnswer
+from broker_node.api.server import ReplicaFetchAnswer
 from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
@@ -36,7 +36,6 @@ from pyspark_jetstream.protocol.envelope import Envelope
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
-    NotLeaderError,
     OffsetOutOfRangeError,
     RequestTimeoutError,
     UnavailableError,
@@ -107,9 +106,10 @@ class BrokerService:
         return self._manager.require(stream, number, leader=False, from_replicas=from_replicas)
 
     def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
-        """Serve a follower's fetch as leader (see :mod:`pyspark_jetstream.protocol.replication`):
-        acknowledge its fetch offset, then answer what follows it; as an in-sync follower, the
-        leader's own fetch of a range it repairs (no waiting)."""
+        """A repair copy (see :mod:`pyspark_jetstream.protocol.replication`): as leader, the stored
+        frames from ``request.fetch_offset`` on, for a follower repairing a damaged range; as an
+        in-sync follower, the committed ones, for its leader repairing its own.  A read: nothing
+        is recorded, no high watermark moves."""
         following = self._manager.get(request.stream, request.partition)
         if (
             following is not None
@@ -120,46 +120,15 @@ class BrokerService:
                 request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
             )
             return _replica_answer(following, frames, request.leader_epoch)
-        self.replica_acknowledge(request)
-        return self.replica_read(request)
-
-    def replica_acknowledge(self, request: ReplicaFetch) -> None:
-        """A follower holds everything before ``request.fetch_offset``: record it as leader (the
-        high watermark may move; a follower that caught up is asked into the ISR)."""
         partition = self._led_for(request)
-        if partition.record_fetch(request.replica, request.fetch_offset):
-            self._manager.request_isr(partition, request.replica)
-
-    def replica_read(
-        self, request: ReplicaFetch, *, unless: Callable[[], bool] | None = None
-    ) -> ReplicaFetchAnswer:
-        """As leader, the stored frames from ``request.fetch_offset`` on, waiting up to ``max_wait``
-        for some if there are none yet (or until ``unless()``, see :meth:`replica_wake`); records
-        nothing."""
-        partition = self._led_for(request)
-        log = partition.log
-        if request.fetch_offset == log.log_end_offset and request.max_wait > 0:
-            log.wait_for_end(request.fetch_offset, request.max_wait, unless=unless)
-        frames = log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
+        frames = partition.log.read_frames(request.fetch_offset, max_bytes=request.max_bytes)
         return _replica_answer(partition, frames, request.leader_epoch)
-
-    def replica_wake(self, request: ReplicaFetch) -> None:
-        """Have the reads waiting on the partition ``request`` names check their ``unless`` now."""
-        partition = self._manager.get(request.stream, request.partition)
-        if partition is not None:
-            partition.log.wake_waiters()
 
     def _led_for(self, request: ReplicaFetch) -> Partition:
         """The partition ``request`` fetches, led here in the request's epoch, holding its offset."""
-        partition = self._manager.require(request.stream, request.partition, leader=True)
-        epoch = partition.state.leader_epoch
-        if request.leader_epoch != epoch:
-            raise NotLeaderError(
-                f"{request.replica} fetches {request.stream}/{request.partition} in leader epoch "
-                f"{request.leader_epoch}, but this leader is in epoch {epoch}",
-                stream=request.stream,
-                partition=request.partition,
-            )
+        partition = self._manager.led_for(
+            request.stream, request.partition, request.replica, request.leader_epoch
+        )
         log = partition.log
         start, end = log.log_start_offset, log.log_end_offset
         if not start <= request.fetch_offset <= end:

@@ -14,6 +14,7 @@ import dataclasses
 from broker_node.api.server import FlightApi
 from broker_node.embedded_nats import EmbeddedNats
 from broker_node.ingest.ingestor import Ingestor
+from broker_node.replication.replica_server import ReplicaServer
 from broker_node.tail.publishers import LiveTails
 
 
@@ -36,3 +37,5 @@ class Runtime:
     tails: LiveTails | None = None
     """The live tail's publishers (``None`` with ``[ingest] live_tail`` off)."""
     flight: FlightApi | None = None
+    replication: ReplicaServer | None = None
+    """The replication listener its followers connect to."""

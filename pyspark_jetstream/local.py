@@ -74,6 +74,8 @@ class LocalBroker:
         self.broker_id = broker_id
         self.nats_url = nats_url
         self.flight = ""
+        self.replication = ""
+        """``tcp://host:port`` (or ``tls://``) of its replication listener, once started."""
         self.metrics: str | None = None
         """``http://host:port`` of /metrics and /healthz, when ``[metrics]`` serves them."""
         self.log_level = log_level
@@ -117,6 +119,7 @@ class LocalBroker:
             if runtime.exists():
                 info = json.loads(runtime.read_text())
                 self.flight = info["flight"]
+                self.replication = info.get("replication") or ""
                 self.nats_url = info["nats"][0]
                 self.metrics = info.get("metrics")
                 return self

@@ -15,6 +15,7 @@ error's message -- never the request's body nor any data.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -50,16 +51,15 @@ from pyspark_jetstream.protocol.flight import (
 from pyspark_jetstream.protocol.put import parse_put_command
 from pyspark_jetstream.protocol.replication import (
     FETCH_SCHEMA,
+    LeaderOffsets,
     ReplicaFetch,
     fetch_metadata,
-    parse_stream_ticket,
 )
 from pyspark_jetstream.protocol.replication import parse_ticket as parse_replica_ticket
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .puts import Put, PutTarget
-from .replica_stream import ReplicaLeader, ReplicaStream
 from .typed_reads import ReadShape
 
 logger = logging.getLogger(__name__)
@@ -95,15 +95,26 @@ class ReadablePartition(Protocol):
     def wait_for_data(self, offset: int, timeout: float) -> bool: ...
 
 
-class BrokerView(AdminService, ReplicaLeader, PutTarget, Protocol):
-    """What the server needs of the broker: reads, replica fetches and streams (see
-    :class:`.replica_stream.ReplicaLeader`), puts (see :class:`.puts.PutTarget`), and the admin
-    actions."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaFetchAnswer:
+    """A repair copy (see :mod:`pyspark_jetstream.protocol.replication`): the stored frames from the
+    fetch offset on, and where the answering broker's log stands."""
+
+    frames: list[ReplicaFrame]
+    offsets: LeaderOffsets
+
+
+class BrokerView(AdminService, PutTarget, Protocol):
+    """What the server needs of the broker: reads, repair copies, puts (see
+    :class:`.puts.PutTarget`), and the admin actions."""
 
     @property
     def flight_address(self) -> str: ...
 
     def readable(self, stream: str, number: int, *, from_replicas: bool = False) -> ReadablePartition: ...
+
+    def replica_fetch(self, request: ReplicaFetch) -> ReplicaFetchAnswer:
+        """A repair copy of stored frames from ``request.fetch_offset`` on (nothing is recorded)."""
 
 
 class Access(Protocol):
@@ -430,36 +441,12 @@ class FlightApi(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """A follower's replication stream (see :mod:`pyspark_jetstream.protocol.replication`);
-        anything else is refused, as :meth:`do_put`."""
-        call = _Call("do_exchange")
-
-        def exchange() -> None:
-            opened = parse_stream_ticket(_command(descriptor))
-            if opened is None:
-                _not_over_flight("do_exchange")()
-                return
-            fetch = opened.fetch
-            call.about("replica_stream", fetch.stream, fetch.partition)
-            self.access.check_cluster(self._principal(context), "replicate")
-            self._replica_stream(fetch, reader, writer, packed=opened.packed)
-
-        _guard(exchange, self._outcome(call), call)
-
-    def _replica_stream(
-        self,
-        request: ReplicaFetch,
-        reader: flight.MetadataRecordBatchReader,
-        writer: flight.MetadataRecordBatchWriter,
-        *,
-        packed: bool = False,
-    ) -> None:
-        """Pipelined: what is appended goes at once, acknowledgements are read beside it (see
-        :mod:`.replica_stream`); ``packed``: the follower asked for packed messages."""
-        ReplicaStream(self.broker, request, reader, writer, self._stopping, packed=packed).run()
+        """Refused, as :meth:`do_put`'s other uses (replication has a connection of its own, see
+        :mod:`pyspark_jetstream.protocol.replication_wire`)."""
+        _guard(_not_over_flight("do_exchange"), self._outcome(_Call("do_exchange")), _Call("do_exchange"))
 
     def shutdown(self) -> None:
-        """Stop serving: replication streams end at their next turn, then the server stops."""
+        """Stop serving: long-polling reads end at their next turn, then the server stops."""
         self._stopping.set()
         super().shutdown()
 

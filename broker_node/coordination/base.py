@@ -56,6 +56,9 @@ class BrokerInfo:
     features: tuple[str, ...] = ()
     """What this broker's version can do that older ones cannot (``FEATURES``): a partition move
     is refused while a live broker lacks it (its writes would drop the move's fields)."""
+    replication_address: str = ""
+    """Where its followers connect to replicate (``tcp://host:port`` or ``tls://host:port``);
+    empty from a broker of an earlier version, which replicated over Flight."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,18 +96,21 @@ def broker_to_bytes(broker: BrokerInfo) -> bytes:
         stored["rack"] = broker.rack
     if broker.features:
         stored["features"] = list(broker.features)
+    if broker.replication_address:
+        stored["replication"] = broker.replication_address
     return dumps(stored)
 
 
 def broker_from_bytes(raw: bytes, what: str = "a broker registration") -> BrokerInfo:
     """Parse a broker registration."""
-    data = loads(raw, what, {"broker_id", "flight", "nats"}, frozenset({"rack", "features"}))
+    data = loads(raw, what, {"broker_id", "flight", "nats"}, frozenset({"rack", "features", "replication"}))
     return BrokerInfo(
         _typed(what, data, "broker_id", str),
         _typed(what, data, "flight", str),
         _names(what, data, "nats"),
         _typed(what, data, "rack", str) if "rack" in data else "",
         _names(what, data, "features") if "features" in data else (),
+        _typed(what, data, "replication", str) if "replication" in data else "",
     )
 
 

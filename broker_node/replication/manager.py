@@ -3,7 +3,8 @@
 :meth:`ReplicaManager.apply` reads the coordinator's metadata and makes this
 broker's partitions fit it: it opens the partitions assigned here (checking
 each directory belongs to that very stream), makes them leaders or followers
-(starting a :class:`~.fetcher.Fetcher` for each follower), applies ISR
+(starting a :class:`~.fetcher.Fetcher` for each follower, a task on the
+event loop given as :attr:`ReplicaManager.loop`), applies ISR
 changes, and closes partitions no longer here, removing the directories of
 deleted streams and of partitions moved to other brokers (only those: see
 :mod:`.partition_record`).  It runs on whatever thread calls it, one call at a time.
@@ -16,6 +17,7 @@ compare-and-set through the coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import shutil
@@ -38,7 +40,7 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .fetcher import Fetcher
+from .fetcher import Fetcher, PeerLink
 from .leader_repair import repair_leader
 from .partition import Partition, Role
 from .partition_record import partition_directories, partition_record, read_record, write_record
@@ -77,6 +79,12 @@ class ReplicaManager:
         self._fetchers: dict[Key, Fetcher] = {}
         self.connect_peer: Callable[[str], flight.FlightClient] = flight.connect
         """Opens a Flight client to another broker (the broker sets its TLS and credentials)."""
+        self.link = PeerLink()
+        """How fetchers present themselves to leaders (the broker sets its TLS and credentials)."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop fetchers run on (the broker's); without one, a loop of the manager's own
+        in a thread of its own is started at the first fetcher."""
+        self._own_loop: threading.Thread | None = None
         self._released: dict[Key, int] = {}
         """The last partition state version each partition closed here held: a moved copy is
         deleted only on a newer state that leaves this broker out (not on a stale snapshot)."""
@@ -166,6 +174,41 @@ class ReplicaManager:
     def address_of(self, broker_id: str) -> str | None:
         """A live broker's Flight address, as it advertises it to clients."""
         return next((b.flight_address for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
+
+    def replication_address_of(self, broker_id: str) -> str:
+        """Where this broker reaches a live peer's replication listener: ``[replication]
+        peer_replication_addresses`` if set, else the address it registered; ``UnavailableError``
+        naming why there is none."""
+        info = next((b for b in self.coordinator.brokers() if b.broker_id == broker_id), None)
+        if info is None:
+            raise UnavailableError(f"leader {broker_id} is not registered (not running?)")
+        address = self.config.peer_replication_addresses.get(broker_id) or info.replication_address
+        if not address:
+            raise UnavailableError(
+                f"leader {broker_id} offers no replication listener: it runs an older version of the "
+                "broker, which replicates over Flight; run the same version on every broker"
+            )
+        return address
+
+    def led_for(self, stream: str, number: int, replica: str, leader_epoch: int) -> Partition:
+        """The partition ``replica`` follows, led here in ``leader_epoch``: ``NotLeaderError``
+        (or ``UnavailableError`` while taking up the role, ``UnknownStreamError``) otherwise."""
+        partition = self.require(stream, number, leader=True)
+        epoch = partition.state.leader_epoch
+        if leader_epoch != epoch:
+            raise NotLeaderError(
+                f"{replica} follows {stream}/{number} in leader epoch {leader_epoch}, but this leader "
+                f"is in epoch {epoch}",
+                stream=stream,
+                partition=number,
+            )
+        if replica == self.broker_id or replica not in partition.state.replicas:
+            raise NotLeaderError(
+                f"{replica} is not a replica of {stream}/{number} in epoch {epoch}",
+                stream=stream,
+                partition=number,
+            )
+        return partition
 
     def repair_leader(self, partition: Partition) -> None:
         """Repair a damaged leader's log from an in-sync follower (see ``leader_repair``)."""
@@ -266,10 +309,13 @@ class ReplicaManager:
                     partition,
                     state.leader,
                     state.leader_epoch,
+                    self.replication_address_of,
                     self.peer_address_of,
+                    loop=self._fetch_loop(),
+                    link=self.link,
+                    connect=self.connect_peer,
                     max_bytes=self.config.fetch_max_bytes,
                     max_wait=self.config.fetch_max_wait,
-                    connect=self.connect_peer,
                     throttle=self.throttle,
                 )
                 with self._lock:
@@ -277,6 +323,15 @@ class ReplicaManager:
                 fetcher.start()
         elif state.version != current.version:
             partition.update_state(state)
+
+    def _fetch_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop fetchers run on: the broker's, else one of the manager's own."""
+        if self.loop is None:
+            loop = asyncio.new_event_loop()
+            self._own_loop = threading.Thread(target=loop.run_forever, name="fetchers", daemon=True)
+            self._own_loop.start()
+            self.loop = loop
+        return self.loop
 
     def _stop_fetcher(self, key: Key) -> None:
         """Stop a partition's fetcher without waiting for it: one blocked on a hung leader must not
@@ -498,6 +553,12 @@ class ReplicaManager:
                 Labels(partition.stream, partition.number).bind(logger).error("cannot close: %s", exc)
         if self._isr_thread.is_alive():
             self._isr_thread.join(5)
+        if self._own_loop is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._own_loop.join(5)
+            self._own_loop = None
+            self.loop.close()
+            self.loop = None
         return failures
 
 

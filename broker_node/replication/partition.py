@@ -177,6 +177,7 @@ class Partition:
         self._waiters: list[tuple[int, int, Committed]] = []
         self._ids = itertools.count()
         self._listeners: list[Callable[[], None]] = []
+        self._append_listeners: list[Callable[[], None]] = []
         self._snapshot_path = None if log.directory is None else log.directory / PRODUCER_SNAPSHOT
         """Where the producer snapshot goes: beside the log's files (a log without files has none)."""
         self._snapshot_end = -1
@@ -314,6 +315,8 @@ class Partition:
         finally:
             self._role_lock.release()
         if offsets is not None:
+            for appended in self._append_listeners:
+                appended()
             with self._lock:
                 self._advance_high_watermark()
         return offsets
@@ -687,6 +690,21 @@ class Partition:
             with self._lock:
                 if listener in self._listeners:
                     self._listeners.remove(listener)
+
+        return stop
+
+    def on_append(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each append as leader; return what stops it.
+
+        It is called on the appending thread (the event loop's, or a worker's
+        for a large batch), holding no lock, so it must only hand the news on
+        (schedule a send), never block: the replication connections send what
+        was appended from it.
+        """
+        self._append_listeners = [*self._append_listeners, listener]
+
+        def stop() -> None:
+            self._append_listeners = [a for a in self._append_listeners if a is not listener]
 
         return stop
 

@@ -4,38 +4,44 @@ Truncating to the high watermark alone can lose acknowledged messages or keep
 diverged ones (Kafka's KIP-101); instead the replica asks the leader where its
 own latest epoch ends there, and cuts at the first point where the two logs
 may differ (KIP-279's rule, repeated while the leader answers with an epoch
-the replica does not have).  Pure: the two ends are passed in as functions.
+the replica does not have).  Pure: :func:`truncation` is a generator that
+yields each epoch to ask the leader about and is sent the leader's answer, so
+a caller asks however it talks to the leader (the follower's fetcher asks on
+its replication connection); :func:`truncation_offset` drives it with a
+function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 from broker_node.log import UNDEFINED, EpochEndOffset
 
 MAX_ROUNDS = 64
 """Rounds before giving up on agreement and keeping nothing unverified (never reached in practice)."""
 
+Steps = Generator[int, EpochEndOffset, int]
+"""Yields an epoch to ask the leader about, is sent the leader's answer, returns the cut."""
 
-def truncation_offset(
+
+def truncation(
     latest_epoch: int | None,
     log_start_offset: int,
-    leader_end_for: Callable[[int], EpochEndOffset],
     local_end_for: Callable[[int], EpochEndOffset],
-) -> int:
+) -> Steps:
     """The offset the replica's log must be truncated to (everything from it on may differ).
 
-    ``latest_epoch`` is the replica's newest epoch (``None`` with no data);
-    ``leader_end_for(e)`` is the leader's answer for epoch ``e`` (largest epoch
-    <= e it has, and where that ends), ``local_end_for(e)`` the same from the
-    replica's own cache.  The result may be past the replica's log end
-    (nothing to cut).
+    ``latest_epoch`` is the replica's newest epoch (``None`` with no data); each
+    epoch ``e`` yielded is answered with the leader's ``EpochEndOffset`` for it
+    (the largest epoch <= e it has, and where that ends); ``local_end_for(e)``
+    is the same from the replica's own cache.  The result may be past the
+    replica's log end (nothing to cut).
     """
     epoch = latest_epoch
     for _ in range(MAX_ROUNDS):
         if epoch is None or epoch == UNDEFINED:
             return log_start_offset
-        theirs = leader_end_for(epoch)
+        theirs = yield epoch
         if theirs.epoch == UNDEFINED:
             return log_start_offset  # the leader has nothing this old: keep nothing unverified
         ours = local_end_for(theirs.epoch)
@@ -44,3 +50,20 @@ def truncation_offset(
         # The leader's epoch is one we never had: ask about our newest one below it.
         epoch = ours.epoch
     return log_start_offset
+
+
+def truncation_offset(
+    latest_epoch: int | None,
+    log_start_offset: int,
+    leader_end_for: Callable[[int], EpochEndOffset],
+    local_end_for: Callable[[int], EpochEndOffset],
+) -> int:
+    """:func:`truncation` with the leader's answers from ``leader_end_for(e)``."""
+    steps = truncation(latest_epoch, log_start_offset, local_end_for)
+    try:
+        epoch = next(steps)
+        while True:
+            epoch = steps.send(leader_end_for(epoch))
+    except StopIteration as done:
+        cut: int = done.value
+        return cut

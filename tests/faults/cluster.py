@@ -2,8 +2,9 @@
 
 Three broker processes, Debian's ZooKeeper and one nats-server, as
 ``LocalCluster`` runs them, plus a TCP proxy on every broker-to-broker link
-(``[replication] peer_addresses``): broker A reaches broker B's Flight
-server only through the proxy A->B, so the harness can cut the network
+(``[replication] peer_addresses`` and ``peer_replication_addresses``): broker
+A reaches broker B's Flight server and replication listener only through the
+proxies A->B, so the harness can cut the network
 between brokers, link by link, while clients and ZooKeeper still reach every
 broker.  (A proxy rather than network namespaces: it needs no privileges, so
 the suite runs the same on a developer's machine and in CI, and a cut is a
@@ -103,7 +104,8 @@ class FaultCluster(LocalCluster):
     def __init__(self, brokers: int = 3, **options: object) -> None:
         super().__init__(brokers, **options)  # type: ignore[arg-type]
         self.ids = [f"broker-{n}" for n in range(1, brokers + 1)]
-        self.proxies: dict[tuple[str, str], Proxy] = {}
+        self.proxies: dict[tuple[str, str], tuple[Proxy, Proxy]] = {}
+        """Each link's proxies: to the target's Flight server, and to its replication listener."""
 
     def start(self) -> FaultCluster:
         self.zookeeper.start()
@@ -111,16 +113,23 @@ class FaultCluster(LocalCluster):
         for source in self.ids:
             for target in self.ids:
                 if source != target:
-                    self.proxies[(source, target)] = Proxy(self._flight_port_of(target))
+                    self.proxies[(source, target)] = (
+                        Proxy(self._port_of(target, "flight")),
+                        Proxy(self._port_of(target, "replication")),
+                    )
         common = (
             f'[zookeeper]\nhosts = "{self.zookeeper.hosts}"\nchroot = "{self.chroot}"\n'
             f"session_timeout = {self.session_timeout}\ncursor_replication_factor = {self._factor}\n"
         )
         for broker_id in self.ids:
+            others = [target for target in self.ids if target != broker_id]
             peers = "".join(
-                f'{target} = "grpc://127.0.0.1:{self.proxies[(broker_id, target)].port}"\n'
-                for target in self.ids
-                if target != broker_id
+                f'{target} = "grpc://127.0.0.1:{self.proxies[(broker_id, target)][0].port}"\n'
+                for target in others
+            )
+            peers += "[replication.peer_replication_addresses]\n" + "".join(
+                f'{target} = "tcp://127.0.0.1:{self.proxies[(broker_id, target)][1].port}"\n'
+                for target in others
             )
             self.brokers.append(
                 LocalBroker(
@@ -136,30 +145,34 @@ class FaultCluster(LocalCluster):
             broker.start()
         return self
 
-    def _flight_port_of(self, broker_id: str) -> Callable[[], int]:
-        """The Flight port ``broker_id`` bound when it last started (0, refused, before that)."""
+    def _port_of(self, broker_id: str, listener: str) -> Callable[[], int]:
+        """The port of ``broker_id``'s ``flight`` or ``replication`` listener as it bound it when
+        it last started (0, refused, before that)."""
 
         def port() -> int:
-            address = self.broker(broker_id).flight
+            address = getattr(self.broker(broker_id), listener)
             return int(address.rsplit(":", 1)[1]) if address else 0
 
         return port
 
     def isolate(self, broker_id: str) -> None:
         """Cut every link between ``broker_id`` and the other brokers (both ways)."""
-        for (source, target), proxy in self.proxies.items():
+        for (source, target), proxies in self.proxies.items():
             if broker_id in (source, target):
-                proxy.cut()
+                for proxy in proxies:
+                    proxy.cut()
 
     def heal_network(self) -> None:
         """Restore every link."""
-        for proxy in self.proxies.values():
-            proxy.heal()
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                proxy.heal()
 
     def stop(self) -> None:
         super().stop()
-        for proxy in self.proxies.values():
-            proxy.close()
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                proxy.close()
 
     # ---- faults on a broker's files and limits ------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pyarrow as pa
@@ -10,7 +11,6 @@ from broker_node.coordination.base import PartitionState
 from broker_node.log import Log
 from broker_node.replication.fetcher import Fetcher
 from broker_node.replication.partition import Partition
-from pyspark_jetstream.protocol.replication import STREAM_SCHEMA, ReplicaFetch
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..log.helpers import rows
@@ -45,13 +45,14 @@ def test_two_damaged_batches_of_one_segment_are_repaired_together(tmp_path):
     leader = Log.open(leader_dir, CONFIG)
     asked: list[int] = []
 
-    def leader_answer(request: ReplicaFetch) -> pa.Table:
-        asked.append(request.fetch_offset)
-        frames = leader.read_frames(request.fetch_offset, max_bytes=request.max_bytes, wait=False)
+    def leader_answer(start: int) -> pa.Table:
+        asked.append(start)
+        frames = leader.read_frames(start, max_bytes=8 * 1024 * 1024, wait=False)
         stored = [f.data.to_pybytes() for f in frames or []]
-        return pa.table([pa.array(stored, pa.large_binary())], STREAM_SCHEMA)
+        return pa.table({"frame": pa.array(stored, pa.large_binary())})
 
-    fetcher = Fetcher(partition, "a", 1, lambda _: None)
+    loop = asyncio.new_event_loop()  # never run: the repair is called directly
+    fetcher = Fetcher(partition, "a", 1, lambda _: "", lambda _: None, loop=loop)
     fetcher._do_get = leader_answer  # the leader's replica fetch, served from its log
     try:
         partition.log.verify(1 << 30)  # the scrub finds both
@@ -65,3 +66,4 @@ def test_two_damaged_batches_of_one_segment_are_repaired_together(tmp_path):
     finally:
         partition.close()
         leader.close()
+        loop.close()
