@@ -127,11 +127,19 @@ def on_loop_when_committed(
     partition: IngestPartition, offset: int, then: Callable[[JetStreamError | None], object]
 ) -> None:
     """Call ``then`` on the running event loop once ``offset`` is committed (``None``), or with the
-    error if that fails; the partition settles commits from other threads.  Nothing is called if
-    the loop is gone by then (the broker stopped)."""
+    error if that fails; the partition settles commits on the loop (a follower's acknowledgement)
+    or from other threads, and the call is handed over only in the second case.  Nothing is called
+    if the loop is gone by then (the broker stopped)."""
     loop = asyncio.get_running_loop()
 
     def committed(error: JetStreamError | None) -> None:
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:  # the commit was learned on the loop itself (a follower's acknowledgement)
+            loop.call_soon(then, error)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is gone: the broker stopped
             loop.call_soon_threadsafe(then, error)
 
