@@ -15,15 +15,22 @@ import os
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file whole."""
+def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file whole.
+
+    Without ``sync`` the file is renamed into place unsynced: the caller owes an
+    fsync of the file and of its directory (see ``broker_node.log.deferred_sync``),
+    and a machine that loses power before they are paid may come back with the
+    old file."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -24,9 +24,10 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_VERSION = 1
 
 
-def write_checkpoint(path: Path, lines: list[str]) -> None:
-    """Atomically replace ``path`` with the version line followed by ``lines``."""
-    atomic_write(path, ("\n".join([str(CHECKPOINT_VERSION), *lines]) + "\n").encode("ascii"))
+def write_checkpoint(path: Path, lines: list[str], *, sync: bool = True) -> None:
+    """Atomically replace ``path`` with the version line followed by ``lines`` (``sync``: see
+    :func:`broker_node.durable.atomic_write`)."""
+    atomic_write(path, ("\n".join([str(CHECKPOINT_VERSION), *lines]) + "\n").encode("ascii"), sync=sync)
 
 
 def read_checkpoint(path: Path) -> list[str] | None:
@@ -62,6 +63,6 @@ def read_int_pairs(path: Path) -> list[tuple[int, int]] | None:
     return pairs
 
 
-def write_int_pairs(path: Path, pairs: list[tuple[int, int]]) -> None:
+def write_int_pairs(path: Path, pairs: list[tuple[int, int]], *, sync: bool = True) -> None:
     """Atomically write ``pairs`` in the layout :func:`read_int_pairs` reads."""
-    write_checkpoint(path, [str(len(pairs)), *(f"{a} {b}" for a, b in pairs)])
+    write_checkpoint(path, [str(len(pairs)), *(f"{a} {b}" for a, b in pairs)], sync=sync)

@@ -23,9 +23,7 @@ checkpoint and the leader-epoch checkpoint (:mod:`.epochs`).
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -42,6 +40,7 @@ from .base import LogBase, retention_deletes
 from .checkpoint import read_checkpoint, write_checkpoint
 from .compaction import compact_batches, latest_offsets
 from .damage import DamagedRange, damaged_ranges, repair_segments
+from .deferred_sync import DeferredSync, background
 from .epochs import LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
@@ -52,7 +51,7 @@ from .errors import (
 from .index import MAX_RELATIVE_OFFSET
 from .log_config import FsyncPolicy, LogConfig
 from .logging_labels import NO_LABELS, Labels
-from .manifest import open_segments, write_manifest
+from .manifest import MANIFEST, open_segments, write_manifest
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
 from .store import LogStore
 from .typed_frames import sliced_frame
@@ -60,12 +59,6 @@ from .typed_frames import sliced_frame
 logger = logging.getLogger(__name__)
 
 HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
-
-
-@functools.cache
-def _checkpoints() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread that writes the logs' periodic high-watermark checkpoints, started on first use."""
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hw-checkpoint")
 
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
@@ -105,6 +98,8 @@ class Log(LogBase):
         self._last_timestamp = self._newest_timestamp()
         self._last_fsync = clock()
         self._unsynced = False  # appended data that no fsync has covered yet
+        self._deferred = DeferredSync(directory, directory / MANIFEST)
+        """The fsyncs owed and paid on the background thread (see :mod:`.deferred_sync`)."""
         self._last_hw_checkpoint = clock()
         self._hw_write = threading.Lock()
         """Held while the high-watermark checkpoint file is written, by whichever thread writes it."""
@@ -186,6 +181,10 @@ class Log(LogBase):
                 return
             self._closed = True
             failures = []
+            try:
+                self._deferred.run()  # a roll's manifest before the data, as ever
+            except OSError as exc:
+                failures.append(f"could not fsync what {self.directory} owed: {exc}")
             if self._unsynced:
                 try:
                     self._active.fsync()
@@ -231,12 +230,21 @@ class Log(LogBase):
         """
         with self._lock:
             # Only INTERVAL leaves data unsynced that an interval can make due.
-            if self._closed or not self._unsynced or not self._fsync_due():
+            if (
+                self._closed
+                or self.config.fsync is not FsyncPolicy.INTERVAL
+                or not self._unsynced
+                or not self._interval_passed()
+            ):
                 return False
-            self._fsync_active()
+            self._deferred.owe_files(self._active.paths)
             self._unsynced = False
-            self._log.debug("interval fsync of %s", self.directory)
-            return True
+        try:
+            self._deferred.run()  # here, on the caller's (timer) thread, without the log's lock
+        except OSError as exc:
+            raise LogStorageError(f"could not fsync the appends of {self.directory}: {exc}") from exc
+        self._log.debug("interval fsync of %s", self.directory)
+        return True
 
     # ---- offsets ---------------------------------------------------------------
 
@@ -282,20 +290,25 @@ class Log(LogBase):
             self._roll()
 
     def _roll(self, base_offset: int | None = None) -> None:
-        """Start a segment at ``base_offset`` (default: the log end) and seal the active one."""
+        """Start a segment at ``base_offset`` (default: the log end) and seal the active one.
+
+        Its fsyncs are owed (see :mod:`.deferred_sync`) unless every append is synced: a roll
+        is made by an append, which may run on an event loop."""
         active = self._active
+        policy = self.config.fsync
+        sync = policy is FsyncPolicy.ALWAYS
         try:
             # The new segment first: if it cannot be made, the old one stays writable.
             segment = Segment.create(
-                self.directory, active.next_offset if base_offset is None else base_offset
+                self.directory, active.next_offset if base_offset is None else base_offset, sync=sync
             )
             segment.labels = self.labels
         except OSError as exc:
             raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
         try:
             # Listed before anything is appended to it: an unlisted segment with data is a stray.
-            write_manifest(self.directory, [*self._bases, segment.base_offset])
-            if self.config.fsync is not FsyncPolicy.NEVER:
+            write_manifest(self.directory, [*self._bases, segment.base_offset], sync=sync)
+            if sync:
                 active.fsync()
         except OSError as exc:
             try:
@@ -306,17 +319,30 @@ class Log(LogBase):
         active.seal()
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
+        if not sync:
+            self._deferred.owe_manifest()
+            if policy is FsyncPolicy.INTERVAL and self._unsynced:
+                self._deferred.owe_files(active.paths)
+            self._deferred.submit()
 
     def _fsync_due(self) -> bool:
-        """Whether this append must reach the disk before it counts (per the fsync policy)."""
+        """Whether this append must reach the disk before it counts (``always``); under
+        ``interval``, once the interval passed, the active segment's fsync is owed and paid on the
+        background thread instead (the append may run on an event loop)."""
         policy = self.config.fsync
         if policy is FsyncPolicy.ALWAYS:
             return True
-        if policy is FsyncPolicy.INTERVAL:
-            now = self._clock()
-            if now - self._last_fsync >= self.config.fsync_interval:
-                self._last_fsync = now
-                return True
+        if policy is FsyncPolicy.INTERVAL and self._interval_passed():
+            self._deferred.owe_files(self._active.paths)
+            self._deferred.submit()
+        return False
+
+    def _interval_passed(self) -> bool:
+        """Whether ``fsync_interval`` passed since the last interval fsync (then it starts anew)."""
+        now = self._clock()
+        if now - self._last_fsync >= self.config.fsync_interval:
+            self._last_fsync = now
+            return True
         return False
 
     # ---- truncation, retention, compaction -------------------------------------
@@ -539,7 +565,7 @@ class Log(LogBase):
             return
         self._hw_checkpoint_queued = True
         self._last_hw_checkpoint = self._clock()
-        _checkpoints().submit(self._checkpoint_in_background)
+        background().submit(self._checkpoint_in_background)
 
     def _checkpoint_in_background(self) -> None:
         """Write the high watermark as it is now (not as it was when queued: a truncation since

@@ -23,7 +23,10 @@ Compaction and repair rewrite segments in place and keep their ranges, so the
 manifest changes only when segments come and go.  It is written:
 
 * on a roll, after the new segment's file is created and before anything is
-  appended to it (a roll that cannot write it is undone and fails);
+  appended to it (a roll that cannot write it is undone and fails); unless
+  every append is synced, its fsyncs are paid on a background thread before
+  any of the new segment's data is synced (see :mod:`.deferred_sync`), so an
+  append on an event loop never waits for a disk flush;
 * after retention deleted segments, and after truncation deleted them;
 * on open, when what is on disk differed from it, or it did not exist yet (a
   failure there is only logged: the next change writes it, and until then
@@ -84,10 +87,11 @@ STRAY_SUFFIX = ".stray"
 _GROWING = -1
 
 
-def write_manifest(directory: Path, bases: list[int]) -> None:
-    """Record that the log is the segments starting at ``bases`` (ascending, the last active)."""
+def write_manifest(directory: Path, bases: list[int], *, sync: bool = True) -> None:
+    """Record that the log is the segments starting at ``bases`` (ascending, the last active);
+    without ``sync``, the caller owes the file's and the directory's fsyncs."""
     ends = [*bases[1:], _GROWING]
-    write_int_pairs(directory / MANIFEST, list(zip(bases, ends, strict=True)))
+    write_int_pairs(directory / MANIFEST, list(zip(bases, ends, strict=True)), sync=sync)
 
 
 def read_manifest(directory: Path, labels: Labels = NO_LABELS) -> list[int] | None:

@@ -173,15 +173,17 @@ class Segment:
     # ---- creation and recovery -------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> Segment:
-        """Create an empty, writable segment starting at ``base_offset`` (set its :attr:`labels`)."""
+    def create(cls, directory: Path, base_offset: int, *, sync: bool = True) -> Segment:
+        """Create an empty, writable segment starting at ``base_offset`` (set its :attr:`labels`);
+        without ``sync`` the caller owes the directory's fsync."""
         header = header_bytes(base_offset)
         segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header))
         with open(segment.path, "wb") as f:
             f.write(header)
         for path in (segment.offset_index_path, segment.time_index_path):
             path.write_bytes(b"")
-        fsync_dir(directory)
+        if sync:
+            fsync_dir(directory)
         segment.open_for_append()
         return segment
 
@@ -536,6 +538,11 @@ class Segment:
         self._verified.append(1)
         self.size += entry.size
         self._remember(n, frame)
+
+    @property
+    def paths(self) -> tuple[Path, Path, Path]:
+        """The data file and its two index files."""
+        return (self.path, self.offset_index_path, self.time_index_path)
 
     def fsync(self) -> None:
         """Force the data and index files to disk."""

@@ -85,7 +85,7 @@ def test_failed_roll_leaves_the_log_writable(tmp_path, monkeypatch):
     with Log.open(tmp_path, LogConfig(segment_bytes=3_000)) as log:
         log.append(values(20))
 
-        def no_more_files(directory, base_offset):
+        def no_more_files(directory, base_offset, *, sync=True):
             raise OSError(errno.EMFILE, "Too many open files")
 
         monkeypatch.setattr(segment_module.Segment, "create", no_more_files)

@@ -161,7 +161,7 @@ def _crash_on_manifest_write(monkeypatch, live, snapshot):
     """At the first manifest write, copy ``live`` to ``snapshot`` (the disk as a crash there
     would leave it), then fail the write so that the live log goes on and closes cleanly."""
 
-    def crash(directory, bases):
+    def crash(directory, bases, *, sync=True):
         if not snapshot.exists():
             shutil.copytree(live, snapshot)
         raise OSError(errno.EIO, "the process died here")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
 
 from broker_node.log import UNDEFINED, FsyncPolicy, Log, LogConfig, LogError, Record
+from broker_node.log.deferred_sync import background
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
 from .helpers import FakeClock, rows, values
@@ -327,8 +329,15 @@ def test_fsync_policies_store_the_same_data(tmp_path):
 
 def test_interval_fsync_covers_the_end_of_a_burst(tmp_path, monkeypatch):
     synced: list[int] = []
+    threads: list[str] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        threads.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     clock = FakeClock()
     with Log.open(tmp_path, LogConfig(fsync="interval", fsync_interval=1.0), clock=clock) as log:
         log.append(values(1))  # the first append also checkpoints the leader epoch
@@ -343,8 +352,11 @@ def test_interval_fsync_covers_the_end_of_a_burst(tmp_path, monkeypatch):
         synced.clear()
         clock.advance(5.0)
         assert not log.sync_if_due() and synced == []  # nothing new to sync
-        log.append(values(1))  # an interval has passed: this append syncs itself
+        threads.clear()
+        log.append(values(1))  # an interval has passed: this append has itself synced...
+        background().submit(lambda: None).result()  # (the one background thread, in order)
         assert synced
+        assert threads and all(name.startswith("log-sync") for name in threads)  # ...off its thread
         assert not log.sync_if_due()
     with Log.open(tmp_path / "never", LogConfig(fsync="never"), clock=clock) as log:
         log.append(values(1))
