@@ -33,7 +33,7 @@ from pyarrow import flight
 from broker_node.coordination.base import Coordinator
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.mirror_set import Mirrors
-from broker_node.replication.source_cluster import Connect, SourceCluster
+from broker_node.replication.source_cluster import Connect, SourceCluster, brokers_of
 from pyspark_jetstream.protocol.errors import (
     InvalidArgumentError,
     JetStreamError,
@@ -118,20 +118,21 @@ class MirrorService:
         for hop in range(MAX_HOPS):
             cluster = SourceCluster(servers, self._connector(request.source))
             try:
-                described = cluster.describe(stream)
-            except JetStreamError:
-                if hop == 0:
-                    raise  # the source itself: its error is the answer
+                metadata = cluster.metadata()
+                here = bool(own & set(brokers_of(metadata)))
+                path.append(f"{stream!r} {'here' if here else 'on ' + ','.join(servers)}")
+                if here and stream == request.name:
+                    raise InvalidArgumentError(
+                        f"mirror loop: {' mirrors '.join(path)}; a stream cannot copy itself: mirror "
+                        "from the stream that takes the publishes"
+                    )
+                described = cluster.describe(stream, metadata)
+            except JetStreamError as exc:
+                if hop == 0 or isinstance(exc, InvalidArgumentError):
+                    raise  # the source itself (its error is the answer), or the loop
                 break  # an upstream this cluster cannot reach: no loop through it can be seen
             finally:
                 cluster.close()
-            here = bool(own & set(described.brokers))
-            path.append(f"{stream!r} {'here' if here else 'on ' + ','.join(servers)}")
-            if here and stream == request.name:
-                raise InvalidArgumentError(
-                    f"mirror loop: {' mirrors '.join(path)}; a stream cannot copy itself: mirror from "
-                    "the stream that takes the publishes"
-                )
             first = first or described.config
             upstream = described.config.mirror
             if upstream is None or not upstream.active:

@@ -11,8 +11,9 @@ append), with the source's timestamp, key, value, headers, subject and
 producer fields.  Only the ``leader_epoch`` column is restamped with the
 mirror leader's own epoch: the mirror cluster's followers truncate by it,
 and a promoted mirror goes on appending in it.  A typed stream's values are
-parsed under the mirror's schema (the source's), so its batches carry typed
-columns as the source's do.
+parsed under the mirror's schema (the source's: versions the source added
+are brought over before rows read after them are stored), so its batches
+carry typed columns as the source's do.
 
 Why it never leaves a gap or a duplicate: every read starts at the mirror's
 own log end offset, and the log refuses a batch that overlaps what it holds.
@@ -254,9 +255,9 @@ class MirrorCopier:
                 "mirror's"
             )
         restamped = [_restamped(b, self.leader_epoch) for b in batches]
-        schema = partition.config.schema
+        self._follow_source_schema()
         frames: list[pa.Buffer | pa.RecordBatch] = list(restamped)
-        if schema is not None:
+        if partition.config.schema is not None:
             frames = [self._typed_frame(batch) for batch in restamped]
         try:
             partition.append_mirrored(frames, restamped, self.leader_epoch)
@@ -265,22 +266,24 @@ class MirrorCopier:
                 f"the source's batch from offset {first} does not follow the mirror's end {end}: {exc}"
             ) from None
 
+    def _follow_source_schema(self) -> None:
+        """Bring the source's newer schema versions over before its rows read just now are stored:
+        they were written under a version the source had by then, so asking after the read is
+        enough (a typed stream's copy costs this one call per read)."""
+        schema = self.partition.config.schema
+        if schema is None or self._follow_schema is None or self.source_leader is None:
+            return
+        source = self._source.config(self.source_leader, self.mirror.stream)
+        if source.schema is not None and source.schema.version > schema.version:
+            self._follow_schema(self.partition.stream, source)
+
     def _typed_frame(self, batch: pa.RecordBatch) -> pa.Buffer:
-        """``batch`` stored with its values parsed under the mirror's schema; values that schema does
-        not take first bring the source's newer versions over (the source's schema evolved), and
-        are stored untyped if they still do not match (as the source stored them)."""
+        """``batch`` stored with its values parsed under the mirror's schema (stored untyped if they
+        do not match it, as the source stored them then)."""
         partition = self.partition
-        values = batch.column("value").to_pylist()
         schema = partition.config.schema
         assert schema is not None
-        parsed = parse_json(values, schema)
-        if parsed.refused and self._follow_schema is not None:
-            source = self._source.describe(self.mirror.stream).config
-            if source.schema is not None and source.schema.version > schema.version:
-                self._follow_schema(partition.stream, source)
-                schema = partition.config.schema
-                assert schema is not None
-                parsed = parse_json(values, schema)
+        parsed = parse_json(batch.column("value").to_pylist(), schema)
         typed = None if parsed.refused else parsed.typed
         return encode_typed_frame(batch, typed, partition.log.config.compression)
 

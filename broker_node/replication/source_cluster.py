@@ -102,18 +102,30 @@ class SourceCluster:
             raise UnavailableError(f"the source at {','.join(self.servers)} gave no metadata")
         return answer
 
-    def describe(self, stream: str) -> SourceStream:
-        """The source stream's config and the source's brokers; ``UnknownStreamError`` naming the
-        stream and the servers if the source has no such stream."""
-        metadata = self.metadata()
+    def describe(self, stream: str, metadata: dict[str, Any] | None = None) -> SourceStream:
+        """The source stream's config and the source's brokers (from ``metadata`` if given, else
+        read now); ``UnknownStreamError`` naming the stream and the servers if there is none."""
+        metadata = self.metadata() if metadata is None else metadata
         described = next((s for s in metadata.get("streams", []) if s["config"]["name"] == stream), None)
         if described is None:
             raise UnknownStreamError(
                 f"the source cluster at {','.join(self.servers)} has no stream named {stream!r}",
                 stream=stream,
             )
-        brokers = tuple(sorted(b["flight"] for b in metadata.get("brokers", [])))
-        return SourceStream(StreamConfig.from_json(described["config"]), brokers)
+        return SourceStream(StreamConfig.from_json(described["config"]), brokers_of(metadata))
+
+    def config(self, address: str, stream: str) -> StreamConfig:
+        """The source stream's config as the broker at ``address`` has it (``describe_stream``)."""
+        try:
+            results = list(
+                self._client(address).do_action(
+                    flight.Action(ActionType.DESCRIBE_STREAM.value, encode_json({"name": stream})),
+                    flight.FlightCallOptions(timeout=CALL_TIMEOUT),
+                )
+            )
+        except flight.FlightError as exc:
+            raise self._failed(exc, address) from None
+        return StreamConfig.from_json(json.loads(results[0].body.to_pybytes())["config"])
 
     def leader_address(self, stream: str, partition: int) -> str:
         """The Flight address of the source partition's leader; ``UnavailableError`` if it has none
@@ -210,6 +222,11 @@ class SourceCluster:
             return known
         self.forget(address)
         return UnavailableError(f"the source broker at {address} cannot be reached: {_first_line(exc)}")
+
+
+def brokers_of(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """The Flight addresses of the brokers a ``metadata`` answer names, sorted."""
+    return tuple(sorted(str(b["flight"]) for b in metadata.get("brokers", [])))
 
 
 def _first_line(exc: Exception) -> str:
