@@ -85,7 +85,8 @@ def test_promotion_marks_the_mirror_once_and_only_a_mirror():
 
 def test_the_refusal_and_the_status_wire():
     assert publish_refusal("copy", SOURCE) == (
-        "stream 'copy' mirrors 'orders' on grpc://a:1,grpc+tls://b:2: publish to the source (or promote the mirror)"
+        "stream 'copy' mirrors 'orders' on grpc://a:1,grpc+tls://b:2: publish to the source "
+        "(or promote the mirror)"
     )
     status = MirrorStatus("copy", 0, SOURCE.where(), None, "copying", 5, 7, 2, 0.5, None)
     assert MirrorStatus.from_json(status.to_json()) == status
