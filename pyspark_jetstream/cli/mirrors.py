@@ -11,13 +11,14 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import StreamInfo
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-MIRROR_OWN = {"partitions", "replication_factor", "min_insync_replicas", "subject"}
+MIRROR_OWN = {"partitions", "replication_factor", "min_insync_replicas"}
 """``stream create`` options a mirror takes; the others are its source's."""
 
 
-def add_mirror_options(create: argparse.ArgumentParser) -> None:
-    """``--mirror-of``, ``--source-servers`` and ``--source-credentials`` on ``stream create``."""
-    create.add_argument(
+def add_mirror_options(create: argparse.ArgumentParser, subject_or_source: Any) -> None:
+    """``--mirror-of`` (in ``subject_or_source``, the group it shares with ``--subject``: a mirror
+    listens on its source's), ``--source-servers`` and ``--source-credentials`` on ``stream create``."""
+    subject_or_source.add_argument(
         "--mirror-of",
         metavar="STREAM",
         help="copy STREAM of another cluster, offset for offset (its config is taken from the source)",
@@ -52,7 +53,7 @@ def create_mirror(client: SyncClient, args: argparse.Namespace, given: set[str])
         names = ", ".join("--" + name.replace("_", "-") for name in foreign)
         raise InvalidArgumentError(
             f"a mirror takes {names} from its source: leave them out (a mirror sets only --partitions, "
-            "--replication-factor, --min-insync-replicas and --subject)"
+            "--replication-factor and --min-insync-replicas)"
         )
     info = client.create_mirror(
         args.name,
@@ -62,7 +63,6 @@ def create_mirror(client: SyncClient, args: argparse.Namespace, given: set[str])
         replication_factor=args.replication_factor,
         min_insync_replicas=args.min_insync_replicas,
         partitions=args.partitions if "partitions" in given else None,
-        subject=args.subject,
     )
     config = StreamConfig.from_json(info.config)
     assert config.mirror is not None

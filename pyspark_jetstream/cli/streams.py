@@ -39,7 +39,9 @@ def add_commands(commands: Any) -> None:
     stream_commands = stream.add_subparsers(dest="stream_command", required=True)
     create = stream_commands.add_parser("create", help="create a stream (idempotent)")
     create.add_argument("name")
-    create.add_argument("--subject", help="NATS subject; wildcards * and > allowed (a mirror: the source's)")
+    subject_or_source = create.add_mutually_exclusive_group(required=True)
+    subject_or_source.add_argument("--subject", help="NATS subject; wildcards * and > allowed")
+    add_mirror_options(create, subject_or_source)
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--replication-factor", type=int, default=1, help="copies on as many brokers")
     create.add_argument(
@@ -70,7 +72,6 @@ def add_commands(commands: Any) -> None:
         "--no-ack-reply", action="store_true", help="do not ack plain messages on their reply subject"
     )
     create.add_argument("--schema", metavar="FILE", help=SCHEMA_FIRST)
-    add_mirror_options(create)
     create.set_defaults(run=_stream_create)
     listing = stream_commands.add_parser("list", help="list streams")
     listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
@@ -106,8 +107,6 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         return
     if args.source_servers or args.source_credentials:
         raise InvalidArgumentError("--source-servers and --source-credentials go with --mirror-of STREAM")
-    if args.subject is None:
-        raise InvalidArgumentError("stream create needs --subject (or --mirror-of to copy another cluster's)")
     options: dict[str, Any] = {
         "partitions": args.partitions,
         "replication_factor": args.replication_factor,
@@ -154,7 +153,6 @@ def _given(args: argparse.Namespace) -> set[str]:
         "duplicate_window",
         "duplicate_max_ids",
         "schema",
-        "subject",
     )
     given = {name for name, default in defaults.items() if getattr(args, name) != default}
     given |= {name for name in flags if getattr(args, name)}

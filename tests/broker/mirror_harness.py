@@ -51,15 +51,26 @@ def partition_table(address: str, stream: str, partition: int, *, from_replicas:
     return pa.Table.from_batches(batches).select(COPIED_COLUMNS)
 
 
-def caught_up(mirror: SyncClient, name: str) -> bool:
-    """Whether every partition of mirror ``name`` has copied all its source has committed."""
+def caught_up(mirror: SyncClient, name: str, source: SyncClient, source_name: str | None = None) -> bool:
+    """Whether every partition of mirror ``name`` holds everything ``source`` (a client of the source
+    cluster) has committed of its stream now, with no error."""
+    ends = [p.high_watermark for p in source.describe_stream(source_name or name).partitions]
     statuses = mirror.mirror_status(name)
-    return bool(statuses) and all(s.lag_messages == 0 and s.last_error is None for s in statuses)
+    return len(statuses) == len(ends) and all(
+        s.mirror_end == end and s.lag_messages == 0 and s.last_error is None
+        for s, end in zip(statuses, ends, strict=True)
+    )
 
 
-def wait_caught_up(mirror: SyncClient, name: str, timeout: float = 30.0) -> None:
+def wait_caught_up(
+    mirror: SyncClient, name: str, source: SyncClient, source_name: str | None = None, timeout: float = 30.0
+) -> None:
     """Wait until mirror ``name`` has everything its source has (see :func:`caught_up`)."""
-    wait_until(lambda: caught_up(mirror, name), timeout=timeout, message=f"mirror {name} to catch up")
+    wait_until(
+        lambda: caught_up(mirror, name, source, source_name),
+        timeout=timeout,
+        message=f"mirror {name} to catch up",
+    )
 
 
 def assert_identical(source: str, stream: str, mirror: str, name: str, partitions: int) -> None:

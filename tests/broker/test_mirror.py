@@ -81,10 +81,10 @@ def test_a_mirror_holds_every_message_at_its_source_offset(source, mirror, src, 
     info = dst.create_mirror(name, name, source.flight)
     config = StreamConfig.from_json(info.config)
     assert (config.partitions, config.subject, config.mirror.stream) == (2, f"{name}.in", name)
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     assert_identical(source.flight, name, mirror.flight, name, 2)
     fill(src, name, 2, 30, start=40)  # copied as they come
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     assert_identical(source.flight, name, mirror.flight, name, 2)
     assert dst.create_mirror(name, name, source.flight).config == info.config  # idempotent
     statuses = dst.mirror_status(name)
@@ -144,7 +144,7 @@ def test_a_promoted_mirror_takes_publishes_and_stays_promoted_after_a_restart(so
     src.create_stream(name, name)
     fill(src, name, 1, 10)
     dst.create_mirror(name, name, source.flight)
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     info = dst.promote_stream(name)
     assert StreamConfig.from_json(info.config).mirror.promoted
     ack = dst.publish(name, b"after promotion")
@@ -185,12 +185,12 @@ def test_a_typed_stream_mirrors_with_its_schema(source, src, dst, name):
     for i in range(5):
         src.publish(name, f'{{"n": {i}, "label": "l{i}"}}'.encode())
     dst.create_mirror(name, name, source.flight)
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     ours = StreamConfig.from_json(dst.describe_stream(name).config).schema
     assert ours == StreamConfig.from_json(src.describe_stream(name).config).schema
     src.update_schema(name, {"fields": [*schema["fields"], {"name": "extra", "type": "int64"}]})
     src.publish(name, b'{"n": 5, "label": "l5", "extra": 50}')
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     typed = dst.fetch(name, columns=["offset", "n", "label", "extra"]).to_table()
     assert typed.column("n").to_pylist() == list(range(6))
     assert typed.column("extra").to_pylist() == [None] * 5 + [50]
@@ -206,7 +206,7 @@ def test_the_mirror_starts_where_the_source_retention_left_off(source, src, dst,
         message="the source's retention to delete a segment",
     )
     dst.create_mirror(name, name, source.flight)
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     mirrored = dst.describe_stream(name).partitions[0]
     assert mirrored.log_start_offset >= start and mirrored.log_end_offset == 48
     assert partition_table(dst.broker, name, 0).column("offset").to_pylist() == list(
@@ -225,7 +225,7 @@ def test_the_cli_creates_shows_and_promotes_a_mirror(source, mirror, src, dst, n
 
     created = cli("stream", "create", name, "--mirror-of", name, "--source-servers", source.flight)
     assert f"stream {name} mirrors '{name}' on {source.flight} with 1 partition(s)" in created
-    wait_caught_up(dst, name)
+    wait_caught_up(dst, name, src)
     info = cli("stream", "info", name)
     assert f"mirror of '{name}' on {source.flight}" in info and "copying" in info
     refused = run_cli(

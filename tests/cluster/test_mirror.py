@@ -162,7 +162,7 @@ def test_the_mirror_stays_offset_identical_through_leader_kills_and_a_source_res
             lambda: copied_more(ends), timeout=60, message="the mirror to copy after the source restarted"
         )
     assert publisher.sent > 0
-    wait_caught_up(client_b, name, timeout=60)
+    wait_caught_up(client_b, name, client_a, timeout=60)
     assert_offset_identical(client_a, client_b, name, 2)
 
 
@@ -196,7 +196,7 @@ def test_a_spark_query_fails_over_to_the_mirror_with_its_checkpoint(
     publish(0, 50)
     run(sources(cluster_a))  # the first half, from the source
     publish(50, 50)
-    wait_caught_up(client_b, name)
+    wait_caught_up(client_b, name, client_a)
     run(sources(cluster_b))  # site A is "lost": the same query, the same checkpoint, the mirror
     rows = spark.read.parquet(str(tmp_path / "out")).select("partition", "offset", "value").collect()
     seen = sorted((r.partition, r.offset, bytes(r.value)) for r in rows)
