@@ -53,10 +53,12 @@ from broker_node.ingest.ingestor import Ingestor
 from broker_node.log import FsyncPolicy, LogConfig
 from broker_node.log_terms import LOG_TERMS
 from broker_node.metrics import MetricsServer
+from broker_node.mirror_service import MirrorService
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.fetcher import PeerLink
 from broker_node.replication.manager import ReplicaManager
+from broker_node.replication.mirror_set import Mirrors
 from broker_node.replication.partition import Partition
 from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.replication.replica_server import ReplicaServer
@@ -66,6 +68,7 @@ from broker_node.start_watch import StartWatch
 from broker_node.tail.publishers import LiveTails
 from pyspark_jetstream.client.credentials import Credentials, basic_authorization
 from pyspark_jetstream.protocol.errors import UnknownStreamError
+from pyspark_jetstream.protocol.mirror_source import MirrorSource
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
 __all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker", "rebuild"]
@@ -121,6 +124,26 @@ class Broker:
             clustered=self.clustered,
             wait_for_sync=self.wait_for_sync,
             reachability=self.reachability,
+        )
+        self.mirrors = Mirrors(
+            self._source_connector,
+            self._copy_cursor,
+            follow_schema=self._follow_schema,
+            max_bytes=config.replication.fetch_max_bytes,
+            max_wait=config.replication.fetch_max_wait,
+        )
+        """The copiers of the mirrored partitions led here (see :mod:`broker_node.mirror_service`)."""
+        self._mirror_service = self.service.mirrors = MirrorService(
+            config.broker_id,
+            self.manager,
+            coordinator,
+            self.mirrors,
+            self._source_connector,
+            create_stream=self.service.create_stream,
+            controller=self.service.on_controller,
+            describe=self.service.describe_stream,
+            write_cursor_here=self._write_cursor_here,
+            wait_for_sync=self.wait_for_sync,
         )
         self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -357,6 +380,7 @@ class Broker:
             await asyncio.to_thread(runtime.flight.shutdown)
         if self._metrics is not None:
             await asyncio.to_thread(self._metrics.close)
+        await asyncio.to_thread(self.mirrors.close)
         failures = await asyncio.to_thread(self.manager.close)
         self.coordinator.close()
         if runtime.nats is not None:
@@ -416,6 +440,7 @@ class Broker:
                 await self.runtime.ingestor.sync(leading)
                 if self.runtime.tails is not None:
                     await self.runtime.tails.sync(leading)
+            self.mirrors.sync(self.manager.leaders())
 
     def _stream_subjects(self) -> dict[str, list[str]]:
         """Each user-visible stream's partition subjects, as the coordinator has them."""
@@ -452,6 +477,33 @@ class Broker:
         loop = getattr(self, "_loop", None)  # None while the broker is being made
         if loop is not None and self.runtime.nats is not None:
             loop.call_soon_threadsafe(self.request_sync)
+
+    def _source_connector(self, source: MirrorSource) -> Callable[[str], flight.FlightClient]:
+        """What opens a Flight client to a mirror's source brokers: with the mirror's credentials
+        file (read at each connection, so a fixed file is picked up), else without any."""
+        path = source.credentials
+
+        def connect(address: str) -> flight.FlightClient:
+            arguments = Credentials.load(path).flight_arguments() if path else {}
+            return flight.connect(address, **arguments)
+
+        return connect
+
+    def _copy_cursor(self, consumer: str, stream: str, partition: int, offset: int | None) -> None:
+        """A copier's cursor copied from its source, stored in this cluster (a copier's thread)."""
+        self._mirror_service.write_cursor(consumer, stream, partition, offset)
+
+    def _follow_schema(self, name: str, source: StreamConfig) -> None:
+        """Give mirror ``name`` its source's newer schema versions (a copier's thread)."""
+        self._mirror_service.follow_schema(name, source)
+
+    def _write_cursor_here(self, consumer: str, stream: str, partition: int, offset: int | None) -> None:
+        """Store a copied cursor through this broker (``NotLeaderError`` when another leads the
+        cursor stream: the mirror service asks it then)."""
+        if offset is None:
+            self.service.delete_cursor(consumer, stream, partition)
+        else:
+            self.service.set_cursor(consumer, stream, partition, offset)
 
     def _connect_peer(self, address: str) -> flight.FlightClient:
         """A Flight client to another broker, with this broker's TLS trust and credentials."""

@@ -26,6 +26,7 @@ from broker_node.coordination import reassignment
 from broker_node.coordination.base import Coordinator, StreamMetadata
 from broker_node.coordination.errors import NotControllerError
 from broker_node.log import EpochEndOffset, Record, ReplicaFrame
+from broker_node.mirror_service import MirrorService
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
 from broker_node.replication.manager import ReplicaManager
@@ -48,6 +49,7 @@ from pyspark_jetstream.protocol.flight import (
     encode_json,
     error_from_message,
 )
+from pyspark_jetstream.protocol.mirror import MirrorRequest, publish_refusal, refuse_mirror_change
 from pyspark_jetstream.protocol.put import PutRequest
 from pyspark_jetstream.protocol.replication import LeaderOffsets, ReplicaFetch
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig, validate_stream_name
@@ -85,6 +87,8 @@ class BrokerService:
         self._wait_for_sync = wait_for_sync
         self._reachability = reachability
         self._cursor_lock = threading.Lock()
+        self.mirrors: MirrorService | None = None
+        """Mirror actions (set by the wiring, which builds them from the same parts)."""
 
     @property
     def flight_address(self) -> str:
@@ -189,6 +193,7 @@ class BrokerService:
         """
         if name.startswith(INTERNAL_PREFIX):
             raise InvalidArgumentError(f"stream {name!r} is internal: its partitions are the broker's own")
+        self._refuse_mirror_change(name, "add partitions")
         try:
             # This broker's view may lag behind, never run ahead: if it has the count already,
             # the controller either changes nothing or refuses (the stream has more).
@@ -215,6 +220,7 @@ class BrokerService:
         current one again changes nothing); return the stream as this broker then knows it."""
         if name.startswith(INTERNAL_PREFIX):
             raise InvalidArgumentError(f"stream {name!r} is internal: it has no schema")
+        self._refuse_mirror_change(name, "change the schema")
         self._controller("update_schema", {"name": name, "schema": document.to_json()})
         refresh = getattr(self._coordinator, "refresh", None)
         if callable(refresh):
@@ -326,6 +332,12 @@ class BrokerService:
             return {"name": name, "schema": updated.config.schema and updated.config.schema.version}
         if action == "elect_preferred_leaders":
             return coordinator.elect_preferred_leaders()
+        if action == "promote_mirror":
+            name = body.get("name")
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"promote_mirror needs a 'name', got {body!r}")
+            coordinator.promote_mirror(name)
+            return {"name": name}
         raise InvalidArgumentError(f"unknown controller action {action!r}")
 
     def _reassign_here(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +366,10 @@ class BrokerService:
                 f"cancel takes 'partitions' as [stream, number] pairs, got {partitions!r}"
             )
         return coordinator.cancel_reassignments([(p[0], p[1]) for p in partitions])
+
+    def on_controller(self, action: str, body: dict[str, Any]) -> object:
+        """Run controller action ``action`` here if this broker is controller, else on the controller."""
+        return self._controller(action, body)
 
     def _controller(self, action: str, body: dict[str, Any]) -> object:
         """Run ``action`` here if this broker is controller, else on the controller."""
@@ -479,12 +495,40 @@ class BrokerService:
             "streams": [info.to_json() for info in self.list_streams()],
         }
 
+    # ---- mirrors (see broker_node.mirror_service) ---------------------------------------------
+
+    def create_mirror(self, request: MirrorRequest) -> StreamInfo:
+        """Create a mirror of another cluster's stream (see ``MirrorService.create``)."""
+        return self._mirror_service().create(request)
+
+    def promote_stream(self, name: str) -> StreamInfo:
+        """Promote mirror ``name`` (see ``MirrorService.promote``)."""
+        return self._mirror_service().promote(name)
+
+    def mirror_status(self, name: str, *, local: bool) -> list[dict[str, Any]]:
+        """Each partition of mirror ``name``: how its copy stands (see ``MirrorService.status``)."""
+        return self._mirror_service().status(name, local=local)
+
+    def _mirror_service(self) -> MirrorService:
+        if self.mirrors is None:
+            raise UnavailableError("this broker is starting: it copies no mirror yet")
+        return self.mirrors
+
+    def _refuse_mirror_change(self, name: str, change: str) -> None:
+        try:
+            refuse_mirror_change(self._coordinator.get_stream(name).config, change)
+        except UnknownStreamError:
+            return  # the controller answers
+
     # ---- writes over Flight ----------------------------------------------------------------------
 
     def open_put(self, request: PutRequest) -> None:
         """Check that ``request``'s partition is led and ingested here (else ``NotLeaderError``
         naming the leader, or ``UnavailableError``) before its chunks are read."""
-        self._manager.require(request.stream, request.partition, leader=True)
+        partition = self._manager.require(request.stream, request.partition, leader=True)
+        mirror = partition.config.mirror
+        if mirror is not None and mirror.active:
+            raise InvalidArgumentError(publish_refusal(request.stream, mirror))
         ingestor = self._runtime.ingestor
         if ingestor is None or (request.stream, request.partition) not in ingestor.ingesting():
             raise UnavailableError(
@@ -587,6 +631,7 @@ class BrokerService:
             "streams": [info.to_json() for info in self.list_streams()],
             "partitions": [self._partition_status(p) for p in self._manager.held()],
             "cursors": self._cursors(),
+            "mirrors": self.mirrors.local_statuses() if self.mirrors is not None else [],
         }
 
     def _partition_status(self, partition: Partition) -> dict[str, Any]:
@@ -658,6 +703,8 @@ class BrokerService:
                 problems.append(
                     f"{key[0]}/{key[1]}: cannot fetch from leader {fetcher.leader}: {fetcher.last_error}"
                 )
+        if self.mirrors is not None:
+            problems += self.mirrors.problems()
         for partition in self._manager.held():
             for damaged in partition.log.damaged:
                 problems.append(

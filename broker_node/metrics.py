@@ -30,6 +30,12 @@ metric                                      labels, meaning
                                             envelopes stored nothing, as ``duplicate`` (sent
                                             again), ``out_of_order`` or ``fenced`` (refused);
                                             an in-order producer on a healthy cluster sends none
+``mirror_lag_messages``                     stream, partition, source: messages the source committed that
+                                            the mirror led here has not copied yet (-1: not known yet)
+``mirror_lag_seconds``                      stream, partition, source: seconds since the mirror last had
+                                            everything the source had committed (0: caught up)
+``mirror_up``                               stream, partition, source: 1 while its last read of the
+                                            source succeeded (the error is in ``stream info``)
 ``ack_latency_seconds``                     stream: histogram of the time from a publish reaching
                                             the broker to its ack (``ALL``: committed by the ISR)
 ==========================================  =====================================================
@@ -157,6 +163,7 @@ class BrokerCollector(Collector):
                 lags.add_metric(values, cursor["lag"])
         yield offsets
         yield lags
+        yield from _mirrors(status.get("mirrors", []))
 
         yield GaugeMetricFamily(
             PREFIX + "nats_connected",
@@ -271,3 +278,28 @@ class MetricsServer:
         """Stop serving."""
         self._server.shutdown()
         self._server.server_close()
+
+
+def _mirrors(statuses: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The mirror gauges of the partitions mirrored here (see the module docstring)."""
+    labels = ["stream", "partition", "source"]
+    families = {
+        "lag_messages": GaugeMetricFamily(
+            PREFIX + "mirror_lag_messages", "Messages the source committed not copied yet.", labels=labels
+        ),
+        "lag_seconds": GaugeMetricFamily(
+            PREFIX + "mirror_lag_seconds",
+            "Seconds since the mirror last had all the source's.",
+            labels=labels,
+        ),
+    }
+    up = GaugeMetricFamily(
+        PREFIX + "mirror_up", "1 while the last read of the source succeeded.", labels=labels
+    )
+    for status in statuses:
+        values = [status["stream"], str(status["partition"]), status["source"]]
+        for key, family in families.items():
+            family.add_metric(values, status[key])
+        up.add_metric(values, 0 if status["last_error"] else 1)
+    yield from families.values()
+    yield up

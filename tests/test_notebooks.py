@@ -21,6 +21,7 @@ def test_the_notebooks_exist():
         "04_outbox_to_spark",
         "05_delta_lake",
         "06_typed_streams",
+        "07_mirror_failover",
     ]
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from broker_node.log import EpochEndOffset
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
+from pyspark_jetstream.protocol.mirror import MirrorRequest
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
@@ -51,6 +52,12 @@ ACTION_DESCRIPTIONS = {
         'Between brokers: an admin action run by the controller; body: {"action", "body"}.'
     ),
     ActionType.IDENTIFY: 'Which broker answers at this address: {"broker_id", "flight"}.',
+    ActionType.CREATE_MIRROR: (
+        'Create a mirror of another cluster\'s stream; body: {"name", "mirror": {"stream", "servers", '
+        '"credentials"}, "replication_factor", "min_insync_replicas", "partitions", "subject"}. Idempotent.'
+    ),
+    ActionType.PROMOTE_STREAM: 'Stop a mirror for good and let it take publishes; body: {"name": ...}.',
+    ActionType.MIRROR_STATUS: 'How each partition of a mirror stands; body: {"name", "local"}.',
 }
 
 
@@ -74,6 +81,9 @@ class AdminService(Protocol):
     def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None: ...
     def status(self) -> dict[str, Any]: ...
     def health(self) -> dict[str, Any]: ...
+    def create_mirror(self, request: MirrorRequest) -> StreamInfo: ...
+    def promote_stream(self, name: str) -> StreamInfo: ...
+    def mirror_status(self, name: str, *, local: bool) -> list[dict[str, Any]]: ...
 
 
 class AdminAccess(Protocol):
@@ -126,6 +136,26 @@ class Actions:
         # Checked here, naming a bad field, before the controller is asked.
         document = SchemaDocument.from_json(args.get("schema"))
         return self.broker.update_schema(name, document).to_json()
+
+    def create_mirror(self, principal: str, args: dict[str, Any]) -> object:
+        request = MirrorRequest.from_json(args)
+        self.access.check(principal, "admin", stream=request.name)
+        self._check_stream_cap(request.name)
+        return self.broker.create_mirror(request).to_json()
+
+    def promote_stream(self, principal: str, args: dict[str, Any]) -> object:
+        name = _arg(args, "name", str)
+        self.access.check(principal, "admin", stream=name)
+        return self.broker.promote_stream(name).to_json()
+
+    def mirror_status(self, principal: str, args: dict[str, Any]) -> object:
+        name = _arg(args, "name", str)
+        if not self._sees(principal, name):
+            self.access.check(principal, "read", stream=name)  # raises, naming the principal
+        local = args.get("local", False)
+        if not isinstance(local, bool):
+            raise InvalidArgumentError(f"'local' must be true or false, got {shown(local)}")
+        return self.broker.mirror_status(name, local=local)
 
     def describe_stream(self, principal: str, args: dict[str, Any]) -> object:
         name = _arg(args, "name", str)
@@ -233,6 +263,9 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.SET_CURSOR: Actions.set_cursor,
     ActionType.DELETE_CURSOR: Actions.delete_cursor,
     ActionType.FETCH_CURSOR: Actions.fetch_cursor,
+    ActionType.CREATE_MIRROR: Actions.create_mirror,
+    ActionType.PROMOTE_STREAM: Actions.promote_stream,
+    ActionType.MIRROR_STATUS: Actions.mirror_status,
 }
 """Every action's handler (:data:`ACTION_DESCRIPTIONS` says what each takes; tests/broker/test_actions.py
 checks that none is missing)."""

@@ -159,11 +159,12 @@ class StreamMetadata:
     stream_id: str
 
 
-FEATURES = ("reassign", "schema", "typed-batches", "puts")
+FEATURES = ("reassign", "schema", "typed-batches", "puts", "mirror")
 """The features this version registers with (``typed-batches``: it stores a typed stream's rows
 sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; ``puts``: it takes a
 producer's chunks over Flight, see ``pyspark_jetstream/protocol/put.py``; clients use either only
-when every broker has it)."""
+when every broker has it; ``mirror``: it reads a stream config's ``mirror`` and copies mirrors, see
+``pyspark_jetstream/protocol/mirror.py``)."""
 
 
 def new_stream_id() -> str:
@@ -266,6 +267,15 @@ class Coordinator(abc.ABC):
         Only on the controller.  The same schema as the current version changes nothing.  Raises
         ``UnknownStreamError``, and ``InvalidArgumentError`` (one line naming the field and why)
         for an incompatible change or a stream without a schema.
+        """
+
+    @abc.abstractmethod
+    def promote_mirror(self, name: str) -> StreamMetadata:
+        """Stop mirror ``name`` for good and let it take publishes (its config's mirror marked
+        promoted, in one versioned write); return the stream as stored.  Only on the controller.
+
+        A promoted mirror again changes nothing.  Raises ``UnknownStreamError``, and
+        ``InvalidArgumentError`` for a stream that is no mirror.
         """
 
     @abc.abstractmethod

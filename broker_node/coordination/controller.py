@@ -31,6 +31,7 @@ from pyspark_jetstream.protocol.errors import (
     StreamExistsError,
     UnknownStreamError,
 )
+from pyspark_jetstream.protocol.mirror import promoted
 from pyspark_jetstream.protocol.streams import (
     StreamConfig,
     check_dead_letter,
@@ -336,6 +337,17 @@ class Controller:
         updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
         self.store.write_stream_change(metadata, updated)
         logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
+        return updated
+
+    def promote_mirror(self, name: str) -> StreamMetadata:
+        """A mirror stops copying and takes publishes: its config in one versioned write."""
+        metadata = self._stream(name)
+        config = promoted(metadata.config)
+        if config is None:
+            return metadata
+        updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
+        self.store.write_stream_change(metadata, updated)
+        logger.info("stream %s: mirror promoted", name, extra={"stream": name})
         return updated
 
     def elect_preferred_leaders(self) -> dict[str, Any]:

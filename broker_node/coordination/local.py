@@ -40,6 +40,7 @@ from pyspark_jetstream.protocol.errors import (
     NotEnoughReplicasError,
     UnknownStreamError,
 )
+from pyspark_jetstream.protocol.mirror import promoted
 from pyspark_jetstream.protocol.streams import (
     StreamConfig,
     check_dead_letter,
@@ -190,6 +191,20 @@ class LocalCoordinator(Coordinator):
             self._streams[name] = updated
             self._save()
         logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
+        self._notify()
+        return updated
+
+    def promote_mirror(self, name: str) -> StreamMetadata:
+        """See :meth:`Coordinator.promote_mirror`."""
+        with self._lock:
+            metadata = self.get_stream(name)
+            config = promoted(metadata.config)
+            if config is None:
+                return metadata
+            updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
+            self._streams[name] = updated
+            self._save()
+        logger.info("stream %s: mirror promoted", name, extra={"stream": name})
         self._notify()
         return updated
 

@@ -350,6 +350,8 @@ class ZooKeeperCoordinator(Coordinator):
         """See :meth:`Coordinator.create_stream`: only on the controller."""
         if config.schema is not None:
             self._check_features("schema", "keep a stream schema")
+        if config.mirror is not None:
+            self._check_features("mirror", "keep a mirror")
         controller = self._active_controller()
         created = controller.submit(lambda: controller.create_stream(config, new_stream_id()))
         result = self._await(created)
@@ -374,6 +376,13 @@ class ZooKeeperCoordinator(Coordinator):
         self._check_features("schema", "keep a stream schema")
         controller = self._active_controller()
         result = self._await(controller.submit(lambda: controller.update_schema(name, document)))
+        self.refresh()
+        return result
+
+    def promote_mirror(self, name: str) -> StreamMetadata:
+        """See :meth:`Coordinator.promote_mirror`: only on the controller."""
+        controller = self._active_controller()
+        result = self._await(controller.submit(lambda: controller.promote_mirror(name)))
         self.refresh()
         return result
 

@@ -68,6 +68,7 @@ from pyspark_jetstream.protocol.errors import (
     OffsetOutOfRangeError,
     UnavailableError,
 )
+from pyspark_jetstream.protocol.mirror import publish_refusal
 from pyspark_jetstream.protocol.streams import StreamConfig
 from pyspark_jetstream.protocol.typed_rows import exactly, problem, render_json
 from pyspark_jetstream.protocol.typed_values import InvalidValuesError, TypedValues, parse_json
@@ -297,6 +298,7 @@ class Partition:
         is checked instead of parsed, and its values are the JSON text of its
         rows; ``InvalidArgumentError`` names the field that does not match.
         """
+        self._refuse_if_mirror()
         typed = None
         if isinstance(records, pa.Table | pa.RecordBatch) and TYPED_COLUMN in records.schema.names:
             records, typed = self._checked(records)
@@ -393,6 +395,7 @@ class Partition:
         Returns the ack: ``ok`` with the offsets, ``duplicate`` with the
         original ones, or a refusal (out of order, fenced) that stored nothing.
         """
+        self._refuse_if_mirror()
         with self._append_lock:
             check = self.producers.check(producer_id, epoch, sequence, target=target)
             if check.verdict is not Verdict.STORE:
@@ -667,6 +670,54 @@ class Partition:
             self._forget_snapshot()
             self.log.reset_to(offset)
             self._rebuild_tables()
+
+    # ---- mirror leader (see .mirror): appends that come from another cluster's stream ------------
+
+    def _refuse_if_mirror(self) -> None:
+        """``InvalidArgumentError`` if the stream is a mirror still copying: it takes no publishes."""
+        mirror = self.config.mirror
+        if mirror is not None and mirror.active:
+            raise InvalidArgumentError(
+                publish_refusal(self.stream, mirror), stream=self.stream, partition=self.number
+            )
+
+    def append_mirrored(
+        self,
+        frames: Sequence[pa.Buffer | pa.RecordBatch],
+        batches: Sequence[pa.RecordBatch],
+        leader_epoch: int,
+    ) -> range:
+        """Append a source's batches as this mirror's leader in ``leader_epoch``, at their offsets
+        (``frames``: what the log stores, see ``Log.append_replicated``; ``batches``: the same rows
+        decoded, which the producer, message-id and cursor tables learn).  ``NotLeaderError`` if
+        this broker does not lead in that epoch any more."""
+        with self._role_lock:
+            with self._lock:
+                self._check_leader()
+                if self.state.leader_epoch != leader_epoch:
+                    raise self._not_leader()
+            offsets = self.log.append_replicated(frames)
+            with self._lock:
+                for batch in batches:
+                    self.producers.learn(batch)
+                    self.message_ids.learn(batch)
+                self.messages_in += len(offsets)
+                self._advance_high_watermark()
+        return offsets
+
+    def reset_mirror(self, offset: int, leader_epoch: int) -> None:
+        """Start this mirror's log over empty at ``offset`` (the source deleted everything before
+        it), as its leader in ``leader_epoch``; ``NotLeaderError`` as for :meth:`append_mirrored`."""
+        with self._role_lock, self._lock:
+            self._check_leader()
+            if self.state.leader_epoch != leader_epoch:
+                raise self._not_leader()
+            self._log.warning("mirror starting over at offset %d (the source's log start)", offset)
+            self._forget_snapshot()
+            self.log.reset_to(offset)
+            self.log.assign_leader_epoch(leader_epoch)
+            self._rebuild_tables()
+            self._advanced.notify_all()
 
     # ---- readers -------------------------------------------------------------------------------
 

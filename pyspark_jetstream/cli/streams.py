@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark_jetstream.cli.common import parse_duration, parse_size, partition_table, table
+from pyspark_jetstream.cli.mirrors import add_mirror_options, add_promote_command, create_mirror, print_mirror
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import StreamInfo
@@ -38,7 +39,9 @@ def add_commands(commands: Any) -> None:
     stream_commands = stream.add_subparsers(dest="stream_command", required=True)
     create = stream_commands.add_parser("create", help="create a stream (idempotent)")
     create.add_argument("name")
-    create.add_argument("--subject", required=True, help="NATS subject; wildcards * and > allowed")
+    subject_or_source = create.add_mutually_exclusive_group(required=True)
+    subject_or_source.add_argument("--subject", help="NATS subject; wildcards * and > allowed")
+    add_mirror_options(create, subject_or_source)
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--replication-factor", type=int, default=1, help="copies on as many brokers")
     create.add_argument(
@@ -74,7 +77,9 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--all", action="store_true", help="internal streams (__cursors) too")
     listing.add_argument("--json", action="store_true", help="one JSON object per stream")
     listing.set_defaults(run=_stream_list)
-    describe = stream_commands.add_parser("describe", help="show a stream and its partitions")
+    describe = stream_commands.add_parser(
+        "describe", aliases=["info"], help="show a stream and its partitions (and a mirror's copy)"
+    )
     describe.add_argument("name")
     describe.set_defaults(run=_stream_describe)
     update = stream_commands.add_parser(
@@ -90,12 +95,18 @@ def add_commands(commands: Any) -> None:
     )
     update.add_argument("--schema", metavar="FILE", help=SCHEMA_NEXT)
     update.set_defaults(run=_stream_update)
+    add_promote_command(stream_commands)
     delete = stream_commands.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
     delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
 
 
 def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
+    if args.mirror_of is not None:
+        create_mirror(client, args, _given(args))
+        return
+    if args.source_servers or args.source_credentials:
+        raise InvalidArgumentError("--source-servers and --source-credentials go with --mirror-of STREAM")
     options: dict[str, Any] = {
         "partitions": args.partitions,
         "replication_factor": args.replication_factor,
@@ -126,6 +137,26 @@ def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:
         + (f", schema version {typed.version} ({typed.format})" if typed else "")
     )
     _note_overlaps(client, info)
+
+
+def _given(args: argparse.Namespace) -> set[str]:
+    """The ``stream create`` options given other than by default (a mirror refuses most)."""
+    defaults = {"partitions": 1, "replication_factor": 1, "min_insync_replicas": 1, "compression": "none"}
+    flags = ("unclean_leader_election", "compaction", "no_ack_reply")
+    valued = (
+        "group",
+        "retention_age",
+        "retention_bytes",
+        "retention_messages",
+        "segment_bytes",
+        "max_message_bytes",
+        "duplicate_window",
+        "duplicate_max_ids",
+        "schema",
+    )
+    given = {name for name, default in defaults.items() if getattr(args, name) != default}
+    given |= {name for name in flags if getattr(args, name)}
+    return given | {name for name in valued if getattr(args, name) is not None}
 
 
 def _read_schema(path: str) -> SchemaDocument:
@@ -246,3 +277,4 @@ def _stream_describe(client: SyncClient, args: argparse.Namespace) -> None:
             print(f"  {line}")
     print()
     partition_table([info])
+    print_mirror(client, info)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
+from pyspark_jetstream.protocol.mirror import MirrorRequest, MirrorSource, MirrorStatus
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
 from pyspark_jetstream.protocol.value_schema import StreamSchema, as_document
 
@@ -38,6 +40,30 @@ def stream_config(name: str, subject: str, options: dict[str, Any]) -> StreamCon
         raise InvalidArgumentError(f"create_stream: {exc}") from None
 
 
+def mirror_request(
+    name: str,
+    source_stream: str,
+    source_servers: str | Sequence[str],
+    *,
+    source_credentials: str | None = None,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
+    partitions: int | None = None,
+    subject: str | None = None,
+) -> MirrorRequest:
+    """What ``create_mirror`` asks for (every argument checked here, naming a bad one)."""
+    servers = source_servers if isinstance(source_servers, str) else tuple(source_servers)
+    source = MirrorSource(stream=source_stream, servers=servers, credentials=source_credentials)  # type: ignore[arg-type]
+    return MirrorRequest(
+        name=name,
+        source=source,
+        replication_factor=replication_factor,
+        min_insync_replicas=min_insync_replicas,
+        partitions=partitions,
+        subject=subject,
+    )
+
+
 class BlockingAdmin:
     """Streams, cluster state and cursors over Flight, blocking the caller (see :class:`~.client.Client`
     for each call).  Thread-safe: the :class:`ClusterConnection` it shares is."""
@@ -52,6 +78,18 @@ class BlockingAdmin:
     def create_stream(self, config: StreamConfig) -> StreamInfo:
         """See :meth:`.Client.create_stream` (``config`` from :func:`stream_config`)."""
         return StreamInfo.from_json(self.action(ActionType.CREATE_STREAM, config.to_json()))
+
+    def create_mirror(self, request: MirrorRequest) -> StreamInfo:
+        """See :meth:`.Client.create_mirror`."""
+        return StreamInfo.from_json(self.action(ActionType.CREATE_MIRROR, request.to_json()))
+
+    def promote_stream(self, name: str) -> StreamInfo:
+        """See :meth:`.Client.promote_stream`."""
+        return StreamInfo.from_json(self.action(ActionType.PROMOTE_STREAM, {"name": name}))
+
+    def mirror_status(self, name: str) -> list[MirrorStatus]:
+        """See :meth:`.Client.mirror_status`."""
+        return [MirrorStatus.from_json(s) for s in self.action(ActionType.MIRROR_STATUS, {"name": name})]
 
     def add_partitions(self, name: str, partitions: int) -> StreamInfo:
         """See :meth:`.Client.add_partitions`."""
@@ -193,6 +231,18 @@ class Admin:
     async def create_stream(self, config: StreamConfig) -> StreamInfo:
         """See :meth:`.Client.create_stream`."""
         return await asyncio.to_thread(self.core.create_stream, config)
+
+    async def create_mirror(self, request: MirrorRequest) -> StreamInfo:
+        """See :meth:`.Client.create_mirror`."""
+        return await asyncio.to_thread(self.core.create_mirror, request)
+
+    async def promote_stream(self, name: str) -> StreamInfo:
+        """See :meth:`.Client.promote_stream`."""
+        return await asyncio.to_thread(self.core.promote_stream, name)
+
+    async def mirror_status(self, name: str) -> list[MirrorStatus]:
+        """See :meth:`.Client.mirror_status`."""
+        return await asyncio.to_thread(self.core.mirror_status, name)
 
     async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
         """See :meth:`.Client.add_partitions`."""

@@ -21,10 +21,11 @@ from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
+from pyspark_jetstream.protocol.mirror import MirrorStatus
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import StreamConfig, bounded_number
 
-from .admin import LEADERSHIP_TIMEOUT, Admin, stream_config
+from .admin import LEADERSHIP_TIMEOUT, Admin, mirror_request, stream_config
 from .cluster import ClusterConnection
 from .connection import FetchResult
 from .credentials import Credentials
@@ -191,6 +192,30 @@ class Client:
         """Delete a stream and all its data."""
         await self._admin.delete_stream(name)
         self._publisher.forget(name)
+
+    async def create_mirror(
+        self, name: str, source_stream: str, source_servers: Any, **options: Any
+    ) -> StreamInfo:
+        """Create stream ``name`` as a mirror of ``source_stream`` in the cluster whose brokers serve
+        Flight at ``source_servers`` (addresses, a list or comma-separated): every message at the
+        source's partition and offset, copied by each partition's leader here; idempotent.
+
+        Options: ``source_credentials`` (the path of a credentials file every broker of this
+        cluster reads to reach the source), ``replication_factor``, ``min_insync_replicas``
+        (the mirror's own), ``partitions`` (refused unless the source's count) and ``subject``
+        (where publishes to the mirror are refused; the source's by default).  Everything else
+        is the source's configuration.  See :meth:`promote_stream` for disaster recovery.
+        """
+        return await self._admin.create_mirror(mirror_request(name, source_stream, source_servers, **options))
+
+    async def promote_stream(self, name: str) -> StreamInfo:
+        """Stop mirror ``name`` copying, for good, and let it take publishes from its end offset on."""
+        return await self._admin.promote_stream(name)
+
+    async def mirror_status(self, name: str) -> list[MirrorStatus]:
+        """How each partition of mirror ``name`` stands: lag in messages and seconds, the source, the
+        last error (see :class:`~pyspark_jetstream.protocol.mirror.MirrorStatus`)."""
+        return await self._admin.mirror_status(name)
 
     async def describe_stream(self, name: str) -> StreamInfo:
         """A stream's configuration and its partitions: leaders, ISRs and offsets (from each leader)."""

@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.flight import StreamInfo
+from pyspark_jetstream.protocol.mirror import MirrorStatus
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .admin import BlockingAdmin, stream_config
+from .admin import BlockingAdmin, mirror_request, stream_config
 from .client import Client
 from .connection import FetchResult
 from .credentials import Credentials
@@ -124,6 +125,18 @@ class SyncClient:
         """See :meth:`Client.delete_stream`."""
         self._flight().delete_stream(name)
         self._on_loop(self._client._publisher.forget, name)
+
+    def create_mirror(self, name: str, source_stream: str, source_servers: Any, **options: Any) -> StreamInfo:
+        """See :meth:`Client.create_mirror`."""
+        return self._flight().create_mirror(mirror_request(name, source_stream, source_servers, **options))
+
+    def promote_stream(self, name: str) -> StreamInfo:
+        """See :meth:`Client.promote_stream`."""
+        return self._flight().promote_stream(name)
+
+    def mirror_status(self, name: str) -> list[MirrorStatus]:
+        """See :meth:`Client.mirror_status`."""
+        return self._flight().mirror_status(name)
 
     def describe_stream(self, name: str) -> StreamInfo:
         """See :meth:`Client.describe_stream`."""

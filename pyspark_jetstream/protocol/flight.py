@@ -91,6 +91,9 @@ class ActionType(enum.Enum):
     OFFSETS_FOR_LEADER_EPOCH = "offsets_for_leader_epoch"
     CONTROLLER_CALL = "controller_call"
     IDENTIFY = "identify"
+    CREATE_MIRROR = "create_mirror"
+    PROMOTE_STREAM = "promote_stream"
+    MIRROR_STATUS = "mirror_status"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from .errors import InvalidArgumentError
+from .mirror_source import MirrorSource
 from .schema import COMPRESSIONS
 from .value_schema import SchemaDocument, StreamSchema
 
@@ -263,6 +264,9 @@ class StreamConfig:
     schema: StreamSchema | None = None
     """What the message values hold, every version of it (:mod:`.value_schema`); ``None``: plain
     bytes.  Left out of the JSON form when ``None``, so untyped streams are stored as before."""
+    mirror: MirrorSource | None = None
+    """The stream another cluster's stream is copied from, offset for offset (see :mod:`.mirror`);
+    ``None``: an ordinary stream.  Left out of the JSON form when ``None``."""
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name, internal=True)
@@ -295,6 +299,12 @@ class StreamConfig:
             raise InvalidArgumentError(f"schema must be a StreamSchema or None, got {shown(self.schema)}")
         if self.schema is not None:
             self._check_typed(self.schema)
+        if self.mirror is not None:
+            if not isinstance(self.mirror, MirrorSource):
+                raise InvalidArgumentError(f"mirror must be a MirrorSource or None, got {shown(self.mirror)}")
+            validate_stream_name(self.mirror.stream)
+            if self.name.startswith(INTERNAL_PREFIX):
+                raise InvalidArgumentError(f"internal stream {self.name!r} cannot be a mirror")
         for option in ("compaction", "ack_reply", "unclean_leader_election"):
             if not isinstance(getattr(self, option), bool):
                 raise InvalidArgumentError(
@@ -310,12 +320,15 @@ class StreamConfig:
                 )
 
     def to_json(self) -> dict[str, Any]:
-        """The wire/metadata form: a plain dict (``schema`` in its JSON form, left out when ``None``)."""
+        """The wire/metadata form: a plain dict (``schema`` and ``mirror`` in their JSON forms, each
+        left out when ``None``)."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.schema is None:
-            del stored["schema"]
-        else:
-            stored["schema"] = self.schema.to_json()
+        for name in ("schema", "mirror"):
+            value = getattr(self, name)
+            if value is None:
+                del stored[name]
+            else:
+                stored[name] = value.to_json()
         return stored
 
     @classmethod
@@ -329,6 +342,8 @@ class StreamConfig:
             raise InvalidArgumentError(f"unknown stream option(s): {', '.join(unknown)}")
         if data.get("schema") is not None:
             data = {**data, "schema": StreamSchema.from_json(data["schema"])}
+        if data.get("mirror") is not None:
+            data = {**data, "mirror": MirrorSource.from_json(data["mirror"])}
         try:
             return cls(**data)
         except TypeError as exc:
