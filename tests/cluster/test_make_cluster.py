@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from broker_node.config import load_broker_config
 from pyspark_jetstream.client import AckPolicy, SyncClient
 
 from ..broker.harness import wait_until
@@ -73,3 +76,24 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
     assert "cluster: stopping" in out
     for n in (1, 2, 3):
         assert (state / f"broker-{n}" / "streams" / "made" / "0" / "partition.json").exists()
+
+
+def test_a_port_in_use_is_named_with_what_to_stop(tmp_path):
+    """A broker of conf/broker.toml left running holds 4222: the cluster names the port and says
+    to stop it, in one line, before starting anything."""
+    port = load_broker_config(ROOT / "conf" / "cluster" / "broker-1.toml").flight.port
+    with socket.socket() as holder:
+        with contextlib.suppress(OSError):  # held already (by another test's cluster): as good
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "cluster.py"), "--state-dir", str(tmp_path / "c")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert f"{port}" in line and "in use: stop what holds them first" in line, line
+    assert not (tmp_path / "c").exists()
