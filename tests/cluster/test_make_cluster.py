@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_cluster_commands() -> list[str]:
-    """The ``jetstream`` lines of the README's cluster block (tests/test_readme.py leaves the block
+    """The ``jetstream`` lines of docs/cluster.md's block (tests/test_readme.py leaves the block
     to this test), after checking that its ``make`` lines run what this test runs."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## A replicated cluster", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "cluster.md").read_text()
+    block = page.split("## Three brokers on this machine", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     lines = [line for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
     makefile = (ROOT / "Makefile").read_text()
     assert shlex.split(lines[0], comments=True) == ["make", "cluster"], lines[0]
@@ -55,7 +55,7 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
             if "cluster: up" in line or "did not start" in line or "in use" in line:
                 break
         assert "cluster: up" in "".join(lines), "".join(lines)
-        for command in readme_cluster_commands():  # the README's own, against this cluster
+        for command in readme_cluster_commands():  # the page's own, against this cluster
             done = subprocess.run(
                 [sys.executable, "-m", "pyspark_jetstream.cli", *shlex.split(command, comments=True)[1:]],
                 capture_output=True,
