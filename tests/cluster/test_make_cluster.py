@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import signal
@@ -83,17 +84,25 @@ def test_a_port_in_use_is_named_with_what_to_stop(tmp_path):
     to stop it, in one line, before starting anything."""
     port = load_broker_config(ROOT / "conf" / "cluster" / "broker-1.toml").flight.port
     with socket.socket() as holder:
+        # As a server binds (connections of the cluster test before it in TIME_WAIT do not count).
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         with contextlib.suppress(OSError):  # held already (by another test's cluster): as good
             holder.bind(("127.0.0.1", port))
             holder.listen()
-        done = subprocess.run(
+        process = subprocess.Popen(
             [sys.executable, str(ROOT / "scripts" / "cluster.py"), "--state-dir", str(tmp_path / "c")],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
-            check=False,
+            start_new_session=True,
         )
-    assert done.returncode == 1, done.stdout + done.stderr
-    (line,) = done.stderr.splitlines()
+        try:
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:  # it started a cluster after all: stop all of it
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert process.returncode == 1, stderr
+    (line,) = stderr.splitlines()
     assert f"{port}" in line and "in use: stop what holds them first" in line, line
     assert not (tmp_path / "c").exists()
