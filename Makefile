@@ -7,7 +7,7 @@ PY := .venv/bin/python
 export PYSPARK_PYTHON := $(abspath .venv/bin/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath .venv/bin/python)
 
-.PHONY: demo test bootstrap lint bench cluster cluster-clean chaos notebooks
+.PHONY: demo test bootstrap lint bench cluster cluster-clean chaos notebooks docs
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -35,6 +35,10 @@ bench: bootstrap
 # Execute the notebooks in place, so the outputs committed with them come from a real run.
 notebooks: bootstrap
 	$(PY) scripts/run_notebooks.py
+
+# The pages of docs/ as a site in site/ (mkdocs; --strict: a broken link or a page left out fails).
+docs: bootstrap
+	.venv/bin/mkdocs build --strict
 
 # A three-broker cluster on this machine (ZooKeeper, NATS, conf/cluster/*.toml) until Ctrl-C.
 cluster: bootstrap

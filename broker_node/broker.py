@@ -54,6 +54,8 @@ from broker_node.log import FsyncPolicy, LogConfig
 from broker_node.log_terms import LOG_TERMS
 from broker_node.metrics import MetricsServer
 from broker_node.mirror_service import MirrorService
+from broker_node.nats_server import NatsServerError
+from broker_node.ports import refuse_if_taken
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.fetcher import PeerLink
@@ -197,7 +199,11 @@ class Broker:
             nats_config, self.config.security, self.access, self.data_dir, self._stream_subjects
         )
         self.runtime.nats = nats
-        await nats.start()
+        try:
+            await nats.start()
+        except NatsServerError:
+            refuse_if_taken(nats_config.embedded_host, nats_config.embedded_port, "[nats] embedded_port")
+            raise
         self.runtime.nats_urls = [nats.url]
         self.runtime.advertised_nats = [self._advertised_nats_url(nats)]
         self._spawn(nats.supervise())
@@ -238,15 +244,19 @@ class Broker:
         flight_config = self.config.flight
         security = self.config.security
         scheme = "grpc+tls" if security.tls else "grpc"
-        server = FlightApi(
-            f"{scheme}://{flight_config.host}:{flight_config.port}",
-            self.service,
-            access=self.access,
-            max_streams=security.max_streams,
-            max_waiting_readers=flight_config.max_waiting_readers,
-            max_open_puts=flight_config.max_open_puts,
-            **_flight_tls(security),
-        )
+        try:
+            server = FlightApi(
+                f"{scheme}://{flight_config.host}:{flight_config.port}",
+                self.service,
+                access=self.access,
+                max_streams=security.max_streams,
+                max_waiting_readers=flight_config.max_waiting_readers,
+                max_open_puts=flight_config.max_open_puts,
+                **_flight_tls(security),
+            )
+        except Exception:  # gRPC says only "Server did not start properly"
+            refuse_if_taken(flight_config.host, flight_config.port, "[flight] port")
+            raise
         self.runtime.flight = server
         host = flight_config.advertised_host or flight_config.host
         self.runtime.flight_address = f"{scheme}://{host}:{server.port}"
@@ -269,7 +279,11 @@ class Broker:
             tls=_replication_tls(security),
             advertised_host=flight_config.advertised_host,
         )
-        await server.start()
+        try:
+            await server.start()
+        except OSError:
+            refuse_if_taken(flight_config.host, self.config.replication.port, "[replication] port")
+            raise
         self.runtime.replication = server
         self.manager.loop = self._loop
         self.manager.link = _peer_link(self.credentials)
@@ -278,7 +292,11 @@ class Broker:
         metrics_config = self.config.metrics
         if metrics_config.port >= 0:
             counts = BrokerCounts(self.runtime, self.manager)
-            self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, counts)
+            try:
+                self._metrics = MetricsServer(metrics_config.host, metrics_config.port, self.service, counts)
+            except OSError:
+                refuse_if_taken(metrics_config.host, metrics_config.port, "[metrics] port")
+                raise
 
     async def _join_coordination(self) -> None:
         """Register with the coordinator, check that metadata and data agree, listen for changes."""

@@ -55,6 +55,7 @@ class NatsConfig:
     servers: tuple[str, ...] = ()
     """NATS URLs to connect to; empty means start an embedded nats-server."""
     embedded_host: str = "127.0.0.1"
+    """Address the embedded nats-server listens on (with ``servers`` empty)."""
     embedded_port: int = 4222
     """Client port of the embedded server (1 to 65535); -1 picks a free one."""
     reconnect_wait: float = 1.0
@@ -88,6 +89,8 @@ class FlightConfig:
     """Where the broker serves Arrow Flight."""
 
     host: str = "127.0.0.1"
+    """Address Flight listens on; one beyond loopback needs TLS and an ACL (or ``[security]
+    insecure``)."""
     port: int = 9292
     """0 to 65535; 0 picks a free port."""
     advertised_host: str | None = None
@@ -119,6 +122,7 @@ class MetricsConfig:
     """Where the broker serves Prometheus ``/metrics`` and ``/healthz`` over HTTP."""
 
     host: str = "127.0.0.1"
+    """Address the HTTP server of the metrics listens on."""
     port: int = -1
     """-1 (the default) serves nothing; 0 picks a free port; else 1 to 65535."""
 
@@ -158,6 +162,7 @@ class SecurityConfig:
     tls_cert: str = ""
     """PEM certificate of this broker: Flight serves ``grpc+tls``, the embedded nats-server TLS."""
     tls_key: str = ""
+    """PEM private key of ``tls_cert``."""
     tls_ca: str = ""
     """PEM CA that signed the brokers' certificates (and the clients', with ``verify_clients``)."""
     verify_clients: bool = False
@@ -201,10 +206,13 @@ class BrokerConfig:
     """Everything a broker process needs."""
 
     broker_id: str = "broker-1"
+    """This broker's id (``id`` in the file): unique in a cluster, the same across restarts."""
     rack: str = ""
     """Where the broker sits (a rack, a zone): generated reassignment plans and drains spread a
     partition's replicas over racks.  Empty: not declared."""
     data_dir: Path = Path("data")
+    """Where streams, cursors and metadata are stored (a relative path is taken from the directory
+    the broker runs in).  One broker at a time: a second one on it is refused (``broker.lock``)."""
     maintenance_interval: float = 30.0
     """Seconds between retention and compaction passes (0.01 to 86400)."""
     nats: NatsConfig = field(default_factory=NatsConfig)

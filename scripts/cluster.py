@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     busy = [p for p in ports if not port_is_free(p)]
     if busy:
         print(
-            f"cluster: port(s) {', '.join(map(str, busy))} are in use (a cluster already running?)",
+            f"cluster: port(s) {', '.join(map(str, busy))} are in use: stop what holds them first (a "
+            "cluster already running, or the broker of conf/broker.toml, which also uses 4222)",
             file=sys.stderr,
         )
         return 1

@@ -6,7 +6,7 @@
    pyspark-jetstream code on the producer side);
 4. runs a Spark Structured Streaming query over the stream with
    ``format("jetstream")`` and prints each micro-batch's rows and rows/s;
-5. prints the result and the query's cursor in the log, and shuts down.
+5. prints the result and the query's cursor in the log, shuts down and removes its directory.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -112,6 +113,7 @@ def main() -> None:
                 raise SystemExit("the demo lost or duplicated orders")
     finally:
         print(f"broker stopped (exit code {broker.stop()})")
+        shutil.rmtree(workdir, ignore_errors=True)  # the log and the checkpoint: 25 MB a run
 
 
 if __name__ == "__main__":

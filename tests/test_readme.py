@@ -1,9 +1,10 @@
-"""Every shell and Python block of README.md and conf/*/README*, run as written, top to bottom.
+"""Every shell and Python block of README.md, docs/*.md and conf/*/README*, run as written.
 
 A reader follows a document in order, so each document is one test: its blocks
 run one after another in a directory laid out like the checkout (copies of
-``conf/`` and ``scripts/``), so what they write (``data/``, ``outbox.db``,
-certificates) lands there.  Shell blocks run line by line with ``bash``; a
+``conf/`` and ``scripts/``, and ``.venv`` linked to this environment), so what
+they write (``data/``, ``outbox.db``, certificates) lands there, and git must
+ignore it.  Shell blocks run line by line with ``bash``; a
 command that runs until Ctrl-C (a broker, the outbox harvester) is started in
 the background, waited for until it serves, and stopped with SIGINT at the end
 of the document, which it must survive with exit status 0.  Python blocks run
@@ -14,7 +15,8 @@ of ``conf/``, become free ones, in the copied files and in the blocks, and
 ``JETSTREAM_NATS`` names the NATS port for commands that rely on the default)
 and ``/tmp/`` (a directory of the test's own).  What a block needs that a
 reader would have by then (a broker already running, a few orders to read) is
-done here, out of the README; so are the checks of what each block did.
+done here, out of the document (``BEFORE``, by document); so are the checks of
+what each block did (``AFTER``).
 
 Blocks run elsewhere are listed in ``ELSEWHERE`` with the test that runs them;
 a block that is neither run here nor listed there fails the test.
@@ -45,7 +47,7 @@ from pyspark_jetstream.client import SyncClient
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted(ROOT.glob("conf/*/README*"))]
+DOCUMENTS = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *sorted(ROOT.glob("conf/*/README*"))]
 LANGUAGES = ("sh", "python")
 BLOCK_TIMEOUT = 600
 SERVE_TIMEOUT = 60.0
@@ -53,8 +55,8 @@ SERVE_TIMEOUT = 60.0
 ELSEWHERE = {
     "make demo": "tests/test_demo.py runs the demo; `make test` is this suite, run by .ci/run",
     "pip wheel . --no-deps -w dist": "tests/test_packaging.py installs each line's wheel and extra",
-    "make cluster": "tests/cluster/test_make_cluster.py runs the block's commands against `make cluster`",
-    "jetstream stream create clicks": "tests/cluster/test_reassignment.py runs the block against a cluster",
+    "make cluster": "tests/cluster/test_make_cluster.py runs docs/cluster.md's block against `make cluster`",
+    "jetstream stream create clicks": "tests/cluster/test_reassignment.py runs docs/cluster.md's block",
 }
 """Blocks run by another test, by their first command."""
 
@@ -114,6 +116,7 @@ class Checkout:
         checkout.tmp.mkdir()
         for name in ("conf", "scripts"):
             shutil.copytree(ROOT / name, checkout.root / name, ignore=shutil.ignore_patterns("certs", "data"))
+        (checkout.root / ".venv").symlink_to(Path(sys.prefix))  # `source .venv/bin/activate` works
         for path in (checkout.root / "conf").rglob("*.toml"):
             path.write_text(checkout.rewrite(path.read_text()))
         return checkout
@@ -232,19 +235,20 @@ SERVERS: dict[str, Callable[[Checkout, str], bool]] = {
 
 
 # What a reader has by then, and what each block must have done: by the block's first command.
-def _orders_to_read(checkout: Checkout) -> None:
+def _values(checkout: Checkout, stream: str) -> list[bytes]:
     with checkout.client() as client:
-        client.publish_batch("orders", [{"value": b"order %d" % i} for i in range(5)], partition=1)
+        partitions = len(client.describe_stream(stream).partitions)
+        return [
+            value.as_py()
+            for partition in range(partitions)
+            for value in client.fetch(stream, partition, max_records=1000).to_table().column("value")
+        ]
 
 
 def _orders_copied(checkout: Checkout) -> None:
-    with checkout.client() as client:
-        values = [
-            value.as_py()
-            for partition in range(3)
-            for value in client.fetch("orders-upper", partition, max_records=100).to_table().column("value")
-        ]
-    assert sorted(values) == [b"ORDER %d" % i for i in range(5)]
+    published = _values(checkout, "orders")
+    assert len(published) == 5, published  # the README's five, published before the query
+    assert sorted(_values(checkout, "orders-upper")) == sorted(v.upper() for v in published)
 
 
 def _delta_table_written(checkout: Checkout) -> None:
@@ -268,7 +272,6 @@ def _event_published(checkout: Checkout) -> None:
 
 
 AFTER: dict[str, Callable[[Checkout], None]] = {
-    "jetstream stream create orders-upper --subject orders-upper --partitions 3": _orders_to_read,
     '.option("stream", "orders-upper")': _orders_copied,
     'start("/tmp/tables/orders")': _delta_table_written,
     'db = sqlite3.connect("outbox.db")': _event_in_outbox,
@@ -278,13 +281,13 @@ AFTER: dict[str, Callable[[Checkout], None]] = {
 must be in exactly one block."""
 
 
-def run_document(document: Path, base: Path, first: Callable[[Checkout], None] | None = None) -> list[str]:
-    """Run every block of ``document``; the blocks run here, in order."""
+def run_document(document: Path, base: Path) -> list[str]:
+    """Run every block of ``document``, in order, after what ``BEFORE`` gives it."""
     checkout = Checkout.make(base)
     ran = []
     try:
-        if first is not None:
-            first(checkout)
+        for before in BEFORE.get(str(document.relative_to(ROOT)), ()):
+            before(checkout)
         for block in blocks_of(document):
             if block.language not in LANGUAGES:
                 continue
@@ -298,6 +301,15 @@ def run_document(document: Path, base: Path, first: Callable[[Checkout], None] |
     finally:
         problems = checkout.stop_all()
     assert not problems, problems
+    written = [
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in checkout.root.iterdir()
+        if p.name not in ("conf", "scripts", ".venv")
+    ]
+    ignored = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", *written], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert sorted(ignored) == sorted(written), f"written into the checkout, not ignored by git: {written}"
     return ran
 
 
@@ -316,19 +328,50 @@ def test_every_block_is_run_here_or_by_a_named_test():
 
 
 def _start_the_broker(checkout: Checkout) -> None:
-    """The README's examples need a running broker (its Spark section says so): the one its
-    "Running a broker" block starts, started first."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## Running a broker", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    """A page that needs a running broker says so and links to docs/broker.md: the broker its
+    first block starts, started first."""
+    page = ROOT / "docs" / "broker.md"
+    block = page.read_text().split("```sh", 1)[1].split("```", 1)[0]
     (command,) = commands_of(checkout.rewrite(block))
-    checkout.start(command, SERVERS[_command_key(command)], Block(ROOT / "README.md", 0, "sh", block))
+    checkout.start(command, SERVERS[_command_key(command)], Block(page, 0, "sh", block))
 
 
-def test_the_readme_runs_as_written(tmp_path):
-    ran = run_document(ROOT / "README.md", tmp_path, first=_start_the_broker)
-    assert len(ran) >= 10, ran
+def _orders_stream(checkout: Checkout) -> None:
+    """The stream ``orders`` the README made (the pages that use it say how to make it)."""
+    with checkout.client() as client:
+        client.create_stream("orders", "orders", partitions=3)
 
 
-def test_the_secure_walkthrough_runs_as_written(tmp_path):
-    ran = run_document(ROOT / "conf" / "secure" / "README.md", tmp_path)
-    assert len(ran) == 5, ran
+def _orders_to_read(checkout: Checkout) -> None:
+    """A few JSON orders in ``orders``, as the README's reader published them."""
+    with checkout.client() as client:
+        client.publish_batch("orders", [{"value": b'{"amount": %d}' % i} for i in range(5)], partition=1)
+
+
+BEFORE: dict[str, tuple[Callable[[Checkout], None], ...]] = {
+    "docs/spark.md": (_start_the_broker, _orders_stream, _orders_to_read),
+    "docs/client.md": (_start_the_broker,),
+    "docs/cli.md": (_start_the_broker,),
+    "docs/outbox.md": (_start_the_broker, _orders_stream),
+    "docs/operations.md": (_start_the_broker,),
+}
+"""What a reader of each document has by then, done before its first block."""
+
+RUN = {
+    "README.md": 5,
+    "docs/broker.md": 2,
+    "docs/cli.md": 1,
+    "docs/client.md": 1,
+    "docs/internals.md": 1,
+    "docs/operations.md": 1,
+    "docs/outbox.md": 3,
+    "docs/spark.md": 1,
+    "conf/secure/README.md": 5,
+}
+"""How many blocks each document runs here: a block lost from a document fails its test."""
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_the_document_runs_as_written(document, tmp_path):
+    ran = run_document(document, tmp_path)
+    assert len(ran) == RUN.get(str(document.relative_to(ROOT)), 0), ran

@@ -86,6 +86,9 @@ class LogConfig:
     ``COMPRESS_MIN_BYTES`` are always stored plain).  Reads decompress, so they
     no longer hand out memory-mapped data; see conf/log.toml for the trade."""
     fsync: FsyncPolicy = FsyncPolicy.NEVER
+    """When appends are forced to disk: ``never`` (durability from replication; a power loss may
+    lose the last seconds), ``interval`` (at most ``fsync_interval`` seconds) or ``always``
+    (nothing acknowledged is lost, for a disk flush per append)."""
     fsync_interval: float = 1.0
     """Seconds between fsyncs under ``FsyncPolicy.INTERVAL`` (0.001 to 3600)."""
     high_watermark_checkpoint_interval: float = 1.0

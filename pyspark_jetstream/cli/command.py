@@ -18,7 +18,8 @@ from pyspark_jetstream.cli.connection import collect_nats_errors, connect, crede
 from pyspark_jetstream.cli.cursors import add_commands as add_cursors_commands
 from pyspark_jetstream.cli.messages import add_commands as add_messages_commands
 from pyspark_jetstream.cli.streams import add_commands as add_streams_commands
-from pyspark_jetstream.client import Credentials
+from pyspark_jetstream.client import Credentials, SyncClient
+from pyspark_jetstream.client.hints import unknown_stream
 from pyspark_jetstream.protocol.errors import (
     JetStreamError,
     RequestTimeoutError,
@@ -68,12 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 credentials = Credentials.from_options(credential_options(args))
                 with connect(args, credentials, nats_errors) as client:
-                    args.run(client, args)
+                    try:
+                        args.run(client, args)
+                    except UnknownStreamError as exc:
+                        raise _with_hint(exc, client, args) from None
             except (UnavailableError, UnauthenticatedError, RequestTimeoutError) as exc:
                 raise explained(exc, args, credentials, nats_errors) from None
-    except UnknownStreamError as exc:
-        fail(f"{exc}; 'jetstream stream list' shows the streams")
-        return 1
     except JetStreamError as exc:
         fail(str(exc))
         return 1
@@ -88,13 +89,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _with_hint(exc: UnknownStreamError, client: SyncClient, args: argparse.Namespace) -> UnknownStreamError:
+    """``exc`` with the closest stream's name and the commands that list and create streams, as
+    the Spark source says it, when it is about the stream the command names."""
+    stream = getattr(args, "stream", None) or getattr(args, "name", None)
+    if not isinstance(stream, str) or not str(exc).startswith(f"no stream named {stream!r}"):
+        return exc
+    return unknown_stream(exc, stream, lambda: [info.config["name"] for info in client.list_streams()])
+
+
+def _environment(name: str, default: str | None = None) -> str | None:
+    """``$name``, or ``default`` when it is unset or empty (``JETSTREAM_NATS=`` unsets it, as in a
+    shell, rather than naming an empty URL)."""
+    return os.environ.get(name) or default
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``jetstream`` parser: global options, then each command group in help order."""
     parser = Parser(prog="jetstream", description="pyspark-jetstream command line")
     parser.add_argument(
-        "--nats", default=os.environ.get("JETSTREAM_NATS", "nats://127.0.0.1:4222"), help="NATS URL"
+        "--nats", default=_environment("JETSTREAM_NATS", "nats://127.0.0.1:4222"), help="NATS URL"
     )
-    parser.add_argument("--broker", default=os.environ.get("JETSTREAM_BROKER"), help="broker Flight address")
+    parser.add_argument("--broker", default=_environment("JETSTREAM_BROKER"), help="broker Flight address")
     parser.add_argument(
         "--timeout", type=parse_timeout, default=10.0, help="seconds to wait for answers (0.1 to 3600)"
     )
@@ -105,13 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     secured.add_argument(
         "--credentials",
         metavar="FILE",
-        default=os.environ.get("JETSTREAM_CREDENTIALS"),
+        default=_environment("JETSTREAM_CREDENTIALS"),
         help="TOML with user, token, tls_ca, tls_cert, tls_key (default $JETSTREAM_CREDENTIALS)",
     )
     secured.add_argument("--user", help="the principal to act as (with a token)")
     secured.add_argument(
         "--token",
-        default=os.environ.get("JETSTREAM_TOKEN"),
+        default=_environment("JETSTREAM_TOKEN"),
         help="the user's token; prefer $JETSTREAM_TOKEN or --credentials (others can see command lines)",
     )
     secured.add_argument("--tls-ca", metavar="FILE", help="PEM CA that signed the brokers' certificates")

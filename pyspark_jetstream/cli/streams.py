@@ -25,7 +25,7 @@ from pyspark_jetstream.protocol.subjects import subjects_overlap
 from pyspark_jetstream.protocol.value_schema import SchemaDocument, StreamSchema
 
 SCHEMA_FIRST = (
-    "what message values hold: a JSON schema document (see the README's typed streams) or an Arrow IPC schema"
+    "what message values hold: a JSON schema document (docs/broker.md, Typed streams) or an Arrow IPC schema"
 )
 SCHEMA_NEXT = (
     "the schema's next version (compatible changes only: a new nullable field, int32 -> int64, "

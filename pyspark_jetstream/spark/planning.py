@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.credentials import Credentials
+from pyspark_jetstream.client.hints import listed_streams, unknown_stream
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ActionType
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .hints import unknown_stream
 from .options import Addresses, SinkOptions, SourceOptions
 
 
@@ -60,7 +60,9 @@ def plan_sink(options: SinkOptions) -> SinkPlan:
             try:
                 config = StreamConfig.from_json(connection.describe(options.stream).config)
             except UnknownStreamError as exc:
-                raise unknown_stream(connection, exc, options.stream, writing=True) from None
+                raise unknown_stream(
+                    exc, options.stream, lambda: listed_streams(connection), writing=True
+                ) from None
     finally:
         connection.close()
     return SinkPlan(options, broker, nats, config)

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.connection import FetchResult
 from pyspark_jetstream.client.credentials import Credentials
+from pyspark_jetstream.client.hints import listed_streams, unknown_stream
 from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
@@ -29,7 +30,6 @@ from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
-from .hints import unknown_stream
 from .options import Offsets, SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _described(connection: ClusterConnection, stream: str) -> StreamInfo:
     try:
         return connection.describe(stream)
     except UnknownStreamError as exc:
-        raise unknown_stream(connection, exc, stream) from None
+        raise unknown_stream(exc, stream, lambda: listed_streams(connection)) from None
 
 
 def _states(info: StreamInfo) -> dict[str, PartitionState]:

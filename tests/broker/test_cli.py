@@ -156,7 +156,11 @@ def test_errors_are_one_line_and_exit_1(broker, args, message):
 
 def test_unknown_stream_says_how_to_find_the_streams(broker):
     line = one_line(run_cli("--nats", broker.nats_url, "stream", "describe", "nope"))
-    assert "jetstream stream list" in line
+    assert "there are no streams yet; create one with `jetstream stream create nope --subject" in line
+    jetstream(broker, "stream", "create", "unrelated", "--subject", "unrelated")
+    line = one_line(run_cli("--nats", broker.nats_url, "stream", "describe", "nope"))
+    assert "(streams: unrelated; list them with `jetstream stream list`" in line
+    assert "did you mean" not in line
 
 
 @pytest.mark.parametrize(
@@ -318,3 +322,31 @@ def test_a_given_broker_with_no_nats_says_that_nats_is_needed_too(broker):
     assert result.returncode == 1
     assert f"cannot connect to NATS at {nowhere}" in result.stderr
     assert f"as well as to the broker at {broker.flight}: give --nats URL" in result.stderr
+
+
+def test_a_misspelt_stream_gets_the_closest_name_as_sparks_source_gives_it(broker):
+    jetstream(broker, "stream", "create", "orders", "--subject", "orders")
+    for args in (
+        ["stream", "describe", "ordres"],
+        ["tail", "ordres", "--no-follow"],
+        ["publish", "ordres", "x"],
+    ):
+        result = run_cli("--nats", broker.nats_url, *args)
+        line = one_line(result)
+        assert result.returncode == 1, line
+        assert line.startswith(
+            "jetstream: no stream named 'ordres'; did you mean 'orders'? (streams: orders;"
+        ), line
+        assert "`jetstream stream list`" in line and "`jetstream stream create ordres --subject" in line, line
+
+
+def test_an_empty_environment_variable_counts_as_unset(monkeypatch):
+    from pyspark_jetstream.cli.command import build_parser
+
+    for name in ("JETSTREAM_NATS", "JETSTREAM_BROKER", "JETSTREAM_CREDENTIALS", "JETSTREAM_TOKEN"):
+        monkeypatch.setenv(name, "")
+    args = build_parser().parse_args(["status"])
+    assert args.nats == "nats://127.0.0.1:4222"
+    assert (args.broker, args.credentials, args.token) == (None, None, None)
+    monkeypatch.setenv("JETSTREAM_NATS", "nats://elsewhere:4222")
+    assert build_parser().parse_args(["status"]).nats == "nats://elsewhere:4222"

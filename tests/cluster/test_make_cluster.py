@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from broker_node.config import load_broker_config
 from pyspark_jetstream.client import AckPolicy, SyncClient
 
 from ..broker.harness import wait_until
@@ -21,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_cluster_commands() -> list[str]:
-    """The ``jetstream`` lines of the README's cluster block (tests/test_readme.py leaves the block
+    """The ``jetstream`` lines of docs/cluster.md's block (tests/test_readme.py leaves the block
     to this test), after checking that its ``make`` lines run what this test runs."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## A replicated cluster", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "cluster.md").read_text()
+    block = page.split("## Three brokers on this machine", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     lines = [line for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
     makefile = (ROOT / "Makefile").read_text()
     assert shlex.split(lines[0], comments=True) == ["make", "cluster"], lines[0]
@@ -52,7 +56,7 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
             if "cluster: up" in line or "did not start" in line or "in use" in line:
                 break
         assert "cluster: up" in "".join(lines), "".join(lines)
-        for command in readme_cluster_commands():  # the README's own, against this cluster
+        for command in readme_cluster_commands():  # the page's own, against this cluster
             done = subprocess.run(
                 [sys.executable, "-m", "pyspark_jetstream.cli", *shlex.split(command, comments=True)[1:]],
                 capture_output=True,
@@ -73,3 +77,32 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
     assert "cluster: stopping" in out
     for n in (1, 2, 3):
         assert (state / f"broker-{n}" / "streams" / "made" / "0" / "partition.json").exists()
+
+
+def test_a_port_in_use_is_named_with_what_to_stop(tmp_path):
+    """A broker of conf/broker.toml left running holds 4222: the cluster names the port and says
+    to stop it, in one line, before starting anything."""
+    port = load_broker_config(ROOT / "conf" / "cluster" / "broker-1.toml").flight.port
+    with socket.socket() as holder:
+        # As a server binds (connections of the cluster test before it in TIME_WAIT do not count).
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):  # held already (by another test's cluster): as good
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "cluster.py"), "--state-dir", str(tmp_path / "c")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:  # it started a cluster after all: stop all of it
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert process.returncode == 1, stderr
+    (line,) = stderr.splitlines()
+    assert f"{port}" in line and "in use: stop what holds them first" in line, line
+    assert not (tmp_path / "c").exists()

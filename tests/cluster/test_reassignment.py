@@ -127,15 +127,16 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def readme_moving_commands() -> list[str]:
-    """The README's block on moving partitions (tests/test_readme.py leaves it to this test)."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("### Moving partitions", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    """docs/cluster.md's block on moving partitions (tests/test_readme.py leaves it to this test)."""
+    page = (ROOT / "docs" / "cluster.md").read_text()
+    block = page.split("## Moving partitions", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
 
 
 def test_the_readmes_block_on_moving_partitions_runs_as_written(cluster, client, tmp_path):
     environment = {**os.environ, "JETSTREAM_NATS": cluster.nats_url}
     environment.pop("JETSTREAM_BROKER", None)
+    there = set(tmp_path.iterdir())  # the cluster's own files
     for line in readme_moving_commands():
         done = subprocess.run(
             ["bash", "-c", line.replace("jetstream ", f"{sys.executable} -m pyspark_jetstream.cli ", 1)],
@@ -155,6 +156,12 @@ def test_the_readmes_block_on_moving_partitions_runs_as_written(cluster, client,
     gone = cluster.broker("broker-3").data_dir / "streams" / "clicks"
     wait_until(lambda: not gone.exists(), timeout=30, message="broker-3's copies deleted")
     plan = json.loads((tmp_path / "plan.json").read_text())
+    # What the block wrote where a reader runs it (the checkout's root) is ignored by git.
+    written = sorted(p.name for p in set(tmp_path.iterdir()) - there)
+    ignored = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", *written], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert ignored == written, f"not ignored by git: {sorted(set(written) - set(ignored))}"
     assert plan["partitions"] and all(e["stream"] == "clicks" for e in plan["partitions"])
     # A bad plan: one line on stderr, exit status 1, nothing moved.
     (tmp_path / "bad.json").write_text(
