@@ -16,8 +16,9 @@ Shutdown runs the other way, after a controlled shutdown in a cluster
 (:mod:`broker_node.handover`: the controller moves this broker's leadership
 to other in-sync replicas first).
 
-Threads: the asyncio loop runs NATS ingestion and the background tasks; the
-Flight server runs its calls on its own threads; coordinator callbacks come
+Threads: the asyncio loop runs NATS ingestion, replication (the listener its
+followers connect to, and the fetchers of the partitions it follows) and the
+background tasks; the Flight server runs its calls on its own threads; coordinator callbacks come
 on the coordinator's threads and are handed to the loop.  Metadata changes
 are applied by :meth:`Broker.sync` on the loop (the partitions in a worker
 thread, then the subscriptions), one at a time.
