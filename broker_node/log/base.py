@@ -30,7 +30,7 @@ from pyspark_jetstream.protocol.array_builders import constant_ints
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 from pyspark_jetstream.protocol.typed_values import TypedValues
 
-from .append_input import Records, to_input_columns
+from .append_input import Record, Records, record_size, to_input_columns
 from .arguments import check_limit, check_offset, check_offset_arg, to_micros
 from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
@@ -44,8 +44,9 @@ from .frames import replicated_entry
 from .index import BatchEntry, crc32
 from .log_config import LogConfig
 from .logging_labels import Labels
+from .one_frame import OneFrames
 from .reads import ReplicaFrame, StoredBatches, TypedRead, read_batches, read_frames, with_typed
-from .segment import encode_frame
+from .segment import COMPRESS_MIN_BYTES, encode_frame
 from .typed_frames import encode_typed_frame
 
 
@@ -283,6 +284,8 @@ class LogBase(abc.ABC):
         in the same frame (see :mod:`.typed_frames`); they count against
         ``max_batch_bytes`` with the rest of the frame.
         """
+        if typed is None and (one := _one_plain(records)) is not None:
+            return self._append_one(one, wait)
         inputs = to_input_columns(records, self.config.max_message_bytes)
         if typed is not None and typed.batch.num_rows != len(inputs[0]):
             raise InvalidRecordsError(
@@ -307,27 +310,54 @@ class LogBase(abc.ABC):
                 schema=LOG_SCHEMA,
             )
             frame = encode_typed_frame(batch, typed, self.config.compression)
-            if frame.size > self.config.max_batch_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {count} messages is {frame.size} bytes stored, over "
-                    f"max_batch_bytes={self.config.max_batch_bytes}",
-                    size=frame.size,
-                    limit=self.config.max_batch_bytes,
-                )
-            last = base + count - 1
-            self._maybe_roll(frame.size, last, now)
-            active = self._active
-            entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
-            fsync = self._fsync_due()
-            active.append(frame, entry, fsync=fsync)
-            self._unsynced = not fsync
-            if self._epochs.latest_epoch is None:
-                self._epochs.assign(epoch, base)
-            self._last_timestamp = now
-            self._grown.notify_all()
-            return range(base, last + 1)
+            return self._store_frame(frame, base, count, now, epoch)
         finally:
             self._lock.release()
+
+    def _append_one(self, record: Record, wait: bool) -> range | None:
+        """:meth:`append` of one plain message, its frame written from a prepared shape (see
+        :mod:`.one_frame`); the caller checked that it is one."""
+        size = record_size(record)
+        if size > self.config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"message 0 of the batch is {size} bytes, over max_message_bytes="
+                f"{self.config.max_message_bytes}",
+                size=size,
+                limit=self.config.max_message_bytes,
+            )
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            self._check_open()
+            base = self.log_end_offset
+            now = max(int(self._clock() * 1_000_000), self._last_timestamp)
+            epoch = self.leader_epoch
+            frame = pa.py_buffer(_ONE_FRAMES.frame(base, now, epoch, record))
+            return self._store_frame(frame, base, 1, now, epoch)
+        finally:
+            self._lock.release()
+
+    def _store_frame(self, frame: pa.Buffer, base: int, count: int, now: int, epoch: int) -> range:
+        """Store an appended batch's frame (the caller holds the lock); its offsets."""
+        if frame.size > self.config.max_batch_bytes:
+            raise RecordTooLargeError(
+                f"batch of {count} messages is {frame.size} bytes stored, over "
+                f"max_batch_bytes={self.config.max_batch_bytes}",
+                size=frame.size,
+                limit=self.config.max_batch_bytes,
+            )
+        last = base + count - 1
+        self._maybe_roll(frame.size, last, now)
+        active = self._active
+        entry = BatchEntry(base, last, active.size, frame.size, crc32(frame), epoch, count, now)
+        fsync = self._fsync_due()
+        active.append(frame, entry, fsync=fsync)
+        self._unsynced = not fsync
+        if self._epochs.latest_epoch is None:
+            self._epochs.assign(epoch, base)
+        self._last_timestamp = now
+        self._grown.notify_all()
+        return range(base, last + 1)
 
     def _offsets(self, base: int, count: int) -> pa.Array:
         if count <= 64:  # cheaper than a compute call for the one-message path
@@ -648,3 +678,33 @@ class LogBase(abc.ABC):
         """Have every :meth:`wait_for_end` check its ``unless`` now."""
         with self._grown:
             self._grown.notify_all()
+
+
+_ONE_FRAMES = OneFrames()
+"""The prepared shapes of one-message batches, shared by every log (their frames depend on the
+message only)."""
+
+
+def _one_plain(records: Records) -> Record | None:
+    """The message, if ``records`` is one plain message whose frame :mod:`.one_frame` writes: a
+    list or tuple of one :class:`Record` without headers or producer, of the types the log schema
+    takes, and small enough that no compression applies (see ``COMPRESS_MIN_BYTES``)."""
+    if type(records) not in (list, tuple) or len(records) != 1:  # type: ignore[arg-type]
+        return None
+    record = records[0]  # type: ignore[index]
+    if type(record) is not Record or record.headers or record.producer_id is not None:
+        return None
+    if record.sequence is not None:
+        return None
+    key, value, subject, reply = record.key, record.value, record.subject, record.reply
+    if not (
+        (value is None or type(value) is bytes)
+        and (key is None or type(key) is bytes)
+        and (subject is None or type(subject) is str)
+        and (reply is None or type(reply) is str)
+    ):
+        return None  # the general path names what does not fit
+    size = len(value or b"") + len(key or b"") + len(subject or "") * 4 + len(reply or "") * 4
+    if size + 512 >= COMPRESS_MIN_BYTES:
+        return None
+    return record

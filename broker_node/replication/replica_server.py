@@ -15,8 +15,10 @@ the live tail go out from the same loop.
 
 Memory stays bounded when a follower stops reading (a paused process): once
 more than :data:`WRITE_BUFFER_HIGH` bytes wait in the connection's buffer the
-session sends nothing more until it drains, and a follower silent for a
-heartbeat interval is not written to beyond that either.  A session ends
+session sends nothing more until it drains (heartbeats included), and no
+message carries more than that many bytes of batches (a larger batch goes
+alone), so a session holds at most about twice the limit; the rest waits in
+the log.  A session ends
 when the follower closes, when the partition is no longer led here in the
 session's epoch (checked at every send, acknowledgement and heartbeat), or
 when an acknowledgement is refused; its refusal goes to the follower as an
@@ -268,7 +270,9 @@ class _Session(asyncio.Protocol):
         self._acknowledged(fetch.fetch_offset)  # the first fetch acknowledges too, as a fetch did
         self._streaming = True
         self.sent = fetch.fetch_offset
-        self.max_bytes = fetch.max_bytes
+        # One message at most the buffer's limit (a batch larger than that goes alone): what a
+        # follower that stops reading costs stays within twice the limit.
+        self.max_bytes = min(fetch.max_bytes, WRITE_BUFFER_HIGH)
         self.heartbeat = max(fetch.max_wait, MIN_HEARTBEAT)
         partition = self._led()
         self._stop_listening = partition.on_append(self._appended)
