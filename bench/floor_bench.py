@@ -411,10 +411,14 @@ async def run(size: str) -> dict[str, float]:
         results[f"{side}_awaited_ratio_to_js"] = (
             results[f"{side}_awaited_msgs_per_s"] / results["js_awaited_msgs_per_s"]
         )
+    results["ours_awaited_ratio_to_bare"] = (
+        results["ours_awaited_msgs_per_s"] / results["bare_awaited_msgs_per_s"]
+    )
     for copies, peer in (("rf1", "js_r1"), ("rf3", "js_r3")):
-        results[f"ours_{copies}_p99_ratio_to_bare"] = (
-            results[f"ours_{copies}_p99_ms"] / results[f"bare_{copies}_p99_ms"]
-        )
+        for figure in ("p50", "p99"):
+            results[f"ours_{copies}_{figure}_ratio_to_bare"] = (
+                results[f"ours_{copies}_{figure}_ms"] / results[f"bare_{copies}_{figure}_ms"]
+            )
         results[f"bare_{copies}_p99_ratio_to_{peer}"] = (
             results[f"bare_{copies}_p99_ms"] / results[f"{peer}_p99_ms"]
         )
@@ -445,12 +449,14 @@ def main() -> None:
             r[f"ours_{copies}_p99_ratio_to_{peer}"],
             r[f"bare_{copies}_p99_ratio_to_{peer}"],
         )
-        print(f"  p99: ours / bare {r[f'ours_{copies}_p99_ratio_to_bare']:.2f}, ", end="")
+        print(f"  p50: ours / bare {r[f'ours_{copies}_p50_ratio_to_bare']:.2f}; ", end="")
+        print(f"p99: ours / bare {r[f'ours_{copies}_p99_ratio_to_bare']:.2f}, ", end="")
         print(f"bare / JetStream {bare_ratio:.2f}, ours / JetStream {ours_ratio:.2f}")
     print("one publish at a time, each answer awaited (msg/s, one copy)")
     for name, title in (("bare", f"bare, {loop}"), ("ours", "ours"), ("js", "JetStream")):
         ratio = "" if name == "js" else f"  ({r[f'{name}_awaited_ratio_to_js']:.2f} of JetStream's)"
         print(f"  {title:<32}{r[f'{name}_awaited_msgs_per_s']:>9,.0f}{ratio}")
+    print(f"  ours / bare {r['ours_awaited_ratio_to_bare']:.2f}")
     print(last_line(r))
 
 
