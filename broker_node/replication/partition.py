@@ -317,8 +317,7 @@ class Partition:
         finally:
             self._role_lock.release()
         if offsets is not None:
-            for appended in self._append_listeners:
-                appended()
+            self._appended()
             with self._lock:
                 self._advance_high_watermark()
         return offsets
@@ -702,7 +701,9 @@ class Partition:
                     self.producers.learn(batch)
                     self.message_ids.learn(batch)
                 self.messages_in += len(offsets)
-                self._advance_high_watermark()
+        self._appended()
+        with self._lock:
+            self._advance_high_watermark()
         return offsets
 
     def reset_mirror(self, offset: int, leader_epoch: int) -> None:
@@ -758,6 +759,11 @@ class Partition:
             self._append_listeners = [a for a in self._append_listeners if a is not listener]
 
         return stop
+
+    def _appended(self) -> None:
+        """Tell the append listeners (the replication connections) that the log grew as leader."""
+        for appended in self._append_listeners:
+            appended()
 
     @overload
     def committed_frames(

@@ -402,13 +402,15 @@ class _Session(asyncio.Protocol):
             return
         due = self._last_sent + self.heartbeat
         if now >= due:
-            try:
-                partition = self._led()
-            except JetStreamError as exc:
-                self.end(exc)
+            self._send()  # what an append made without telling the listeners goes now
+            if self._ended:
                 return
-            if not self._paused:
-                self._write(data_message(self._offsets(partition), []))
+            if not self._paused and self.loop.time() >= self._last_sent + self.heartbeat:
+                try:
+                    self._write(data_message(self._offsets(self._led()), []))
+                except JetStreamError as exc:
+                    self.end(exc)
+                    return
             due = now + self.heartbeat
         self._timer = self.loop.call_at(due, self._beat)
 

@@ -473,3 +473,12 @@ def test_a_leader_ends_the_session_of_a_follower_gone_silent(pair, monkeypatch):
         assert wait_until(lambda: not p.server.sessions, timeout=10)
     finally:
         raw.socket.close()
+
+
+def test_what_the_log_took_without_telling_its_listeners_goes_at_the_next_heartbeat(pair):
+    p = pair()
+    p.follow()
+    commit(p.leader, 1)
+    p.leader.log.append(values(2))  # straight into the log: no append listener hears of it
+    assert wait_until(lambda: p.follower.log.log_end_offset == 3, timeout=5)
+    assert wait_until(lambda: p.leader.follower_log_ends() == {"b": 3})
