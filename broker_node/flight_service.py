@@ -29,6 +29,7 @@ from broker_node.log import EpochEndOffset, Record, ReplicaFrame
 from broker_node.mirror_service import MirrorService
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM, cursor_key
+from broker_node.replication.leader_repair import repair_copy
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition, Role
 from broker_node.runtime import Runtime
@@ -120,8 +121,8 @@ class BrokerService:
             and following.role is Role.FOLLOWER
             and request.replica == following.state.leader
         ):
-            frames = following.frames_for_leader_repair(
-                request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
+            frames = repair_copy(
+                following, request.replica, request.leader_epoch, request.fetch_offset, request.max_bytes
             )
             return _replica_answer(following, frames, request.leader_epoch)
         partition = self._led_for(request)

@@ -25,11 +25,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import flight
 
-from broker_node.log import LogError
+from broker_node.log import LogError, ReplicaFrame
 from broker_node.log.damage import DamagedRange
 from broker_node.log.logging_labels import Labels
 from broker_node.log.typed_frames import frames_in_range
-from pyspark_jetstream.protocol.errors import JetStreamError, NotLeaderError
+from pyspark_jetstream.protocol.errors import (
+    JetStreamError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    UnavailableError,
+)
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, error_from_message
 from pyspark_jetstream.protocol.replication import ReplicaFetch
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
@@ -155,3 +160,43 @@ def _read_ranges(
             raise ValueError(f"the follower holds nothing of offsets {first} to {last} yet")
         copies.append(table.combine_chunks().to_batches()[0])
     return copies
+
+
+def repair_copy(
+    partition: Partition, leader: str, leader_epoch: int, start: int, max_bytes: int
+) -> list[ReplicaFrame]:
+    """``partition``'s stored frames (it is an in-sync follower) from ``start`` on, below its high
+    watermark, byte for byte (a typed batch's typed columns with them), for its leader ``leader``
+    to repair a damaged range of its own log (see :func:`repair_leader`); nothing is recorded.
+
+    ``NotLeaderError`` if the asker does not lead this partition in ``leader_epoch`` as
+    this replica knows it, ``UnavailableError`` if this replica is not in sync,
+    ``OffsetOutOfRangeError`` if ``start`` is not below its high watermark."""
+    state = partition.state
+    if partition.role is not Role.FOLLOWER or leader != state.leader or leader_epoch != state.leader_epoch:
+        raise NotLeaderError(
+            f"{leader} asks for a repair copy of {partition.stream}/{partition.number} in leader epoch "
+            f"{leader_epoch}, but broker {partition.broker_id} is {partition.role.value} there with "
+            f"{state.leader} leading in epoch {state.leader_epoch}",
+            stream=partition.stream,
+            partition=partition.number,
+        )
+    where = f"{partition.stream}/{partition.number}"
+    if partition.broker_id not in state.isr:
+        raise UnavailableError(
+            f"broker {partition.broker_id} is not in sync for {where}: it gives no repair copy",
+            stream=partition.stream,
+            partition=partition.number,
+        )
+    log, high_watermark = partition.log, partition.high_watermark
+    if not log.log_start_offset <= start < high_watermark:
+        raise OffsetOutOfRangeError(
+            f"a repair copy of {where} from {start}, but broker {partition.broker_id} "
+            f"holds committed offsets {log.log_start_offset} to {high_watermark - 1}",
+            stream=partition.stream,
+            partition=partition.number,
+            offset=start,
+            log_start_offset=log.log_start_offset,
+            log_end_offset=high_watermark,
+        )
+    return log.read_frames(start, max_bytes=max_bytes, upper_bound=high_watermark)

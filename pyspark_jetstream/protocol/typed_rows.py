@@ -11,7 +11,11 @@ parsing any JSON.  Pure functions; no I/O:
   column and why not;
 * :func:`problem` (the broker's side, which never trusts a client): why a
   batch is not exactly a version's fields, naming the field, or ``None``;
-* :func:`render_json`: each row's JSON text, the value stored with it.
+* :func:`render_json`: each row's JSON text, the value stored with it;
+* :func:`typed_input`: the broker's one check of what is appended to a
+  partition of a typed stream -- a typed batch checked by :func:`problem`, or
+  JSON values parsed under the current version (:mod:`.typed_values`) -- and
+  the typed columns stored beside it.
 
 Casts :func:`conform` makes
 ===========================
@@ -53,9 +57,10 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .envelope import TYPED_COLUMN, typed_version
 from .errors import InvalidArgumentError
-from .typed_values import null_violation, nullable_field, retyped
-from .value_schema import type_name
+from .typed_values import InvalidValuesError, TypedValues, null_violation, nullable_field, parse_json, retyped
+from .value_schema import StreamSchema, type_name
 
 _CONTROL = "[\\x00-\\x1f]"
 """A character JSON requires escaped as ``\\uXXXX`` (or a short escape)."""
@@ -131,6 +136,75 @@ def render_json(batch: pa.RecordBatch) -> pa.Array:
 
 
 # ---- casting -------------------------------------------------------------------------------------
+
+
+def typed_input(
+    records: object, schema: StreamSchema | None, *, stream: str, partition: int
+) -> tuple[object, TypedValues | None]:
+    """What a partition appends, checked against its stream's schema, and the typed columns to
+    store with it (``None`` for a stream without one).
+
+    ``records`` is an Arrow table or batch, or an iterable of records with a
+    ``value`` (made a list).  A typed batch (an Arrow input with a ``typed``
+    column) is checked, never trusted: ``InvalidArgumentError`` names the
+    field that does not match (or a stream without a schema, or a version it
+    does not have), and its values become each row's JSON text.  Other input
+    of a typed stream has its JSON values parsed under the current version:
+    ``InvalidValuesError`` names each message that does not match.  Nothing
+    is stored of a refused append.
+    """
+    where = f"stream {stream!r} partition {partition}"
+    if isinstance(records, pa.Table | pa.RecordBatch) and TYPED_COLUMN in records.schema.names:
+        if schema is None:
+            raise InvalidArgumentError(
+                f"{where} is not typed: typed rows go to a typed stream (send JSON values here)",
+                stream=stream,
+                partition=partition,
+            )
+        return _checked(records, schema, where, stream=stream, partition=partition)
+    if schema is None:
+        return records, None
+    if isinstance(records, pa.Table | pa.RecordBatch):
+        names = records.schema.names
+        values = records.column("value").to_pylist() if "value" in names else [None] * records.num_rows
+    else:
+        records = list(records)  # type: ignore[call-overload]
+        values = [getattr(r, "value", None) for r in records]  # type: ignore[attr-defined]
+    if not values:
+        return records, None  # the log refuses an empty append, with its own message
+    parsed = parse_json(values, schema)
+    if parsed.refused:
+        raise InvalidValuesError(parsed.refused, stream=stream, partition=partition)
+    return records, parsed.typed
+
+
+def _checked(
+    records: pa.Table | pa.RecordBatch, schema: StreamSchema, where: str, **fields: object
+) -> tuple[pa.Table, TypedValues]:
+    """A typed batch's typed columns checked against the version they say they hold, and its
+    records with each row's value rendered from them."""
+    version = typed_version(records)
+    if version is None or version > schema.version:
+        raise InvalidArgumentError(
+            f"{where}: the typed rows are of schema version {version}, but the stream has versions "
+            f"1 to {schema.version}",
+            **fields,
+        )
+    table = records if isinstance(records, pa.Table) else pa.Table.from_batches([records])
+    column = table.column(TYPED_COLUMN).combine_chunks()
+    version_fields = schema.versions[version - 1]
+    found = "a row is null" if column.null_count else None
+    columns = pa.RecordBatch.from_struct_array(column) if found is None else None
+    if columns is not None:
+        found = problem(columns, version_fields)
+    if found is not None or columns is None:
+        raise InvalidArgumentError(
+            f"{where}: the typed rows do not match schema version {version}: {found}", **fields
+        )
+    checked = exactly(columns, version_fields)
+    index = table.schema.get_field_index(TYPED_COLUMN)
+    rows = table.set_column(index, "value", render_json(checked))
+    return rows, TypedValues(version, checked)
 
 
 def _whole(array: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -23,7 +23,7 @@ from broker_node.__main__ import JsonFormatter
 from broker_node.broker import RUNTIME_FILE
 from broker_node.log.logging_labels import Labels
 from broker_node.log.segment import SEGMENT_SUFFIX
-from broker_node.replication.partition import PRODUCER_SNAPSHOT
+from broker_node.replication.partition_tables import PRODUCER_SNAPSHOT
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
 

@@ -11,7 +11,8 @@ import pytest
 from broker_node.coordination.base import PartitionState
 from broker_node.log import Log, MemoryLog, Record
 from broker_node.replication.message_ids import MessageIdTable
-from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
+from broker_node.replication.partition import Partition
+from broker_node.replication.partition_tables import PRODUCER_SNAPSHOT
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from ..log.helpers import FakeClock

@@ -9,7 +9,8 @@ import pytest
 
 from broker_node.coordination.base import PartitionState
 from broker_node.log import Log, MemoryLog, Record
-from broker_node.replication.partition import PRODUCER_SNAPSHOT, Partition
+from broker_node.replication.partition import Partition
+from broker_node.replication.partition_tables import PRODUCER_SNAPSHOT
 from broker_node.replication.producers import ProducerTable
 from pyspark_jetstream.protocol.ack import Ack, ErrorCode
 from pyspark_jetstream.protocol.envelope import producer_position
@@ -172,7 +173,7 @@ def test_a_snapshot_racing_a_delete_of_its_partition_is_dropped_quietly(tmp_path
     and remove its directory meanwhile (on another thread). Nothing is warned about."""
     import threading
 
-    from broker_node.replication import partition as module
+    from broker_node.replication import partition_tables as module
 
     partition = open_leader(tmp_path / "log")
     publish(partition, 0, 3)
@@ -199,7 +200,7 @@ def test_a_snapshot_racing_a_delete_of_its_partition_is_dropped_quietly(tmp_path
 
 
 def test_a_snapshot_that_cannot_be_written_while_open_is_warned_about(tmp_path, monkeypatch, caplog):
-    from broker_node.replication import partition as module
+    from broker_node.replication import partition_tables as module
 
     partition = open_leader(tmp_path / "log")
     publish(partition, 0, 3)
@@ -235,7 +236,7 @@ def test_two_snapshots_at_once_are_written_one_after_the_other(tmp_path, monkeyp
     together, one's rename found the other's file gone and logged a warning."""
     import threading
 
-    import broker_node.replication.partition as partition_module
+    import broker_node.replication.partition_tables as partition_module
 
     partition = open_leader(tmp_path / "p")
     publish(partition, 0, 3)
