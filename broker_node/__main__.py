@@ -11,8 +11,9 @@ import signal
 import sys
 from datetime import UTC, datetime
 
-from broker_node.broker import Broker, rebuild
+from broker_node.broker import Broker
 from broker_node.config import ConfigError, load_broker_config
+from broker_node.metadata_rebuild import rebuild
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 

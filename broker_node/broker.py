@@ -38,10 +38,10 @@ from typing import Any
 from pyarrow import flight
 
 from broker_node.api.server import FlightApi
-from broker_node.config import BrokerConfig, ConfigError, SecurityConfig
+from broker_node.config import BrokerConfig, SecurityConfig
 from broker_node.coordination.base import FEATURES, BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
-from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
+from broker_node.coordination.local import LocalCoordinator
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
 from broker_node.counts import BrokerCounts
 from broker_node.data_dir import RUNTIME_FILE, SESSION_FILE, DataDirLock, write_runtime_files
@@ -56,7 +56,6 @@ from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.partition import Partition
-from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
 from broker_node.start_watch import StartWatch
@@ -65,7 +64,7 @@ from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
-__all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker", "rebuild"]
+__all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker"]
 
 logger = logging.getLogger(__name__)
 
@@ -436,24 +435,6 @@ class Broker:
                     await asyncio.to_thread(work, partition)
                 except Exception:
                     logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
-
-
-def rebuild(config: BrokerConfig) -> list[str]:
-    """Rebuild the single-broker metadata from the partitions' records; what it found, line by line."""
-    if config.zookeeper.hosts:
-        raise ConfigError(
-            "--rebuild-metadata rebuilds a single broker's metadata.json; in a cluster the metadata "
-            f"lives in ZooKeeper ({config.zookeeper.hosts})"
-        )
-    data_dir = Path(config.data_dir).resolve()
-    records = [
-        record
-        for directory in partition_directories(data_dir / "streams")
-        if (record := read_record(directory)) is not None
-    ]
-    if not records:
-        raise MetadataError(f"no partition under {data_dir / 'streams'} has a partition.json to rebuild from")
-    return rebuild_metadata(data_dir, records, config.broker_id)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:
