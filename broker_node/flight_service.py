@@ -524,6 +524,10 @@ class BrokerService:
                 partition=request.partition,
             )
 
+    def chunk_limit(self, request: PutRequest) -> int:
+        """The partition's batch limit: the most bytes one chunk may decode to."""
+        return self._manager.require(request.stream, request.partition, leader=True).max_batch_bytes
+
     def put_chunk(
         self, request: PutRequest, sequence: int, batch: pa.RecordBatch
     ) -> concurrent.futures.Future[Ack]:
