@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,18 @@ async def run(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await broker.start()
+    starting = asyncio.ensure_future(broker.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # Stopped while starting (waiting for ZooKeeper, say): the coordinator stops waiting, and
+        # the start closes what it had started.
+        await asyncio.to_thread(broker.coordinator.close)
+        with contextlib.suppress(JetStreamError):
+            await starting
+        return
+    stopped.cancel()
+    starting.result()
     try:
         await stop.wait()
     finally:

@@ -682,7 +682,10 @@ class BrokerService:
                 f"not connected to NATS at {', '.join(self._runtime.nats_urls)}: nothing is ingested"
             )
         lease = getattr(self._coordinator, "lease_valid", None)
-        if callable(lease) and not lease():
+        waiting = getattr(self._coordinator, "waiting", None)
+        if waiting:
+            problems.append(waiting)
+        elif callable(lease) and not lease():
             problems.append(f"out of touch with {self._coordinator.describe()}: not leading anything")
         if self._reachability is not None:
             problems += self._reachability.problems()
