@@ -74,8 +74,12 @@ SYNC_TIMEOUT = 30.0
 class Broker:
     """One broker: its partitions, the NATS ingestion and the Flight server."""
 
-    def __init__(self, config: BrokerConfig, coordinator: Coordinator | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, coordinator: Coordinator | None = None, *, owner: int | None = None
+    ) -> None:
+        """``owner``: the pid of the process this broker ends with (``--owner-fd``), if any."""
         self.config = config
+        self.owner = owner
         self.broker_id = config.broker_id
         self.data_dir = Path(config.data_dir).resolve()
         if coordinator is None:
@@ -142,7 +146,7 @@ class Broker:
         self.config.refuse_insecure_exposure()
         with StartWatch(self.broker_id) as watch:
             watch.step("locking the data directory")
-            self._lock = DataDirLock.acquire(self.data_dir)
+            self._lock = DataDirLock.acquire(self.data_dir, owner=self.owner)
             watch.step("starting NATS")
             await self._start_nats()
             watch.step("connecting to NATS")
