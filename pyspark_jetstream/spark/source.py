@@ -54,12 +54,13 @@ from .reading import (
     PartitionState,
     RangeSpec,
     describe,
+    describe_configs,
     limit_rows,
     plan_ranges,
     read_range,
     resolve,
 )
-from .typed_source import check_schema, pushable, spark_struct, value_fields
+from .typed_source import check_schema, pushable, spark_struct, unreadable, value_fields
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +180,34 @@ class _Reading(unpickle.ByName):
         """Filters the broker applies (pushed by Spark to a :class:`JetStreamFilteringBatchReader`)."""
         self._layout: dict[str, dict[str, PartitionState]] = {}
         """The partitions' offsets as last described on the driver: the ranges planned carry them."""
+        self._judged: dict[str, str | None] = {}
+        """Streams matching ``streamPattern`` seen so far, and why one cannot be read (``None``: it can)."""
 
     def _describe(self, conn: ClusterConnection) -> dict[str, dict[str, PartitionState]]:
-        self._layout = describe(conn, self.options)
+        layout = describe(conn, self.options)
+        if self.fields is not None and self.options.stream_pattern is not None:
+            layout = self._readable(conn, layout)
+        self._layout = layout
         return self._layout
+
+    def _readable(
+        self, conn: ClusterConnection, layout: dict[str, dict[str, PartitionState]]
+    ) -> dict[str, dict[str, PartitionState]]:
+        """``layout`` without the streams matching ``streamPattern`` whose rows cannot be read as
+        the query's typed fields (see :func:`.typed_source.unreadable`), each judged once."""
+        if set(layout) - set(self._judged):
+            reasons = unreadable(describe_configs(conn, self.options), self.fields)
+            for stream in set(layout) - set(self._judged):
+                self._judged[stream] = reasons.get(stream)
+                if reasons.get(stream):
+                    logger.warning(
+                        "stream %s matches streamPattern %r but %s: left out of this query (read it with "
+                        "valueFormat=binary, or in a query of its own)",
+                        stream,
+                        self.options.stream_pattern,
+                        reasons[stream],
+                    )
+        return {stream: parts for stream, parts in layout.items() if self._judged.get(stream) is None}
 
     def _ranges(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         return [
