@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -11,8 +12,10 @@ import signal
 import sys
 from datetime import UTC, datetime
 
-from broker_node.broker import Broker, rebuild
+from broker_node.broker import Broker
 from broker_node.config import ConfigError, load_broker_config
+from broker_node.metadata_rebuild import rebuild
+from broker_node.owner import watch_owner
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 
@@ -22,7 +25,18 @@ async def run(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await broker.start()
+    starting = asyncio.ensure_future(broker.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # Stopped while starting (waiting for ZooKeeper, say): the coordinator stops waiting, and
+        # the start closes what it had started.
+        await asyncio.to_thread(broker.coordinator.close)
+        with contextlib.suppress(JetStreamError):
+            await starting
+        return
+    stopped.cancel()
+    starting.result()
     try:
         await stop.wait()
     finally:
@@ -85,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         help="text lines (default) or one JSON object per line, for log shippers",
     )
     parser.add_argument(
+        "--owner-fd",
+        type=int,
+        help="the read end of a pipe held by the process this broker ends with (LocalBroker's)",
+    )
+    parser.add_argument(
         "--rebuild-metadata",
         action="store_true",
         help="write a lost or unreadable metadata.json again from the partitions' own records, then exit",
@@ -103,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in rebuild(config):
                 print(f"jetstream broker: {line}")
             return 0
-        serve(Broker(config))
+        owner = watch_owner(args.owner_fd) if args.owner_fd is not None else None
+        serve(Broker(config, owner=owner))
     except (ConfigError, JetStreamError, OSError) as exc:
         print(f"jetstream broker: {exc}", file=sys.stderr)
         return 1

@@ -40,10 +40,10 @@ from typing import Any
 from pyarrow import flight
 
 from broker_node.api.server import FlightApi
-from broker_node.config import BrokerConfig, ConfigError, SecurityConfig
+from broker_node.config import BrokerConfig, SecurityConfig
 from broker_node.coordination.base import FEATURES, BrokerInfo, Coordinator, SessionState
 from broker_node.coordination.errors import MetadataError
-from broker_node.coordination.local import LocalCoordinator, rebuild_metadata
+from broker_node.coordination.local import LocalCoordinator
 from broker_node.coordination.zookeeper import ZooKeeperCoordinator
 from broker_node.counts import BrokerCounts
 from broker_node.data_dir import RUNTIME_FILE, SESSION_FILE, DataDirLock, write_runtime_files
@@ -63,7 +63,6 @@ from broker_node.replication.fetcher import PeerLink
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.mirror_set import Mirrors
 from broker_node.replication.partition import Partition
-from broker_node.replication.partition_record import partition_directories, read_record
 from broker_node.replication.replica_server import ReplicaServer
 from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
@@ -74,7 +73,7 @@ from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.mirror_source import MirrorSource
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
 
-__all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker", "rebuild"]
+__all__ = ["NATS_PID_FILE", "RUNTIME_FILE", "SESSION_FILE", "Broker"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +83,12 @@ SYNC_TIMEOUT = 30.0
 class Broker:
     """One broker: its partitions, the NATS ingestion and the Flight server."""
 
-    def __init__(self, config: BrokerConfig, coordinator: Coordinator | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, coordinator: Coordinator | None = None, *, owner: int | None = None
+    ) -> None:
+        """``owner``: the pid of the process this broker ends with (``--owner-fd``), if any."""
         self.config = config
+        self.owner = owner
         self.broker_id = config.broker_id
         self.data_dir = Path(config.data_dir).resolve()
         if coordinator is None:
@@ -172,7 +175,7 @@ class Broker:
         self.config.refuse_insecure_exposure()
         with StartWatch(self.broker_id) as watch:
             watch.step("locking the data directory")
-            self._lock = DataDirLock.acquire(self.data_dir)
+            self._lock = DataDirLock.acquire(self.data_dir, owner=self.owner)
             watch.step("starting NATS")
             await self._start_nats()
             watch.step("connecting to NATS")
@@ -537,24 +540,6 @@ class Broker:
                     await asyncio.to_thread(work, partition)
                 except Exception:
                     logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
-
-
-def rebuild(config: BrokerConfig) -> list[str]:
-    """Rebuild the single-broker metadata from the partitions' records; what it found, line by line."""
-    if config.zookeeper.hosts:
-        raise ConfigError(
-            "--rebuild-metadata rebuilds a single broker's metadata.json; in a cluster the metadata "
-            f"lives in ZooKeeper ({config.zookeeper.hosts})"
-        )
-    data_dir = Path(config.data_dir).resolve()
-    records = [
-        record
-        for directory in partition_directories(data_dir / "streams")
-        if (record := read_record(directory)) is not None
-    ]
-    if not records:
-        raise MetadataError(f"no partition under {data_dir / 'streams'} has a partition.json to rebuild from")
-    return rebuild_metadata(data_dir, records, config.broker_id)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

@@ -538,6 +538,10 @@ class BrokerService:
                 partition=request.partition,
             )
 
+    def chunk_limit(self, request: PutRequest) -> int:
+        """The partition's batch limit: the most bytes one chunk may decode to."""
+        return self._manager.require(request.stream, request.partition, leader=True).max_batch_bytes
+
     def put_chunk(
         self, request: PutRequest, sequence: int, batch: pa.RecordBatch
     ) -> concurrent.futures.Future[Ack]:
@@ -693,7 +697,10 @@ class BrokerService:
                 f"not connected to NATS at {', '.join(self._runtime.nats_urls)}: nothing is ingested"
             )
         lease = getattr(self._coordinator, "lease_valid", None)
-        if callable(lease) and not lease():
+        waiting = getattr(self._coordinator, "waiting", None)
+        if waiting:
+            problems.append(waiting)
+        elif callable(lease) and not lease():
             problems.append(f"out of touch with {self._coordinator.describe()}: not leading anything")
         if self._reachability is not None:
             problems += self._reachability.problems()

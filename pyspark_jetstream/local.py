@@ -17,6 +17,7 @@ system service), one nats-server and several brokers, each a child process::
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -91,31 +92,41 @@ class LocalBroker:
             f"{extra_config}"
         )
         self.process: subprocess.Popen[bytes] | None = None
+        self._owner_pipe: int | None = None
+        """The write end of the pipe the broker watches (see :meth:`start`)."""
 
     def start(self) -> LocalBroker:
         """Start the broker and wait until it serves; raise ``UnavailableError`` if it does not."""
         runtime = self.data_dir / RUNTIME_FILE
         runtime.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the handle
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "broker_node",
-                    "--config",
-                    str(self.config_path),
-                    "--log-level",
-                    self.log_level,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        # The broker ends when this process does, however it ends: it watches the read end of a
+        # pipe whose write end only this process holds (see broker_node/owner.py).
+        watched, self._owner_pipe = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:  # the child keeps its own copy of the handle
+                self.process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "broker_node",
+                        "--config",
+                        str(self.config_path),
+                        "--log-level",
+                        self.log_level,
+                        "--owner-fd",
+                        str(watched),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(watched,),
+                )
+        finally:
+            os.close(watched)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise UnavailableError(
-                    f"the broker exited with code {self.process.returncode}: {self.log_tail()}"
-                )
+                code = self.stop()  # gone: this lets go of its pipe
+                raise UnavailableError(f"the broker exited with code {code}: {self.log_tail()}")
             if runtime.exists():
                 info = json.loads(runtime.read_text())
                 self.flight = info["flight"]
@@ -140,6 +151,10 @@ class LocalBroker:
             process.kill()
             process.wait()
             raise
+        finally:
+            if self._owner_pipe is not None:  # only now: closed, it would stop the broker at once
+                os.close(self._owner_pipe)
+                self._owner_pipe = None
 
     def kill(self) -> None:
         """SIGKILL: a crash."""

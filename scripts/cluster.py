@@ -3,7 +3,9 @@
 Starts ZooKeeper (Debian's package, on 127.0.0.1:2181, data in
 .cluster/zookeeper; no system service), one nats-server on 127.0.0.1:4222 and
 the brokers of conf/cluster/broker-{1,2,3}.toml (Flight on 9301-9303), waits
-until all serve, prints how to use them, and on Ctrl-C (or SIGTERM) stops
+until all serve, prints how to use them.  A broker that exits (a crash, a
+``kill -9``) is reported and left down: the others go on and its partitions
+fail over to them, as in a real cluster.  On Ctrl-C (or SIGTERM) it stops
 the brokers gracefully -- each hands its leadership over first -- then NATS
 and ZooKeeper.  Data stays in .cluster/ for the next run; ``make
 cluster-clean`` removes it.
@@ -91,12 +93,21 @@ def main(argv: list[str] | None = None) -> int:
             f"  jetstream --nats {nats.url} cluster status\n"
             "Ctrl-C stops it."
         )
+        reported: set[str] = set()
         while not stop:
             time.sleep(0.5)
-            dead = [c.broker_id for p, c in zip(brokers, configs, strict=True) if p.poll() is not None]
-            if dead:
-                print(f"cluster: {', '.join(dead)} stopped; see {state}/*.log", file=sys.stderr)
-                stop.append(True)
+            for process, path, config in zip(brokers, CONFIGS, configs, strict=True):
+                if process.poll() is None or config.broker_id in reported:
+                    continue
+                # Left down: the others carry on and its partitions fail over to them, as they would
+                # in a real cluster (stopping them all would hand leadership around for nothing).
+                reported.add(config.broker_id)
+                print(
+                    f"cluster: {config.broker_id} exited ({_how(process.returncode)}); left down, its "
+                    f"partitions fail over to the others (see {state / config.broker_id}.log). Start it "
+                    f"again with: cd {workdir} && {sys.executable} -m broker_node --config {path}",
+                    flush=True,
+                )
     finally:
         print("cluster: stopping")
         for process in brokers:
@@ -110,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         nats.stop()
         zookeeper.stop()
     return 0
+
+
+def _how(returncode: int) -> str:
+    """How a broker process ended, from its return code."""
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
 
 
 if __name__ == "__main__":

@@ -215,8 +215,11 @@ def test_notebook_outputs_carry_no_spark_noise_and_databricks_cells_say_flight(p
     assert "over Arrow Flight" in _text(databricks), _text(databricks)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [p for p in NOTEBOOKS if "JETSTREAM_NATS" in p.read_text()], ids=lambda p: p.stem
+)
 def test_notebooks_take_an_empty_jetstream_nats_as_unset(path):
+    """(Notebook 07 starts its two sites itself: a failover between two clusters is its subject.)"""
     (setup,) = [
         c for c in _notebook(path)["cells"] if "JETSTREAM_NATS" in _text(c) and c["cell_type"] == "code"
     ]

@@ -6,10 +6,13 @@ appends them in the order they came); a second thread writes their acks
 back, in the same order, as each is ready.  About :data:`IN_FLIGHT` chunks
 (that many queued, one being answered, one being read) wait for their acks:
 beyond that the reading stops, and gRPC's flow control holds the producer
-back.  A chunk that is malformed (its metadata,
-its columns) is answered with a refusal naming what is wrong, and the put
-goes on; a producer that goes away ends the call, and the chunks already
-handed over are still stored (its retry is then acked as a duplicate).
+back.  A chunk that is malformed (its metadata, its columns) or would decode
+past the partition's batch limit (sized from its IPC headers before anything
+is decompressed) is answered with a refusal naming what is wrong, and the put
+goes on; a put whose own schema is not the empty one of wire version 2 is
+refused before any chunk is read; a producer that goes away ends the call,
+and the chunks already handed over are still stored (its retry is then acked
+as a duplicate).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pyarrow import flight
 
 from pyspark_jetstream.protocol.ack import Ack, encode_ack
 from pyspark_jetstream.protocol.errors import ErrorCode, InvalidArgumentError, JetStreamError
-from pyspark_jetstream.protocol.put import PutRequest, check_chunk, parse_chunk_metadata
+from pyspark_jetstream.protocol.put import PUT_SCHEMA, PutRequest, check_chunk, decode_chunk, split_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,9 @@ class PutTarget(Protocol):
 
     def open_put(self, request: PutRequest) -> None:
         """Raise (``NotLeaderError``, ...) unless ``request``'s partition takes chunks here."""
+
+    def chunk_limit(self, request: PutRequest) -> int:
+        """The most bytes one of ``request``'s chunks may decode to (the partition's batch limit)."""
 
     def put_chunk(
         self, request: PutRequest, sequence: int, batch: pa.RecordBatch
@@ -68,6 +74,15 @@ class Put:
     def run(self) -> None:
         """Take chunks until the producer closes its side; return once every one is answered."""
         request = self.request
+        if not self.reader.schema.equals(PUT_SCHEMA):
+            # A record batch of the put's own is decoded (decompressed) by Flight before anything
+            # here sees it: only chunks in app_metadata can be sized first.
+            raise InvalidArgumentError(
+                "a put's schema must be empty, its chunks in app_metadata (put wire version 2, "
+                f"see pyspark_jetstream/protocol/put.py); got columns {self.reader.schema.names}: "
+                "upgrade the producer"
+            )
+        limit = self.target.chunk_limit(request)
         writing = threading.Thread(
             target=self._write_acks, name=f"put-acks-{request.stream}-{request.partition}", daemon=True
         )
@@ -81,20 +96,25 @@ class Put:
                 except flight.FlightError as exc:  # the producer went away
                     logger.debug("a put to %s/%d ended: %s", request.stream, request.partition, exc)
                     return
-                self._acks.put(self._store(chunk.data, chunk.app_metadata))
+                self._acks.put(self._store(chunk.data, chunk.app_metadata, limit))
         finally:
             self._acks.put(None)
             writing.join()
 
     def _store(
-        self, batch: pa.RecordBatch | None, metadata: pa.Buffer | None
+        self, data: pa.RecordBatch | None, metadata: pa.Buffer | None, limit: int
     ) -> concurrent.futures.Future[Ack]:
-        """Hand one chunk to the broker; a malformed one is refused at once."""
+        """Hand one chunk to the broker once its size (at most ``limit`` decoded) and its columns
+        are checked; a malformed or oversized one is refused at once."""
         sequence = -1
         try:
-            sequence = parse_chunk_metadata(metadata)
-            if batch is None:  # a message of metadata alone
-                raise InvalidArgumentError("a put chunk carries no record batch, only app_metadata")
+            if data is not None:  # a record batch of the empty schema: it holds nothing
+                raise InvalidArgumentError(
+                    "a put chunk travels in app_metadata (put wire version 2), not as a record batch"
+                )
+            sequence, stream = split_chunk(metadata)
+            request = self.request
+            batch = decode_chunk(stream, limit, f"{request.stream}/{request.partition}")
             check_chunk(batch)
             return self.target.put_chunk(self.request, sequence, batch)
         except JetStreamError as exc:

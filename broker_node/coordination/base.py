@@ -159,11 +159,12 @@ class StreamMetadata:
     stream_id: str
 
 
-FEATURES = ("reassign", "schema", "typed-batches", "puts", "mirror")
+FEATURES = ("reassign", "schema", "typed-batches", "puts2", "mirror")
 """The features this version registers with (``typed-batches``: it stores a typed stream's rows
-sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; ``puts``: it takes a
-producer's chunks over Flight, see ``pyspark_jetstream/protocol/put.py``; clients use either only
-when every broker has it; ``mirror``: it reads a stream config's ``mirror`` and copies mirrors, see
+sent as typed columns, see ``pyspark_jetstream/protocol/typed_rows.py``; ``puts2``: it takes a
+producer's chunks over Flight in wire version 2, see ``pyspark_jetstream/protocol/put.py``, where
+older brokers registered ``puts`` for version 1; clients use either only when every broker has it;
+``mirror``: it reads a stream config's ``mirror`` and copies mirrors, see
 ``pyspark_jetstream/protocol/mirror.py``)."""
 
 

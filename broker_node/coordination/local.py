@@ -21,7 +21,7 @@ broker re-reads the file when it starts).
 
 A missing file is a first start; an empty or unreadable one is an error that
 names the file, because starting empty would treat every stream on disk as
-unknown.  :func:`rebuild_metadata` writes the file again from the partitions'
+unknown.  :func:`.rebuild.rebuild_metadata` writes the file again from the partitions'
 own ``partition.json`` records.
 """
 
@@ -96,7 +96,7 @@ class LocalCoordinator(Coordinator):
         self._broker = broker
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if self._path.exists():
-            self._streams, self._deleted = _load(self._path)
+            self._streams, self._deleted = load_metadata(self._path)
 
     def close(self) -> None:
         """Nothing to release: every change is already on disk."""
@@ -279,7 +279,7 @@ class LocalCoordinator(Coordinator):
             _call_acl_watcher(callback, text)
 
     def _save(self) -> None:
-        _write(self._path, self._streams, self._deleted)
+        write_metadata(self._path, self._streams, self._deleted)
 
     def _notify(self) -> None:
         for listener in self._listeners:
@@ -296,7 +296,8 @@ def _call_acl_watcher(watcher: AclWatcher, text: str | None) -> None:
         logger.exception("ACL watcher failed")
 
 
-def _write(path: Path, streams: dict[str, StreamMetadata], deleted: set[str]) -> None:
+def write_metadata(path: Path, streams: dict[str, StreamMetadata], deleted: set[str]) -> None:
+    """Write the metadata file (atomically): ``streams`` by name and the ids of ``deleted`` ones."""
     document = {
         "version": METADATA_VERSION,
         "streams": {
@@ -312,7 +313,9 @@ def _write(path: Path, streams: dict[str, StreamMetadata], deleted: set[str]) ->
     atomic_write(path, json.dumps(document, indent=1).encode())
 
 
-def _load(path: Path) -> tuple[dict[str, StreamMetadata], set[str]]:
+def load_metadata(path: Path) -> tuple[dict[str, StreamMetadata], set[str]]:
+    """The metadata file's streams by name and deleted stream ids; ``MetadataError`` naming the
+    file and how to recover when it cannot be read."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -347,60 +350,10 @@ def _stream(name: str, entry: Any) -> StreamMetadata:
     )
 
 
-def _newness(config: StreamConfig) -> tuple[int, int]:
-    return config.partitions, config.schema.version if config.schema is not None else 0
-
-
 def _mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected an object, got {type(value).__name__}")
     return value
-
-
-def rebuild_metadata(data_dir: Path, records: list[dict[str, Any]], broker_id: str) -> list[str]:
-    """Write ``<data_dir>/metadata.json`` from partition records; return what it says, line by line.
-
-    ``records`` are the ``partition.json`` contents of every partition
-    directory (see ``broker_node.replication.partition``).  The file must not
-    exist or must be unreadable; a readable one is never overwritten.
-    """
-    path = Path(data_dir) / METADATA_FILE
-    if path.exists():
-        try:
-            _load(path)
-        except MetadataError:
-            pass
-        else:
-            raise MetadataError(f"{path} is readable; it is not rebuilt (move it away to rebuild it)")
-    by_stream: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        by_stream.setdefault(record["stream_id"], []).append(record)
-    streams: dict[str, StreamMetadata] = {}
-    report = []
-    for stream_id, parts in sorted(by_stream.items()):
-        # A stream that grew, or whose schema changed: a record holds the config its partition was
-        # last opened with, so the one naming the most partitions and schema versions is the newest.
-        config = max((StreamConfig.from_json(p["config"]) for p in parts), key=_newness)
-        if config.name in streams:
-            raise MetadataError(
-                f"two streams named {config.name!r} ({streams[config.name].stream_id} and {stream_id}) "
-                "are on disk; move one away and rebuild again"
-            )
-        found = sorted(p["partition"] for p in parts)
-        me = broker_id
-        streams[config.name] = StreamMetadata(
-            config, tuple(PartitionState(me, (me,), (me,)) for _ in range(config.partitions)), stream_id
-        )
-        missing = sorted(set(range(config.partitions)) - set(found))
-        report.append(
-            f"stream {config.name!r} on {config.subject!r}: {config.partitions} partition(s)"
-            + (f", partitions {missing} had no data and start empty" if missing else "")
-        )
-    if path.exists():
-        path.replace(path.with_name(path.name + ".unreadable"))
-        report.append(f"the unreadable file was kept as {path.name}.unreadable")
-    _write(path, streams, set())
-    return report
 
 
 def _config_of(metadata: StreamMetadata | None) -> StreamConfig | None:

@@ -77,7 +77,7 @@ from kazoo.exceptions import (
     RolledBackError,
     SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
+from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.protocol.serialization import Auth
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import DataWatch
@@ -212,11 +212,13 @@ class ZooKeeperCoordinator(Coordinator):
         self._session_id: int | None = None
         self._lock = threading.RLock()
         self._acl_watches: list[DataWatch] = []
+        self.waiting: str | None = None
+        """While start-up waits for ZooKeeper: one line saying so (see :meth:`_connect`)."""
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self, broker: BrokerInfo) -> None:
-        """Connect (retrying for ``connect_timeout``), register, load metadata, campaign for controller."""
+        """Connect (retrying until connected or closed), register, load metadata, campaign for controller."""
         self._broker = broker
         settings = self.settings
         client = KazooClient(
@@ -226,21 +228,7 @@ class ZooKeeperCoordinator(Coordinator):
             logger=_kazoo_logger(),
             **self._security_arguments(),
         )
-        try:
-            client.start(timeout=settings.connect_timeout)
-        except KazooTimeoutError:
-            client.stop()
-            client.close()
-            tls_hint = (
-                "; over TLS: does hosts name ZooKeeper's secureClientPort, does tls_ca sign its "
-                "certificate (for that host name), does it trust tls_cert? (kazoo's log has the TLS error)"
-                if settings.tls
-                else ""
-            )
-            raise CoordinationError(
-                f"cannot reach ZooKeeper at {settings.hosts} within {settings.connect_timeout:g}s "
-                f"(retried with backoff): is it running, and is [zookeeper] hosts right?{tls_hint}"
-            ) from None
+        self._connect(client)
         try:
             client.ensure_path(settings.chroot)
             if settings.digest:
@@ -274,6 +262,31 @@ class ZooKeeperCoordinator(Coordinator):
             self._threads.append(thread)
         self._snapshot = self._read_snapshot(watch=True)
         self._work.put(self._campaign)
+
+    def _connect(self, client: KazooClient) -> None:
+        """Connect ``client``, however long ZooKeeper takes to come up: kazoo retries with backoff,
+        and every ``connect_timeout`` without a connection logs one line (and :attr:`waiting`
+        says so, for the health check), so a whole site restarted in the wrong order heals
+        itself.  ``CoordinationError`` if :meth:`close` is called meanwhile."""
+        settings = self.settings
+        connected = client.start_async()
+        started = time.monotonic()
+        next_line = started + settings.connect_timeout
+        while not connected.wait(min(0.2, settings.connect_timeout)) or not client.connected:
+            if self._closed.is_set():
+                client.stop()
+                client.close()
+                self.waiting = None
+                raise CoordinationError(f"stopped while waiting for ZooKeeper at {settings.hosts}")
+            if time.monotonic() >= next_line:
+                next_line += settings.connect_timeout
+                self.waiting = (
+                    f"waiting for ZooKeeper at {settings.hosts} for {time.monotonic() - started:.0f}s "
+                    f"(retrying with backoff): is it running, and is [zookeeper] hosts right?"
+                    f"{_tls_hint(settings.tls)}"
+                )
+                logger.warning("%s", self.waiting)
+        self.waiting = None
 
     def close(self) -> None:
         """Resign as controller, leave (the broker's registration ends), stop the threads."""
@@ -940,3 +953,13 @@ class ZooKeeperCoordinator(Coordinator):
 def _why(exc: KazooException) -> str:
     """What went wrong; kazoo gives some errors no message (``ConnectionLoss``, say): their name."""
     return str(exc) or type(exc).__name__
+
+
+def _tls_hint(tls: bool) -> str:
+    """What to check when ZooKeeper over TLS cannot be reached."""
+    if not tls:
+        return ""
+    return (
+        "; over TLS: does hosts name ZooKeeper's secureClientPort, does tls_ca sign its "
+        "certificate (for that host name), does it trust tls_cert? (kazoo's log has the TLS error)"
+    )

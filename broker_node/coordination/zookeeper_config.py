@@ -25,8 +25,9 @@ class ZooKeeperConfig:
     itself after two thirds of it without contact.  Shorter means faster
     failover and more spurious failovers under load."""
     connect_timeout: float = 30.0
-    """How long start-up keeps trying to reach ZooKeeper (with backoff) before
-    failing with an error that names it."""
+    """While start-up cannot reach ZooKeeper (it keeps trying, with backoff,
+    until it can or the broker is stopped), a line is logged every this many
+    seconds."""
     cursor_replication_factor: int = 3
     """Replicas of the internal cursor stream; it is created once this many
     brokers are live."""

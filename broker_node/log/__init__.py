@@ -20,6 +20,7 @@ from .log import Log
 from .log_config import FsyncPolicy, LogConfig
 from .memory import MemoryLog
 from .reads import ReplicaFrame, TypedRead
+from .schema_versions import stored_versions
 from .store import LogStore
 from .typed_frames import typed_columns, typed_of
 
@@ -42,6 +43,7 @@ __all__ = [
     "RecordTooLargeError",
     "ReplicaFrame",
     "TypedRead",
+    "stored_versions",
     "typed_columns",
     "typed_of",
 ]

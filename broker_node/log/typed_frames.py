@@ -101,6 +101,19 @@ def typed_of(frame: pa.Buffer) -> TypedValues | None:
     return TypedValues(version, typed)
 
 
+def version_of(frame: pa.Buffer) -> tuple[int, pa.Schema] | None:
+    """The schema version a frame's typed columns were parsed with and their fields, read from the
+    frame's header and the typed stream's schema message alone; ``None`` for an untyped frame.
+    ``ValueError`` if they are there but do not decode."""
+    try:
+        _, pairs = _message_parts(pa.ipc.read_message(frame).metadata)
+        if TYPED_KEY not in pairs:
+            return None
+        return int(pairs[VERSION_KEY].to_pybytes()), pa.ipc.read_schema(pairs[TYPED_KEY])
+    except (struct.error, IndexError, KeyError, ValueError, pa.ArrowException) as exc:
+        raise ValueError(f"the frame's typed columns do not decode: {exc}") from exc
+
+
 def _message_parts(header: pa.Buffer) -> tuple[int, dict[bytes, pa.Buffer]]:
     """The row count and the custom metadata of a record-batch message, read from its flatbuffer
     ``header`` (``pyarrow.ipc.Message.metadata``) in place: the values are slices of it, so the

@@ -249,8 +249,10 @@ class ReplicaManager:
                     continue  # shutting down: it takes no role any more
                 if partition.config != metadata.config:
                     # A schema's new version (or partitions added): a typed stream's next
-                    # append parses with the version current then, without a restart.
+                    # append parses with the version current then, without a restart.  The
+                    # record follows, so a rebuild of lost metadata finds every version.
                     partition.config = metadata.config
+                    self._write_record(metadata, key[1])
                 try:
                     self._apply_role(partition, state)
                 except Exception as exc:
@@ -382,6 +384,20 @@ class ReplicaManager:
         if new:
             labels.bind(logger).info("created here, replicas %s", ", ".join(state.replicas))
         return partition
+
+    def _write_record(self, metadata: StreamMetadata, number: int) -> None:
+        """Record ``metadata``'s config beside partition ``number``'s log; a failure is logged (the
+        partition serves on; the next change or open writes it again)."""
+        try:
+            write_record(self.partition_dir(metadata.config.name, number), partition_record(metadata, number))
+        except OSError as exc:
+            logger.error(
+                "%s/%d: cannot record its new config: %s",
+                metadata.config.name,
+                number,
+                exc,
+                extra=Labels(metadata.config.name, number).fields,
+            )
 
     def partition_dir(self, stream: str, number: int) -> Path:
         """Where a partition's log lives."""

@@ -14,9 +14,12 @@ from pyspark_jetstream.protocol.flight import StreamInfo
 def add_commands(commands: Any) -> None:
     """``status``, ``health``, ``cluster status``, ``cluster elect-leaders``, ``reassign`` and ``drain``."""
     commands.add_parser("status", help="streams, partitions, cursors and lag").set_defaults(run=_status)
-    commands.add_parser("health", help="problems, if any; exit 1 when there are some").set_defaults(
-        run=_health
-    )
+    commands.add_parser(
+        "health",
+        help="'ok' only when the broker asked has no problem and every partition of every stream has a "
+        "live leader and all its replicas in sync; else 'degraded' and one line per problem (partitions "
+        "without a leader, under min_insync_replicas, under-replicated; the broker's own), exit 1",
+    ).set_defaults(run=_health)
     cluster = commands.add_parser("cluster", help="brokers, the controller, replicas and lag")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
     cluster_commands.add_parser(
@@ -44,13 +47,40 @@ def _status(client: SyncClient, args: argparse.Namespace) -> None:
 
 
 def _health(client: SyncClient, args: argparse.Namespace) -> None:
-    health = client.health()
-    if health["ok"]:
+    metadata = client.metadata()
+    live = {b["broker_id"] for b in metadata["brokers"]}
+    problems = partition_problems([StreamInfo.from_json(s) for s in metadata["streams"]], live)
+    problems += client.health()["problems"]
+    if not problems:
         print("ok")
         return
-    for problem in health["problems"]:
+    print(f"degraded: {len(problems)} problem(s)")
+    for problem in problems:
         print(problem)
     raise SystemExit(1)
+
+
+def partition_problems(streams: list[StreamInfo], live: set[str]) -> list[str]:
+    """One line per partition that is not fully served, worst first: without a leader (or led by a
+    broker that is not registered), with fewer in-sync replicas than ``min_insync_replicas``
+    (writes with ack ALL fail), or with a replica out of sync (one failure from the above)."""
+    leaderless, under_min, under_replicated = [], [], []
+    for stream in streams:
+        name, least = stream.config["name"], int(stream.config.get("min_insync_replicas", 1))
+        for p in stream.partitions:
+            where = f"{name}/{p.partition}"
+            replicas, isr = ",".join(p.replicas), ",".join(sorted(p.isr))  # the ISR has no order
+            if not p.leader or p.leader not in live:
+                led = f"its leader {p.leader} is down" if p.leader else "no leader"
+                leaderless.append(f"{where}: {led} (replicas {replicas}, ISR {isr or 'empty'})")
+            elif len(p.isr) < least:
+                under_min.append(
+                    f"{where}: ISR {isr} is under min_insync_replicas={least}: writes with ack ALL fail"
+                )
+            elif set(p.replicas) - set(p.isr):
+                missing = ",".join(r for r in p.replicas if r not in p.isr)
+                under_replicated.append(f"{where}: under-replicated, {missing} out of the ISR {isr}")
+    return leaderless + under_min + under_replicated
 
 
 def _cluster_status(client: SyncClient, args: argparse.Namespace) -> None:

@@ -36,7 +36,7 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
     error_from_code,
 )
-from pyspark_jetstream.protocol.put import PutRequest, chunk_metadata
+from pyspark_jetstream.protocol.put import PUT_SCHEMA, PutRequest, chunk_message
 
 from .cluster import ClusterConnection
 from .connection import BrokerConnection
@@ -65,7 +65,7 @@ class PartitionPut:
         self.timeout = timeout
         self.last_used = time.monotonic()
         descriptor = flight.FlightDescriptor.for_command(request.to_command())
-        self._writer, self._reader = connection.open_put(descriptor, schema)
+        self._writer, self._reader = connection.open_put(descriptor, PUT_SCHEMA)
         self._lock = threading.Lock()
         self._writing = threading.Lock()
         """Held by a write and by closing the call (from the ack reader, too)."""
@@ -95,10 +95,10 @@ class PartitionPut:
             with self._writing:
                 if self._closed:
                     raise flight.FlightError("the put's call has ended")
-                self._writer.write_with_metadata(batch, pa.py_buffer(chunk_metadata(sequence)))
+                self._writer.write_metadata(pa.py_buffer(chunk_message(sequence, batch)))
         except flight.FlightError as exc:
             self._fail(self.connection.error(exc))
-        except pa.ArrowException as exc:  # a batch unlike the put's schema: nothing was sent
+        except pa.ArrowException as exc:  # a batch that cannot be written: nothing was sent
             self._fail(InvalidArgumentError(f"cannot put a chunk to {self._name}: {exc}"))
         return future
 

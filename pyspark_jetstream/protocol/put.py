@@ -10,19 +10,34 @@ JSON::
     {"put": {"stream": "orders", "partition": 0, "producer_id": "spark-write-...-3",
              "producer_epoch": 0, "ack_policy": "all"}}
 
-Then each record batch is one chunk, in the columns an envelope batch has
-(``value``, optionally ``key`` and ``headers``; or a typed batch's ``typed``
-column), with its producer sequence in the message's ``app_metadata`` as
-JSON: ``{"sequence": 12}``.  The leader stores each chunk exactly as it
+Each chunk holds the columns an envelope batch has (``value``, optionally
+``key`` and ``headers``; or a typed batch's ``typed`` column) and travels in
+the ``app_metadata`` of one metadata-only message (wire version 2): a header
+line of JSON with its producer sequence, a newline, then the chunk's record
+batch as an Arrow IPC stream (its schema message and one record-batch message,
+whose buffers may be compressed); the put's own schema is empty::
+
+    {"sequence": 12}\n<Arrow IPC stream>
+
+The leader reads the IPC stream's headers and each compressed buffer's
+declared uncompressed length (:func:`.ipc.decoded_size`) and refuses a chunk
+that would decode past the partition's batch limit before anything is
+decompressed: a chunk of kilobytes that declares gigabytes costs it nothing.
+Version 1 (feature ``puts``) sent each chunk as the put's own record batch,
+which Flight decodes -- decompressing it -- before the leader can look at its
+size; with an empty schema, a record batch Flight still carries has no column
+to decode into, so nothing of it is decompressed, and it is refused.
+
+The leader stores each chunk exactly as it
 stores the same producer's envelope batch on NATS (the same producer table:
 a repeated sequence is a duplicate, a skipped one is out of order) and
 answers each chunk, in the order they came, with one metadata-only message:
 its ack in the ack format of :mod:`.ack`, whose ``correlation_id`` is the
 sequence as text.  A chunk that cannot be stored is answered with a refusal
 like any ack; a put the broker cannot take at all (not the leader, no
-``write`` grant, a malformed descriptor) fails as a Flight call, with the
-error of :mod:`.flight`.  Producers put only while every broker registers
-:data:`PUTS_FEATURE`, and publish on NATS otherwise.
+``write`` grant, a malformed descriptor, a schema that is not empty) fails as
+a Flight call, with the error of :mod:`.flight`.  Producers put only while
+every broker registers :data:`PUTS_FEATURE`, and publish on NATS otherwise.
 """
 
 from __future__ import annotations
@@ -33,13 +48,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .envelope import MAX_EPOCH, MAX_SEQUENCE, TYPED_COLUMN, AckPolicy, typed_version
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, MessageTooLargeError
 from .flight import decode_json_object, validate_partition
+from .ipc import decoded_size
 from .schema import HEADER_TYPE
 from .streams import shown, validate_stream_name
 
-PUTS_FEATURE = "puts"
-"""The feature a broker registers when it takes puts (one of an older version refuses them)."""
+PUTS_FEATURE = "puts2"
+"""The feature a broker registers when it takes puts of wire version 2 (an older one's ``puts``
+took version 1, see the module docstring)."""
+PUT_SCHEMA = pa.schema([])
+"""A put's own schema: empty, the chunks travel in ``app_metadata``."""
 _POLICY_NAMES = {"leader": AckPolicy.LEADER, "all": AckPolicy.ALL}
 """The ack policies a put may ask for (``none`` makes no sense: every chunk is answered)."""
 _TYPES = {"key": pa.binary(), "value": pa.binary(), "headers": HEADER_TYPE}
@@ -102,8 +121,59 @@ def parse_put_command(command: bytes) -> PutRequest | None:
 
 
 def chunk_metadata(sequence: int) -> bytes:
-    """A chunk's ``app_metadata``."""
+    """A chunk's header line (without its newline): its producer sequence."""
     return b'{"sequence":%d}' % sequence
+
+
+def chunk_message(sequence: int, batch: pa.RecordBatch, compression: str | None = None) -> bytes:
+    """A chunk's ``app_metadata``: its header line, then ``batch`` as an Arrow IPC stream (buffers
+    compressed with ``compression``, ``lz4`` or ``zstd``, if given)."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return chunk_metadata(sequence) + b"\n" + sink.getvalue().to_pybytes()
+
+
+def split_chunk(message: pa.Buffer | bytes | None) -> tuple[int, pa.Buffer]:
+    """A chunk's producer sequence and its IPC stream, undecoded; ``InvalidArgumentError`` if the
+    message is not a chunk (no header line, or one without a sequence)."""
+    if message is None:
+        raise InvalidArgumentError(
+            'a put chunk is app_metadata {"sequence": N}, a newline, then an Arrow IPC stream; got none'
+        )
+    buffer = message if isinstance(message, pa.Buffer) else pa.py_buffer(message)
+    end = buffer.slice(0, min(64, buffer.size)).to_pybytes().find(b"\n")
+    if end < 0:
+        raise InvalidArgumentError(
+            'a put chunk is app_metadata {"sequence": N}, a newline, then an Arrow IPC stream; '
+            "no header line found"
+        )
+    return parse_chunk_metadata(buffer.slice(0, end).to_pybytes()), buffer.slice(end + 1)
+
+
+def decode_chunk(stream: pa.Buffer, limit: int, where: str) -> pa.RecordBatch:
+    """The record batch of a chunk's IPC ``stream``, once its declared decoded size (every buffer's
+    uncompressed length, read before anything is decompressed) is found within ``limit`` bytes
+    (``MessageTooLargeError`` naming the limit and ``where``, the partition, otherwise);
+    ``InvalidArgumentError`` if it is not one record batch in Arrow IPC."""
+    try:
+        size = decoded_size(stream)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"a put chunk is not an Arrow IPC stream: {exc}") from None
+    if size > limit:
+        raise MessageTooLargeError(
+            f"the chunk would decode to {size} bytes, over the limit of {limit} for {where} (checked "
+            "before decompressing it); put smaller chunks"
+        )
+    try:
+        reader = pa.ipc.open_stream(stream)
+        batches = list(reader)
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidArgumentError(f"a put chunk is not an Arrow IPC stream: {exc}") from None
+    if len(batches) != 1:
+        raise InvalidArgumentError(f"a put chunk holds one record batch, got {len(batches)}")
+    return batches[0]
 
 
 def parse_chunk_metadata(metadata: pa.Buffer | bytes | None) -> int:

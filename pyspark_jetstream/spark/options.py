@@ -237,6 +237,10 @@ class SourceOptions:
     include_headers: bool = False
     read_from_replicas: bool = False
     consumer_id: str = ""
+    """``consumerId``, or (not given) the name a checkpoint written before queries kept their own
+    carries on with (see :mod:`.consumers`)."""
+    consumer_given: bool = False
+    """Whether ``consumerId`` was given: a query without one stores its cursors under its own name."""
     timeout: float = 30.0
     value_format: str | None = None
     """``valueFormat``: ``typed``, ``binary``, or ``None`` for typed when the streams are (see
@@ -293,8 +297,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     starting = _offsets_option(
         "startingOffsets", opts.get("startingoffsets", "latest" if streaming else "earliest")
     )
-    if starting == "cursor" and not opts.get("consumerid") and not streaming:
-        raise InvalidArgumentError("startingOffsets=cursor needs the option 'consumerId' for a batch read")
+    if starting == "cursor" and not opts.get("consumerid"):
+        # A query without one stores its cursors under a name of its own (see .consumers): there
+        # are none to start from.
+        raise InvalidArgumentError(
+            "startingOffsets=cursor needs the option 'consumerId' (the consumer whose cursors to start from)"
+        )
     ending = _offsets_option("endingOffsets", opts.get("endingoffsets", "latest"), allow_cursor=False)
     if streaming and ("endingoffsets" in opts or "endingtimestamp" in opts):
         raise InvalidArgumentError(
@@ -360,6 +368,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         include_headers=_boolean(opts, "includeHeaders", False),
         read_from_replicas=_boolean(opts, "readFromReplicas", False),
         consumer_id=consumer,
+        consumer_given=bool(opts.get("consumerid")),
         timeout=_seconds(opts, "timeout", 30.0),
         value_format=_value_format(opts),
         columns=_columns(opts),
@@ -659,7 +668,8 @@ def _timestamp(opts: Mapping[str, str], option: str) -> float | None:
 
 
 def _default_consumer(opts: Mapping[str, str]) -> str:
-    """A stable cursor name for this source's streams and broker, when the user gives none."""
+    """The cursor name for this source's streams and broker that queries without ``consumerId``
+    used before each query had its own (shared by every query with the same options)."""
     identity = json.dumps(
         {k: opts.get(k) for k in ("stream", "streams", "streampattern", "assign", "servers", "nats")},
         sort_keys=True,

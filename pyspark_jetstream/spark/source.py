@@ -42,6 +42,7 @@ from pyspark_jetstream.protocol.flight import ActionType
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
 
 from . import unpickle
+from .consumers import check_sole_writer, new_consumer, split_consumer, with_consumer
 from .options import (
     Offsets,
     check_option_names,
@@ -53,12 +54,13 @@ from .reading import (
     PartitionState,
     RangeSpec,
     describe,
+    describe_configs,
     limit_rows,
     plan_ranges,
     read_range,
     resolve,
 )
-from .typed_source import check_schema, pushable, spark_struct, value_fields
+from .typed_source import check_schema, pushable, spark_struct, unreadable, value_fields
 
 logger = logging.getLogger(__name__)
 
@@ -178,10 +180,34 @@ class _Reading(unpickle.ByName):
         """Filters the broker applies (pushed by Spark to a :class:`JetStreamFilteringBatchReader`)."""
         self._layout: dict[str, dict[str, PartitionState]] = {}
         """The partitions' offsets as last described on the driver: the ranges planned carry them."""
+        self._judged: dict[str, str | None] = {}
+        """Streams matching ``streamPattern`` seen so far, and why one cannot be read (``None``: it can)."""
 
     def _describe(self, conn: ClusterConnection) -> dict[str, dict[str, PartitionState]]:
-        self._layout = describe(conn, self.options)
+        layout = describe(conn, self.options)
+        if self.fields is not None and self.options.stream_pattern is not None:
+            layout = self._readable(conn, layout)
+        self._layout = layout
         return self._layout
+
+    def _readable(
+        self, conn: ClusterConnection, layout: dict[str, dict[str, PartitionState]]
+    ) -> dict[str, dict[str, PartitionState]]:
+        """``layout`` without the streams matching ``streamPattern`` whose rows cannot be read as
+        the query's typed fields (see :func:`.typed_source.unreadable`), each judged once."""
+        if set(layout) - set(self._judged):
+            reasons = unreadable(describe_configs(conn, self.options), self.fields)
+            for stream in set(layout) - set(self._judged):
+                self._judged[stream] = reasons.get(stream)
+                if reasons.get(stream):
+                    logger.warning(
+                        "stream %s matches streamPattern %r but %s: left out of this query (read it with "
+                        "valueFormat=binary, or in a query of its own)",
+                        stream,
+                        self.options.stream_pattern,
+                        reasons[stream],
+                    )
+        return {stream: parts for stream, parts in layout.items() if self._judged.get(stream) is None}
 
     def _ranges(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         return [
@@ -274,11 +300,29 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         """The position last stored as cursors."""
         self._cursors_refused = False
         """The principal may not store this query's cursors: not asked again."""
+        self._consumer: str | None = None
+        """The query's own consumer name, carried in its offsets (``consumerId`` not given)."""
 
     def initialOffset(self) -> Offsets:
-        """Where a new query starts (``startingOffsets`` / ``startingTimestamp``)."""
+        """Where a new query starts (``startingOffsets`` / ``startingTimestamp``), carrying the
+        query's own consumer name unless ``consumerId`` is given (see :mod:`.consumers`)."""
         conn = connection(self.plan)
-        return self._start(conn, self._describe(conn))
+        if not self.options.consumer_given:
+            self._consumer = new_consumer()
+        return with_consumer(self._start(conn, self._describe(conn)), self._consumer)
+
+    def _own(self, offsets: Offsets) -> Offsets:
+        """``offsets`` from Spark without the consumer name they carry, which is taken as this
+        query's; offsets of an older checkpoint carry none, and keep the options' name."""
+        found, plain = split_consumer(offsets)
+        if not self.options.consumer_given:
+            self._consumer = found
+        return plain
+
+    @property
+    def consumer(self) -> str:
+        """The name the query's cursors are stored under."""
+        return self._consumer or self.options.consumer_id
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxRecordsPerTrigger`` as a read limit, if set."""
@@ -294,6 +338,10 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         return self._latest()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        """The end of the next micro-batch (see :meth:`_next_end`), carrying the query's consumer name."""
+        return with_consumer(self._next_end(self._own(start), limit), self._consumer)
+
+    def _next_end(self, start: Offsets, limit: ReadLimit) -> Offsets:
         """The end of the next micro-batch: the committed end, within ``limit``.
 
         Partitions that appeared since ``start`` (new partitions, or new
@@ -345,11 +393,11 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """The micro-batch's tasks."""
-        return self._ranges(start, end)
+        return self._ranges(self._own(start), self._own(end))
 
     def commit(self, end: Offsets) -> None:
         """Store the query's position as cursors in the log (named by ``consumerId``)."""
-        self._store(end)
+        self._store(self._own(end))
 
     def _store(self, position: Offsets) -> None:
         """Cursors at ``position`` (once per position).  They are a report for people and for
@@ -358,13 +406,17 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         if position == self._stored or self._cursors_refused:
             return
         conn = connection(self.plan)
+        if self._stored is not None and self.options.consumer_given:
+            check_sole_writer(
+                self.consumer, self._stored, lambda s, p: _cursor_or_none(conn, self.consumer, s, p)
+            )
         try:
             for stream, partitions in position.items():
                 for partition, offset in partitions.items():
                     conn.action(
                         ActionType.SET_CURSOR,
                         {
-                            "consumer": self.options.consumer_id,
+                            "consumer": self.consumer,
                             "stream": stream,
                             "partition": int(partition),
                             "offset": offset,
@@ -375,18 +427,30 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
             logger.warning(
                 "cursors of %s are not stored (%s); set the option 'consumerId' to a consumer name "
                 "the principal may store cursors of",
-                self.options.consumer_id,
+                self.consumer,
                 exc,
             )
             return
         except JetStreamError as exc:
-            logger.warning("cursors of %s not stored at %s: %s", self.options.consumer_id, position, exc)
+            logger.warning("cursors of %s not stored at %s: %s", self.consumer, position, exc)
+            self._stored = None  # some may be: where they are is not known
             return
         self._stored = {stream: dict(parts) for stream, parts in position.items()}
 
     def _latest(self) -> Offsets:
         layout = self._describe(connection(self.plan))
         return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}
+
+
+def _cursor_or_none(conn: ClusterConnection, consumer: str, stream: str, partition: int) -> int | None:
+    """``consumer``'s cursor of a partition; ``None`` when it has none or it cannot be read."""
+    try:
+        offset = conn.action(
+            ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
+        )["offset"]
+    except JetStreamError:
+        return None
+    return offset if isinstance(offset, int) else None
 
 
 class RefusedStreamReader(unpickle.ByName, DataSourceStreamReader, SupportsTriggerAvailableNow):

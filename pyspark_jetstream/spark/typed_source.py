@@ -20,7 +20,11 @@ typed stream (:mod:`pyspark_jetstream.protocol.value_schema`) the option
 The schema is described when the query is planned (``DataSource.schema``);
 a schema given by the user must be the same (names and types), else the
 query is refused with the expected one.  Streams read together must share
-their fields for ``typed``; else read them apart or as ``binary``.
+their fields for ``typed`` (else the query is refused at planning, naming two
+that differ); read them apart or as ``binary``.  A stream that matches
+``streamPattern`` once the query runs is read if it has the query's fields
+(with the same types; fields of its own are left out), and otherwise left out
+of the query with a warning naming it and why -- never a failure mid-query.
 
 Filters (batch reads only)
     PySpark's Python Data Source API (4.1+) offers ``pushFilters`` on batch
@@ -125,6 +129,27 @@ def value_fields(connection: ClusterConnection, options: SourceOptions) -> pa.Sc
             f"(its fields: {', '.join(shape.names)})"
         )
     return pa.schema([f for f in shape if f.name in options.columns])
+
+
+def unreadable(configs: Mapping[str, Mapping[str, Any]], fields: pa.Schema) -> dict[str, str]:
+    """The streams of ``configs`` whose rows cannot be read as ``fields`` (a query's typed columns),
+    each with why: no schema, a field missing, or a field of another type.  A stream with more
+    fields than the query's is read: its common fields are the query's."""
+    found: dict[str, str] = {}
+    for name, config in configs.items():
+        schema = _schema_of(config)
+        if schema is None:
+            found[name] = "has no schema"
+            continue
+        shape = typed_fields(schema)
+        missing = [f.name for f in fields if f.name not in shape.names]
+        changed = [f for f in fields if f.name in shape.names and not shape.field(f.name).type.equals(f.type)]
+        if missing:
+            found[name] = f"lacks the field(s) {', '.join(missing)}"
+        elif changed:
+            field = changed[0]
+            found[name] = f"has field {field.name!r} of type {shape.field(field.name).type}, not {field.type}"
+    return found
 
 
 def _schema_of(config: Mapping[str, Any]) -> StreamSchema | None:

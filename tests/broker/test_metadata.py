@@ -8,6 +8,7 @@ import pytest
 
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
+from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .harness import BrokerProcess, rebuild_metadata
 
@@ -111,5 +112,89 @@ def test_deleting_and_recreating_a_stream_starts_it_empty(tmp_path, nats_server)
             client.create_stream("audit", "audit.>")
             assert client.fetch("audit").num_rows == 0
             assert client.health()["ok"]
+    finally:
+        assert broker.stop() == 0
+
+
+V1 = {"fields": [{"name": "order_id", "type": "int64", "nullable": False}]}
+V2 = {"fields": [*V1["fields"], {"name": "coupon", "type": "string"}]}
+V3 = {"fields": [*V2["fields"], {"name": "channel", "type": "string"}]}
+
+
+def _typed_stream_at_v3(tmp_path, nats_server, *, batch_per_version: bool = True):
+    """A stopped broker whose typed stream ``orders`` went through two schema changes."""
+    broker = BrokerProcess(tmp_path / "b", nats_url=nats_server.url).start()
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        client.create_stream("orders", "orders", schema=V1)
+        client.publish("orders", b'{"order_id": 1}')
+        client.update_schema("orders", V2)
+        if batch_per_version:
+            client.publish("orders", b'{"order_id": 2, "coupon": "FREE"}')
+        client.update_schema("orders", V3)
+        client.publish("orders", b'{"order_id": 3, "coupon": "X", "channel": "web"}')
+    assert broker.stop() == 0
+    (broker.data_dir / "metadata.json").unlink()
+    return broker
+
+
+def _accepts_every_version(broker) -> None:
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+        schema = StreamConfig.from_json(client.describe_stream("orders").config).schema
+        assert schema is not None and schema.version == 3
+        assert schema.current.names == ["order_id", "coupon", "channel"]
+        assert schema.versions[1].names == ["order_id", "coupon"]
+        client.publish("orders", b'{"order_id": 4, "coupon": "AGAIN"}')
+        client.publish("orders", b'{"order_id": 5, "channel": "app"}')
+        table = client.fetch("orders", 0).to_table()
+        assert table.column("order_id").to_pylist() == [1, 2, 3, 4, 5][-table.num_rows :]
+        assert table.column("channel").to_pylist()[-1] == "app"
+
+
+def test_a_rebuild_keeps_every_schema_version_of_a_typed_stream(tmp_path, nats_server):
+    broker = _typed_stream_at_v3(tmp_path, nats_server)
+    rebuilt = rebuild_metadata(broker)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "stream 'orders' on 'orders': 1 partition(s), schema version 3" in rebuilt.stdout
+    broker.start()
+    try:
+        _accepts_every_version(broker)
+    finally:
+        assert broker.stop() == 0
+
+
+def test_a_rebuild_recovers_schema_versions_from_the_logs_batches(tmp_path, nats_server):
+    """A partition record written before records followed schema changes holds version 1 only:
+    the versions its batches were parsed with are read back from the batches."""
+    broker = _typed_stream_at_v3(tmp_path, nats_server)
+    path = broker.data_dir / "streams" / "orders" / "0" / "partition.json"
+    record = json.loads(path.read_text())
+    record["config"]["schema"]["versions"] = record["config"]["schema"]["versions"][:1]
+    path.write_text(json.dumps(record))
+    rebuilt = rebuild_metadata(broker)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "schema version 3 (versions 2-3 read back from the log's batches)" in rebuilt.stdout
+    broker.start()
+    try:
+        _accepts_every_version(broker)
+    finally:
+        assert broker.stop() == 0
+
+
+def test_a_version_with_no_batches_and_no_record_is_rebuilt_as_the_next_and_said(tmp_path, nats_server):
+    broker = _typed_stream_at_v3(tmp_path, nats_server, batch_per_version=False)
+    path = broker.data_dir / "streams" / "orders" / "0" / "partition.json"
+    record = json.loads(path.read_text())
+    record["config"]["schema"]["versions"] = record["config"]["schema"]["versions"][:1]
+    path.write_text(json.dumps(record))
+    rebuilt = rebuild_metadata(broker)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "schema version 2 is in no record and no batch: rebuilt with version 3's fields" in rebuilt.stdout
+    broker.start()
+    try:
+        with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
+            schema = StreamConfig.from_json(client.describe_stream("orders").config).schema
+            assert schema is not None and schema.version == 3
+            assert schema.versions[1].names == schema.current.names == ["order_id", "coupon", "channel"]
+            client.publish("orders", b'{"order_id": 4, "channel": "app"}')
     finally:
         assert broker.stop() == 0

@@ -4,10 +4,13 @@ NATS, acked in order, with every bad input refused by name."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,8 +18,8 @@ from pyarrow import flight
 
 from pyspark_jetstream.client import SyncClient, putting
 from pyspark_jetstream.client.putting import Putter
-from pyspark_jetstream.protocol.ack import decode_ack
-from pyspark_jetstream.protocol.envelope import AckPolicy, split_position, typed_batch
+from pyspark_jetstream.protocol.ack import Ack, decode_ack
+from pyspark_jetstream.protocol.envelope import AckPolicy, Envelope, encode, split_position, typed_batch
 from pyspark_jetstream.protocol.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -26,14 +29,16 @@ from pyspark_jetstream.protocol.errors import (
     UnavailableError,
 )
 from pyspark_jetstream.protocol.put import (
+    PUT_SCHEMA,
     PutRequest,
     check_chunk,
+    chunk_message,
     chunk_metadata,
     parse_chunk_metadata,
     parse_put_command,
 )
 
-from .harness import BrokerProcess, scrape, wait_until
+from .harness import BrokerProcess, publish_plain, scrape, wait_until
 
 
 def _chunk(*values: bytes) -> pa.RecordBatch:
@@ -124,28 +129,30 @@ def test_malformed_chunks_are_refused_naming_what_is_wrong_and_the_put_goes_on(c
     request = PutRequest("bad", 0, "producer-bad", 0, AckPolicy.LEADER)
     raw = flight.connect(broker.flight)
     descriptor = flight.FlightDescriptor.for_command(request.to_command())
-    schema = pa.schema([("value", pa.binary()), ("extra", pa.int64())])
-    writer, reader = raw.do_put(descriptor, schema)
-    writer.write_with_metadata(
-        pa.record_batch({"value": pa.array([b"v"], pa.binary()), "extra": [1]}),
-        pa.py_buffer(chunk_metadata(0)),
-    )
-    refused = decode_ack(reader.read().to_pybytes())
-    assert refused.error is ErrorCode.INVALID_ARGUMENT and "extra" in refused.message
-    writer.write_with_metadata(
-        pa.record_batch({"value": pa.array([b"v"], pa.binary()), "extra": [1]}), pa.py_buffer(b'{"seq": 1}')
-    )
-    refused = decode_ack(reader.read().to_pybytes())
-    assert refused.error is ErrorCode.INVALID_ARGUMENT and "sequence" in refused.message
-    writer.done_writing()
-    writer.close()
+    writer, reader = raw.do_put(descriptor, PUT_SCHEMA)
+
+    def refusal(message: bytes) -> Ack:
+        writer.write_metadata(pa.py_buffer(message))
+        refused = decode_ack(reader.read().to_pybytes())
+        assert refused.error is ErrorCode.INVALID_ARGUMENT, refused
+        return refused
+
+    extra = pa.record_batch({"value": pa.array([b"v"], pa.binary()), "extra": [1]})
+    assert "extra" in refusal(chunk_message(0, extra)).message
+    ipc = chunk_message(0, _chunk(b"v")).split(b"\n", 1)[1]
+    assert "sequence" in refusal(b'{"seq": 1}\n' + ipc).message
+    assert "no header line found" in refusal(b'{"sequence": 1}').message
+    assert "not an Arrow IPC stream" in refusal(b'{"sequence": 1}\nnot arrow').message
     # A value column of the wrong type.
-    writer, reader = raw.do_put(descriptor, pa.schema([("value", pa.string())]))
-    writer.write_with_metadata(pa.record_batch({"value": ["text"]}), pa.py_buffer(chunk_metadata(0)))
-    refused = decode_ack(reader.read().to_pybytes())
-    assert refused.error is ErrorCode.INVALID_ARGUMENT and "'value' is string" in refused.message
+    assert "'value' is string" in refusal(chunk_message(0, pa.record_batch({"value": ["text"]}))).message
     writer.done_writing()
     writer.close()
+    # A put of wire version 1 (chunks as its own record batches, which Flight would decode, and
+    # decompress, before they could be sized): refused as a call, before any chunk is read.
+    writer, reader = raw.do_put(descriptor, pa.schema([("value", pa.binary())]))
+    with pytest.raises(flight.FlightError, match=r"a put's schema must be empty, its chunks in app_metadata"):
+        writer.write_with_metadata(_chunk(b"v"), pa.py_buffer(chunk_metadata(0)))
+        writer.close()
     # A descriptor that is not a put: refused as before; a malformed put: refused naming fields.
     for command, match in [
         (b'{"read": 1}', "not supported"),
@@ -157,7 +164,7 @@ def test_malformed_chunks_are_refused_naming_what_is_wrong_and_the_put_goes_on(c
             "ack_policy must be leader or all",
         ),
     ]:
-        writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), schema)
+        writer, reader = raw.do_put(flight.FlightDescriptor.for_command(command), PUT_SCHEMA)
         with pytest.raises(flight.FlightError, match=match):
             writer.close()
     raw.close()
@@ -297,3 +304,95 @@ def test_open_puts_are_limited_and_a_closed_one_gives_its_place_back(tmp_path, n
         for putter in putters:
             putter.close(error=UnavailableError("the test ended"))
         broker.stop()
+
+
+GiB = 2**30
+NOISE = 4 * 2**20
+
+
+def _bomb_batch(*, typed: bool = False) -> pa.RecordBatch:
+    """A chunk's batch of two values, a gibibyte of zeros and 4 MiB of random bytes (a typed one's:
+    the gibibyte alone, as a string field): about 4 MiB (33 KB typed) once compressed with zstd."""
+    size = GiB if typed else GiB + NOISE
+    data = bytearray(size)  # zeros, not touched until compressed
+    if not typed:
+        data[GiB:] = os.urandom(NOISE)
+    bounds = [0, GiB] if typed else [0, GiB, size]
+    offsets = pa.py_buffer(pa.array(bounds, pa.int32()).buffers()[1].to_pybytes())
+    kind = pa.string() if typed else pa.binary()
+    values = pa.Array.from_buffers(kind, len(bounds) - 1, [None, offsets, pa.py_buffer(data)])
+    if typed:
+        return typed_batch(pa.record_batch({"note": values}), 1)
+    return pa.record_batch({"value": values})
+
+
+@functools.cache
+def _bomb(*, typed: bool = False) -> bytes:
+    """:func:`_bomb_batch` as a put chunk's IPC stream, compressed with zstd."""
+    return chunk_message(0, _bomb_batch(typed=typed), "zstd").split(b"\n", 1)[1]
+
+
+def _rss(broker) -> int:
+    """The broker process's resident memory, in bytes."""
+    status = Path(f"/proc/{broker.process.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def test_a_compressed_chunk_declaring_a_gibibyte_is_refused_before_it_is_decompressed(client, broker):
+    """Sized from its IPC headers (each compressed buffer's declared length) against the partition's
+    batch limit, on every way a chunk comes: a put (plain or typed) and an envelope on NATS; a put
+    of the old wire, whose record batches Flight itself would decompress, is refused unread."""
+    limit = 16 * 2**20  # the log's max_batch_bytes, the partition's batch limit
+    client.create_stream("bomb", "bomb")
+    client.create_stream("typed-bomb", "typed-bomb", schema={"fields": [{"name": "note", "type": "string"}]})
+    plain, typed = _bomb(), _bomb(typed=True)
+    assert 4 * 2**20 < len(plain) < 5 * 2**20 and len(typed) < 100_000
+    raw = flight.connect(broker.flight)
+    puts = {
+        stream: raw.do_put(
+            flight.FlightDescriptor.for_command(PutRequest(stream, 0, f"p-{stream}").to_command()),
+            PUT_SCHEMA,
+        )
+        for stream in ("bomb", "typed-bomb")
+    }
+
+    def put(stream: str, message: bytes) -> Ack:
+        writer, reader = puts[stream]
+        writer.write_metadata(pa.py_buffer(message))
+        return decode_ack(reader.read().to_pybytes())
+
+    assert put("bomb", chunk_message(0, _chunk(b"warm-up"))).ok  # the put's threads and buffers exist
+    before = _rss(broker)
+    for sequence in range(1, 4):  # a few at once
+        for stream, bomb in (("bomb", plain), ("typed-bomb", typed)):
+            refused = put(stream, chunk_metadata(sequence) + b"\n" + bomb)
+            assert refused.error is ErrorCode.TOO_LARGE, refused
+            said = re.fullmatch(
+                rf"the chunk would decode to (\d+) bytes, over the limit of {limit} for {stream}/0 "
+                r"\(checked before decompressing it\); put smaller chunks",
+                refused.message,
+            )
+            assert said is not None and int(said.group(1)) >= GiB, refused.message
+    # The old wire: the batch would be decoded by Flight on reading it, so the put is refused first.
+    old = raw.do_put(
+        flight.FlightDescriptor.for_command(PutRequest("bomb", 0, "p-old").to_command()),
+        _bomb_batch().schema,
+        options=flight.FlightCallOptions(write_options=pa.ipc.IpcWriteOptions(compression="zstd")),
+    )[0]
+    with pytest.raises(flight.FlightError, match="a put's schema must be empty"):
+        old.write_with_metadata(_bomb_batch(), pa.py_buffer(chunk_metadata(0)))
+        old.close()
+    # On NATS, the same batch as an envelope's is sized first too (see test_ingest's bomb).
+    header = encode(Envelope(batch=pa.record_batch({"value": [b"v"]}), ack_inbox="acks", correlation_id="7"))
+    small = len(header) - header.index(b"\xff\xff\xff\xff") + 4
+    envelope = header[: len(header) - small] + len(typed).to_bytes(4, "little") + typed
+    publish_plain(broker.nats_url, [("bomb", envelope, None)])
+    assert put("bomb", chunk_message(1, _chunk(b"after"))).ok
+    grown = _rss(broker) - before
+    assert grown < limit, f"the broker grew by {grown} bytes"
+    for writer, _ in puts.values():
+        writer.done_writing()
+        writer.close()
+    raw.close()
+    assert client.fetch("bomb").to_table().column("value").to_pylist() == [b"warm-up", b"after"]
+    assert client.fetch("typed-bomb").num_rows == 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from kazoo.client import KazooClient
@@ -184,26 +185,89 @@ def test_bad_cluster_input_is_refused_clearly(cluster, client):
         same_dir.start()
 
 
-def test_a_broker_with_zookeeper_down_says_so_and_gives_up_after_its_timeout(tmp_path):
+def _healthz(port: int) -> str:
+    """The body of a broker's ``/healthz`` (a 503's included); ``""`` while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            return answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.read().decode()
+    except OSError:
+        return ""
+
+
+def _waiting_broker(tmp_path, zookeeper_port: int, metrics_port: int) -> LocalBroker:
+    return LocalBroker(
+        tmp_path / "b",
+        extra_config=(
+            f'[zookeeper]\nhosts = "127.0.0.1:{zookeeper_port}"\nconnect_timeout = 1.0\n'
+            f"cursor_replication_factor = 1\n[metrics]\nport = {metrics_port}\n"
+        ),
+        start_timeout=180,
+    )
+
+
+def test_a_broker_started_before_zookeeper_waits_for_it_then_joins_and_serves(tmp_path):
+    from broker_node.zookeeper_server import ZooKeeperServer, free_port
+
+    zookeeper_port, metrics_port = free_port(), free_port()
+    broker = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            broker.start()
+        except BaseException as exc:
+            failed.append(exc)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    try:
+        expected = f"waiting for ZooKeeper at 127.0.0.1:{zookeeper_port} for "
+        wait_until(lambda: expected in _healthz(metrics_port), timeout=60, message="/healthz to say it waits")
+        # One line per connect_timeout (1 s here), well past it: still waiting, not given up.
+        wait_until(
+            lambda: broker.log_path.read_text().count(expected) >= 3, timeout=60, message="three lines"
+        )
+        assert starting.is_alive() and broker.running, failed
+        with ZooKeeperServer(port=zookeeper_port, data_dir=tmp_path / "zookeeper"):
+            starting.join(120)
+            assert not starting.is_alive() and not failed, failed
+            with SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=20) as client:
+                client.create_stream("late", "late")
+                assert client.publish("late", b"x", ack_policy=AckPolicy.ALL).first_offset == 0
+                assert client.fetch("late").num_rows == 1
+            assert json.loads(_healthz(metrics_port)) == {"ok": True, "problems": []}
+            assert broker.stop() == 0
+    finally:
+        broker.stop()
+
+
+def test_a_broker_waiting_for_zookeeper_stops_at_once_when_told(tmp_path):
     from broker_node.zookeeper_server import free_port
 
-    port = free_port()
-    config = tmp_path / "b.toml"
-    config.write_text(
-        f'[broker]\nid = "b"\ndata_dir = "{tmp_path / "d"}"\n[flight]\nport = 0\n[nats]\nembedded_port = -1\n'
-        f'[zookeeper]\nhosts = "127.0.0.1:{port}"\nconnect_timeout = 2.0\n'
-    )
-    started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "broker_node", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 1
-    assert f"cannot reach ZooKeeper at 127.0.0.1:{port} within 2s" in run.stderr
-    assert time.monotonic() - started < 30
+    zookeeper_port, metrics_port = free_port(), free_port()
+    broker = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            broker.start()
+        except BaseException as exc:  # the start ends when the broker stops
+            failed.append(exc)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    wait_until(lambda: "waiting for ZooKeeper at" in _healthz(metrics_port), timeout=60, message="it to wait")
+    process = broker.process
+    assert process is not None
+    stopped = time.monotonic()
+    process.terminate()
+    assert process.wait(30) == 0, broker.log_tail()
+    assert time.monotonic() - stopped < 10
+    assert "Traceback" not in broker.log_tail()
+    starting.join(30)
+    assert "the broker exited with code 0" in str(failed[0])
 
 
 def test_a_paused_follower_whose_session_expires_and_a_shutdown_log_no_traceback(tmp_path):

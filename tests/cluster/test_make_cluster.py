@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,21 +42,25 @@ def readme_cluster_commands() -> list[str]:
     return commands
 
 
-def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
+def test_the_local_cluster_comes_up_serves_survives_a_kill_and_stops_on_ctrl_c(tmp_path):
     state = tmp_path / ".cluster"
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "cluster.py"), "--state-dir", str(state)],
+        [sys.executable, "-u", str(ROOT / "scripts" / "cluster.py"), "--state-dir", str(state)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     lines: list[str] = []
+    assert process.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    out = ""
     try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if "cluster: up" in line or "did not start" in line or "in use" in line:
-                break
+        wait_until(
+            lambda: any(w in "".join(lines) for w in ("cluster: up", "did not start", "in use")),
+            timeout=120,
+            message="the cluster to come up",
+        )
         assert "cluster: up" in "".join(lines), "".join(lines)
         for command in readme_cluster_commands():  # the page's own, against this cluster
             done = subprocess.run(
@@ -70,9 +76,32 @@ def test_the_local_cluster_comes_up_serves_and_stops_on_ctrl_c(tmp_path):
             client.create_stream("made", "made", replication_factor=3, min_insync_replicas=2)
             assert client.publish("made", b"x", ack_policy=AckPolicy.ALL).ok
             wait_until(lambda: len(client.metadata()["brokers"]) == 3)
+
+            # The README's "When something breaks" step: kill -9 a broker.  It stays down, the
+            # others go on, and its partitions fail over (a leader it had moves within seconds).
+            pid = json.loads((state / "broker-1" / "broker.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: "broker-1 exited (killed by SIGKILL); left down" in "".join(lines), timeout=30)
+            wait_until(
+                lambda: len(client.metadata()["brokers"]) == 2, timeout=60, message="its session to end"
+            )
+            wait_until(
+                lambda: all(
+                    p.leader in ("broker-2", "broker-3") for p in client.describe_stream("made").partitions
+                ),
+                timeout=60,
+                message="its partitions to fail over",
+            )
+            assert client.publish("made", b"after", ack_policy=AckPolicy.ALL, timeout=30).ok
+            assert process.poll() is None, "".join(lines)
     finally:
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=120)
+        try:
+            process.wait(timeout=120)
+            reader.join(timeout=30)
+        finally:
+            process.stdout.close()
+            out = "".join(lines)
     assert process.returncode == 0, out
     assert "cluster: stopping" in out
     for n in (1, 2, 3):

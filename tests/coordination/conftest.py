@@ -26,3 +26,38 @@ def zk_settings(zookeeper) -> ZooKeeperConfig:
         session_timeout=2.0,
         connect_timeout=10,
     )
+
+
+def waits_for_zookeeper(coordinator, broker, saying: str) -> str:
+    """Start ``coordinator`` in a thread, wait until it says (its ``waiting`` line) that it waits for
+    ZooKeeper with ``saying`` in the line, then close it: its start ends as stopped.  The line."""
+    import re
+    import threading
+
+    from broker_node.coordination.errors import CoordinationError
+
+    from ..broker.harness import wait_until
+
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            coordinator.start(broker)
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    line = wait_until(
+        lambda: (coordinator.waiting or "") if re.search(saying, coordinator.waiting or "") else "",
+        timeout=30,
+        message=f"the coordinator to say it waits for ZooKeeper ({saying})",
+    )
+    assert thread.is_alive(), outcome
+    coordinator.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], CoordinationError) and "stopped while waiting" in str(outcome[0])
+    return line

@@ -1,0 +1,466 @@
+"""``make soak HOURS=1``: a three-broker cluster held at 70% of its peak for hours.
+
+Starts ZooKeeper, one nats-server and three brokers (``LocalCluster``), then:
+
+1. measures the RF=3 pipelined publish rate (``ALL`` acks, as
+   ``bench/cluster_bench.py``'s first row) on a stream of its own;
+2. publishes into an RF=3 stream (min ISR 2) at :data:`LOAD` of that rate,
+   each value unique, with an idempotent producer id and retries, every ack
+   recorded (one byte per message: an hour holds tens of millions);
+3. reads it meanwhile with one live tail (publish-to-consume latency of every
+   message) and one Spark streaming query (``format("jetstream")`` into
+   ``noop``, a micro-batch every second);
+4. every ``--every`` seconds (10) records each broker's resident memory,
+   threads and open files (``/proc``), the tail's p99 over that window and the
+   query's lag (committed messages not yet in its last micro-batch);
+5. at the end stops the load, lets the tail and the query catch up, stops the
+   cluster and checks its files: every acked value stored exactly once, no
+   gap, every replica byte for byte the same (the fault matrix's checker
+   holds every value and frame in memory, too much for an hour of this), and
+   the tail served every offset once, in order.
+
+It fails (exit 1) on any of those, or when a broker's memory, threads or open
+files grew by more than 10% from the end of the warm-up (``--warm-up``, the
+first 10 minutes) to the end, or the tail's p99 doubled (the median of the
+last three windows against the median of the first three after warm-up).
+Writes ``bench/results/soak-<UTC time>.json`` (every sample) and a plot
+beside it (``.png``, matplotlib).  Not part of the suite.
+
+    .venv/bin/python bench/soak.py --hours 1
+    .venv/bin/python bench/soak.py --hours 0.1 --warm-up 120   # a short check
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.cluster_bench import ours_single  # noqa: E402
+from broker_node.log import Log  # noqa: E402
+from pyspark_jetstream.client import Ack, AckPolicy, Client  # noqa: E402
+from pyspark_jetstream.local import LocalCluster  # noqa: E402
+from pyspark_jetstream.protocol.errors import JetStreamError  # noqa: E402
+from tests.faults.cluster import partition_dirs  # noqa: E402
+
+STREAM = "soak"
+LOAD = 0.7
+"""The share of the measured peak the soak publishes at."""
+GROWTH = 0.10
+"""How much a broker's memory, threads or open files may grow after the warm-up."""
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass
+class Sample:
+    """One look at the cluster, ``at`` seconds into the load."""
+
+    at: float
+    brokers: dict[str, dict[str, int]]
+    """broker -> rss_bytes, threads, open_files"""
+    tail_p99_ms: float | None
+    query_lag: int | None
+    acked: int
+
+
+@dataclass
+class Run:
+    """What a soak run saw."""
+
+    peak_rate: float
+    target_rate: float
+    samples: list[Sample] = field(default_factory=list)
+
+
+def proc_figures(pid: int) -> dict[str, int]:
+    """A process's resident memory (bytes), threads and open files, from ``/proc``."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return {
+        "rss_bytes": int(status["VmRSS"].split()[0]) * 1024,
+        "threads": int(status["Threads"]),
+        "open_files": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+class Load:
+    """The paced producer and the live tail, on their own event loop thread.
+
+    At tens of thousands of messages a second an hour holds tens of millions: what is kept per
+    message is one byte (acknowledged or not), not the value (the fault matrix's ``History``)."""
+
+    def __init__(self, cluster: LocalCluster, rate: float) -> None:
+        self.cluster = cluster
+        self.rate = rate
+        self.acked = bytearray()
+        """1 at each sequence whose publish was acknowledged."""
+        self.sent = 0
+        self.errors: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self.tailed = 0
+        """The next offset the tail expects (it checks each comes once, in order)."""
+        self.tail_faults = 0
+        self._stop = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="soak-load")
+        self._tasks: list[asyncio.Future[None]] = []
+        self.client: Client | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(120)
+
+    async def _start(self) -> None:
+        cluster = self.cluster
+        self.client = await Client.connect(
+            nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=10, max_pending=4000
+        )
+        self._tasks = [asyncio.ensure_future(self._produce()), asyncio.ensure_future(self._tail())]
+
+    def window(self) -> list[float]:
+        """The tail's latencies (ms) since the last call."""
+        taken, self.latencies = self.latencies, []
+        return taken
+
+    def stop_producing(self) -> None:
+        """Stop publishing; returns once every publish has its answer."""
+        self._stop.set()
+        asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(asyncio.shield(self._tasks[0]), 300), self._loop
+        ).result(310)
+
+    def close(self) -> None:
+        async def finish() -> None:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.client is not None:
+                await self.client.close()
+
+        asyncio.run_coroutine_threadsafe(finish(), self._loop).result(120)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()
+
+    async def _produce(self) -> None:
+        """Values stamped with their send time, at :attr:`rate`, ``ALL`` acks, pipelined (at most
+        4,000 acks pending, as ``cluster_bench``'s peak); one that fails is published again, awaited."""
+        assert self.client is not None
+        started = time.perf_counter()
+        pending: dict[asyncio.Future[Ack], int] = {}
+        retries: set[asyncio.Future[None]] = set()
+        while not self._stop.is_set() or pending:
+            due = int((time.perf_counter() - started) * self.rate)
+            while not self._stop.is_set() and self.sent < due and len(pending) < 4000:
+                self.acked.append(0)
+                future = await self.client.publish_async(
+                    STREAM,
+                    _value(self.sent),
+                    ack_policy=AckPolicy.ALL,
+                    producer_id="soak",
+                    sequence=self.sent,
+                )
+                assert future is not None
+                pending[future] = self.sent
+                self.sent += 1
+            for future in [f for f in pending if f.done()]:
+                sequence = pending.pop(future)
+                if future.exception() is None:
+                    self.acked[sequence] = 1
+                else:
+                    retries.add(asyncio.ensure_future(self._publish(sequence)))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*retries, return_exceptions=True)
+
+    async def _publish(self, sequence: int) -> None:
+        """Publish ``sequence`` again until it is acked (or refused for good)."""
+        assert self.client is not None
+        for _ in range(100):
+            try:
+                await self.client.publish(
+                    STREAM,
+                    _value(sequence),
+                    ack_policy=AckPolicy.ALL,
+                    producer_id="soak",
+                    sequence=sequence,
+                    timeout=10,
+                )
+            except JetStreamError as exc:
+                self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
+                if not exc.retriable:
+                    return
+                await asyncio.sleep(0.1)
+                continue
+            self.acked[sequence] = 1
+            return
+
+    async def _tail(self) -> None:
+        assert self.client is not None
+        async for batch in self.client.tail(STREAM, start="earliest", follow=5.0):
+            now = time.perf_counter_ns()
+            offsets, values = batch.column("offset").to_pylist(), batch.column("value").to_pylist()
+            self.latencies.extend((now - struct.unpack_from("<q", v)[0]) / 1e6 for v in values)
+            if offsets != list(range(self.tailed, self.tailed + len(offsets))):
+                self.tail_faults += 1
+            self.tailed = offsets[-1] + 1
+
+
+def _value(sequence: int) -> bytes:
+    """A unique value stamped with the time it is sent (the tail's latency)."""
+    return struct.pack("<q", time.perf_counter_ns()) + b"soak/%d" % sequence
+
+
+def check_files(cluster: LocalCluster, acked: bytearray) -> list[str]:
+    """The stopped cluster's files against what was acknowledged: every acked sequence stored
+    exactly once (the first replica read), offsets without gaps, every replica's frames byte for
+    byte the same (their hashes).  One line per finding."""
+    seen = bytearray(len(acked))
+    hashes: dict[str, str] = {}
+    findings: list[str] = []
+    for n, broker in enumerate(cluster.brokers):
+        (directory,) = partition_dirs(broker, STREAM)
+        digest = hashlib.sha256()
+        with Log.open(directory) as log:
+            offset, end = log.log_start_offset, log.log_end_offset
+            while offset < end:
+                frames = log.read_frames(offset, max_bytes=16 * 2**20)
+                for frame in frames:
+                    digest.update(frame.data)
+                offset = frames[-1].last_offset + 1
+            if n == 0:
+                expected = log.log_start_offset
+                for batch in log.scan():
+                    offsets = batch.column("offset").to_pylist()
+                    if offsets[0] != expected:
+                        findings.append(f"a gap before offset {offsets[0]} (expected {expected})")
+                    expected = offsets[-1] + 1
+                    for value in batch.column("value").to_pylist():
+                        sequence = int(value[8:].split(b"/")[1])
+                        seen[sequence] = min(seen[sequence] + 1, 255)
+        hashes[broker.broker_id] = digest.hexdigest()
+    lost = sum(1 for a, s in zip(acked, seen, strict=True) if a and not s)
+    duplicates = sum(s - 1 for s in seen if s > 1)
+    if lost:
+        findings.append(f"{lost} acknowledged message(s) are not in the log")
+    if duplicates:
+        findings.append(f"{duplicates} message(s) are in the log more than once")
+    if len(set(hashes.values())) != 1:
+        findings.append(f"the replicas differ: {hashes}")
+    same = "identical" if len(set(hashes.values())) == 1 else "DIFFER"
+    print(
+        f"soak: checked {sum(acked)} acknowledged of {len(acked)} sent; stored {sum(1 for s in seen if s)}; "
+        f"lost {lost}, duplicates {duplicates}, replicas {same}",
+        flush=True,
+    )
+    return findings
+
+
+def peak_rate(cluster: LocalCluster, messages: int) -> float:
+    """The RF=3 pipelined publish rate (messages/s) on a stream of its own."""
+
+    async def measure() -> float:
+        client = await Client.connect(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=30)
+        try:
+            return await ours_single(client, "soak-peak", messages)
+        finally:
+            await client.close()
+
+    return asyncio.run(measure())
+
+
+def query_lag(query: object, high_watermark: int) -> int | None:
+    """Committed messages the query's last micro-batch had not reached."""
+    progress = getattr(query, "lastProgress", None)
+    if not progress or not progress.get("sources"):
+        return None
+    end = json.loads(progress["sources"][0]["endOffset"] or "{}").get(STREAM, {})
+    return max(high_watermark - int(end.get("0", 0)), 0)
+
+
+def verdict(run: Run, warm_up: float) -> list[str]:
+    """What failed, one line each: growth after the warm-up, or the tail's p99 doubling."""
+    after = [s for s in run.samples if s.at >= warm_up]
+    if len(after) < 4:
+        return [f"only {len(after)} samples after the {warm_up:g} s warm-up: run longer"]
+    failures = []
+    first, last = after[0], after[-1]
+    for broker, figures in first.brokers.items():
+        for name, value in figures.items():
+            grown = last.brokers[broker][name]
+            if value and (grown - value) / value > GROWTH:
+                failures.append(
+                    f"{broker} {name} grew {100 * (grown - value) / value:.0f}%: {value} -> {grown}"
+                )
+    p99s = [s.tail_p99_ms for s in after if s.tail_p99_ms is not None]
+    if len(p99s) >= 6:
+        early, late = statistics.median(p99s[:3]), statistics.median(p99s[-3:])
+        if late > 2 * early:
+            failures.append(f"the tail's p99 doubled: {early:.1f} ms -> {late:.1f} ms")
+    return failures
+
+
+def plot(run: Run, path: Path) -> None:
+    """Memory, threads, open files per broker, the tail's p99 and the query's lag over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [s.at / 60 for s in run.samples]
+    figure, axes = plt.subplots(5, 1, figsize=(9, 13), sharex=True)
+    for broker in run.samples[0].brokers:
+        for axis, name, scale in zip(
+            axes[:3], ("rss_bytes", "threads", "open_files"), (2**20, 1, 1), strict=True
+        ):
+            axis.plot(minutes, [s.brokers[broker][name] / scale for s in run.samples], label=broker)
+    for axis, title in zip(axes[:3], ("resident memory (MiB)", "threads", "open files"), strict=True):
+        axis.set_ylabel(title)
+        axis.legend(fontsize="small")
+    axes[3].plot(minutes, [s.tail_p99_ms for s in run.samples])
+    axes[3].set_ylabel("tail p99 (ms)")
+    axes[4].plot(minutes, [s.query_lag for s in run.samples])
+    axes[4].set_ylabel("query lag (messages)")
+    axes[4].set_xlabel("minutes under load")
+    figure.suptitle(f"soak at {run.target_rate:.0f} msg/s ({LOAD:.0%} of {run.peak_rate:.0f}), RF=3")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def soak(hours: float, warm_up: float, every: float, peak_messages: int, base: Path) -> tuple[Run, list[str]]:
+    """Run the soak (see the module docstring); what it saw and what failed."""
+    from pyspark_jetstream.spark.delta import delta_session
+
+    with LocalCluster(3, base_dir=base / "cluster") as cluster:
+        peak = peak_rate(cluster, peak_messages)
+        run = Run(peak, LOAD * peak)
+        print(f"soak: peak {peak:.0f} msg/s (RF=3, pipelined); load {run.target_rate:.0f} msg/s", flush=True)
+        admin = asyncio.run(_create(cluster))
+        load = Load(cluster, run.target_rate)
+        spark = delta_session("pyspark-jetstream-soak", **{"spark.sql.shuffle.partitions": "2"})
+        query = (
+            spark.readStream.format("jetstream")
+            .option("servers", ",".join(cluster.flights))
+            .option("stream", STREAM)
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(base / "checkpoint"))
+            .trigger(processingTime="1 second")
+            .start()
+        )
+        load.start()  # once Spark's JVM is up: its start would weigh on the first samples
+        started = time.monotonic()
+        try:
+            for k in range(1, int(hours * 3600 / every) + 1):
+                time.sleep(max(0.0, started + k * every - time.monotonic()))
+                run.samples.append(_sample(cluster, load, query, time.monotonic() - started, admin))
+                last = run.samples[-1]
+                print(
+                    f"soak: {last.at / 60:5.1f} min  acked {last.acked}  p99 {last.tail_p99_ms} ms  "
+                    f"lag {last.query_lag}",
+                    flush=True,
+                )
+                if query.exception() is not None:
+                    raise RuntimeError(f"the Spark query failed: {query.exception()}")
+            load.stop_producing()
+            failures = _drain(load, query, admin)
+        finally:
+            query.stop()
+            spark.stop()
+            load.close()
+    if run.samples:
+        reached = run.samples[-1].acked / run.samples[-1].at
+        print(
+            f"soak: acknowledged {reached:.0f} msg/s on average of the {run.target_rate:.0f} asked",
+            flush=True,
+        )
+        if reached < 0.9 * run.target_rate:
+            failures.append(
+                f"the load reached {reached:.0f} msg/s, not the {run.target_rate:.0f} asked: the machine "
+                "could not keep up (is it shared?)"
+            )
+    failures += check_files(cluster, load.acked)
+    if load.tail_faults:
+        failures.append(f"the tail was served offsets out of order or twice {load.tail_faults} time(s)")
+    return run, failures + verdict(run, warm_up)
+
+
+async def _create(cluster: LocalCluster) -> dict[str, str]:
+    client = await Client.connect(nats_urls=cluster.nats_url, broker=cluster.flight, timeout=30)
+    try:
+        await client.create_stream(STREAM, STREAM, replication_factor=3, min_insync_replicas=2)
+    finally:
+        await client.close()
+    return {"nats": cluster.nats_url, "flight": cluster.flight}
+
+
+def _high_watermark(admin: dict[str, str]) -> int:
+    async def look() -> int:
+        client = await Client.connect(nats_urls=admin["nats"], broker=admin["flight"], timeout=30)
+        try:
+            return (await client.describe_stream(STREAM)).partitions[0].high_watermark
+        finally:
+            await client.close()
+
+    return asyncio.run(look())
+
+
+def _sample(cluster: LocalCluster, load: Load, query: object, at: float, admin: dict[str, str]) -> Sample:
+    latencies = load.window()
+    p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 100 else None
+    brokers = {b.broker_id: proc_figures(b.process.pid) for b in cluster.brokers if b.process is not None}
+    return Sample(at, brokers, p99, query_lag(query, _high_watermark(admin)), sum(load.acked))
+
+
+def _drain(load: Load, query: object, admin: dict[str, str], timeout: float = 120) -> list[str]:
+    """Wait for the tail and the query to reach the end; what did not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        end = _high_watermark(admin)
+        if load.tailed >= end and query_lag(query, end) == 0:
+            return []
+        time.sleep(1)
+    return [f"the tail or the query did not reach the end within {timeout:g} s after the load stopped"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hours", type=float, default=1.0, help="how long the load runs (default 1)")
+    parser.add_argument("--warm-up", type=float, default=600.0, help="seconds before growth counts (600)")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between samples (10)")
+    parser.add_argument(
+        "--peak-messages", type=int, default=50_000, help="messages to measure the peak (50000)"
+    )
+    args = parser.parse_args(argv)
+    if args.hours <= 0 or args.every <= 0 or args.warm_up < 0 or args.warm_up >= args.hours * 3600:
+        parser.error("--hours and --every must be positive, and --warm-up shorter than the run")
+    base = Path(tempfile.mkdtemp(prefix="jetstream-soak-hours-"))
+    run, failures = soak(args.hours, args.warm_up, args.every, args.peak_messages, base)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"soak-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    summary = {"hours": args.hours, "warm_up": args.warm_up, "failures": failures, **asdict(run)}
+    stem.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    plot(run, stem.with_suffix(".png"))
+    print("\n".join(f"soak: FAILED: {f}" for f in failures) or "soak: passed", flush=True)
+    print(f"soak: samples in {stem}.json, plot in {stem}.png")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
