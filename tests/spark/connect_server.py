@@ -1,10 +1,9 @@
 """A Spark Connect server from this venv's PySpark, and the Python environments around it.
 
-The server is PySpark 4.2's own ``SparkConnectServer`` (its jar ships in
-``pyspark/jars``), started by ``spark-submit`` in a process group of its own
-on a port it chooses (read from its log), in a working directory of its own:
-a Python worker has its working directory on its path, and the checkout's
-would stand in for the package under test.
+The server is PySpark 4.2's own ``SparkConnectServer``, started by the
+library's :class:`~pyspark_jetstream.spark.local_connect.LocalConnectServer`
+in a working directory of its own: a Python worker has its working directory
+on its path, and the checkout's would stand in for the package under test.
 
 Its Python workers run a *worker environment*: a virtual environment made
 without pip whose one extra path entry is this venv's site-packages (PySpark,
@@ -30,9 +29,8 @@ from pathlib import Path
 
 import pyspark
 
-from .standalone import Daemon
+from pyspark_jetstream.spark.local_connect import LocalConnectServer
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SITE_PACKAGES = Path(sysconfig.get_paths()["purelib"])
 NOT_IN_CLIENT = ("pyspark", "py4j", "delta", "pyspark_jetstream", "broker_node", "__editable__")
 """Names in this venv's site-packages a ``pyspark-client`` user does not have (or gets from the
@@ -104,61 +102,14 @@ def client_env(directory: Path, wheel: Path) -> Path:
     return python
 
 
-class ConnectServer:
-    """A Spark Connect server on 127.0.0.1 whose Python workers run ``python``; ``url`` is its
-    ``sc://`` address once :meth:`start` returned."""
-
-    def __init__(self, directory: Path, python: Path) -> None:
-        self.directory = directory
-        self.python = python
-        self.url = ""
-        self.daemon: Daemon | None = None
-
-    def start(self) -> ConnectServer:
-        """Start the server; return once it listens (or fail with its log)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PYSPARK_", "SPARK_"))}
-        env |= {"PYSPARK_PYTHON": str(self.python), "SPARK_LOCAL_IP": "127.0.0.1"}
-        settings = {
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": "0",  # the server picks a free one and logs it
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": "1g",
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        }
-        confs = [part for key, value in settings.items() for part in ("--conf", f"{key}={value}")]
-        args = [
-            "org.apache.spark.deploy.SparkSubmit",
-            "--class",
-            SERVER_CLASS,
-            "--master",
-            "local[2]",
-            *confs,
-        ]
-        self.daemon = Daemon("connect-server", [*args, "spark-internal"], env, self.directory)
-        try:
-            found = self.daemon.wait_for(r"Spark Connect server started at: (\S+):(\d+)")
-        except BaseException:
-            self.stop()
-            raise
-        self.url = f"sc://127.0.0.1:{found.group(2)}"
-        return self
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the server's log."""
-        return self.daemon.log.read_text(errors="replace")[-chars:] if self.daemon else ""
-
-    def stop(self) -> None:
-        """Stop the server's process group."""
-        if self.daemon is not None:
-            self.daemon.stop()
-
-    def __enter__(self) -> ConnectServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def connect_server(directory: Path, python: Path) -> LocalConnectServer:
+    """A Spark Connect server (not started) whose Python workers run ``python``, in ``directory``."""
+    conf = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": "1g",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    }
+    return LocalConnectServer(python=python, directory=directory, conf=conf)
 
 
 def failure_lines(text: str) -> list[str]:

@@ -31,9 +31,12 @@ from pathlib import Path
 
 import pytest
 
+from pyspark_jetstream.protocol.errors import UnavailableError
+from pyspark_jetstream.spark.local_connect import LocalConnectServer
+
 from ..conftest import REGISTER, REMOTE
 from ..test_packaging import build_wheel
-from .connect_server import ConnectServer, client_env, failure_lines, pip_install, worker_env
+from .connect_server import client_env, connect_server, failure_lines, pip_install, worker_env
 
 pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
 
@@ -54,8 +57,8 @@ def servers(tmp_path_factory, wheel):
     base = tmp_path_factory.mktemp("connect")
     installed_python, late_python = worker_env(base / "installed-env"), worker_env(base / "late-env")
     pip_install(installed_python, wheel)
-    installed = ConnectServer(base / "installed", installed_python)
-    late = ConnectServer(base / "late", late_python)
+    installed = connect_server(base / "installed", installed_python)
+    late = connect_server(base / "late", late_python)
     try:
         installed.start()
         late.start()
@@ -86,39 +89,34 @@ def run_client(python: Path | str, directory: Path, script: str, **args: str) ->
     return json.loads(lines[-1])
 
 
-def run_marked(directory: Path, runs: dict[str, tuple[ConnectServer, bool]]) -> dict[str, str]:
-    """The tests marked ``connect`` against each named ``(server, register)`` at once, each run
-    in a pytest process of its own, its output in ``directory``; pytest's summary line of each."""
+def run_marked(directory: Path, server: LocalConnectServer, *, register: bool) -> str:
+    """The tests marked ``connect`` against ``server`` in a pytest process of their own (one run
+    at a time: two at once starved each other's Python workers on a loaded two-core machine), its
+    output in ``directory``; pytest's summary line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYSPARK_", "SPARK_"))}
+    env |= {REMOTE: server.url, "PYSPARK_PYTHON": sys.executable} | ({REGISTER: "1"} if register else {})
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "connect"]
     started = time.monotonic()
-    processes: dict[str, subprocess.Popen] = {}
-    for label, (server, register) in runs.items():
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYSPARK_", "SPARK_"))}
-        env |= {REMOTE: server.url, "PYSPARK_PYTHON": sys.executable} | ({REGISTER: "1"} if register else {})
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "connect"]
-        with open(directory / f"{label}.out", "wb") as output:  # a file: a full pipe would stall the run
-            processes[label] = subprocess.Popen(
-                [*command, *MARKED], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
-            )
-    try:
-        for process in processes.values():
-            process.wait(timeout=max(1.0, RUN_TIMEOUT - (time.monotonic() - started)))
-    finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    summaries = {}
-    for label, process in processes.items():
-        out = (directory / f"{label}.out").read_text(errors="replace")
-        summary = out.strip().splitlines()[-1] if out.strip() else ""
-        assert process.returncode == 0, (
-            f"over Spark Connect ({label}): {summary}\n" + "\n".join(failure_lines(out)) + f"\n{out[-8000:]}"
-            f"\n--- the server's log ends:\n{runs[label][0].log_tail()}"
+    with open(directory / "marked.out", "wb") as output:  # a file: a full pipe would stall the run
+        done = subprocess.run(
+            [*command, *MARKED],
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT,
+            check=False,
         )
-        assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
-        summaries[label] = summary
-    print(f"over Spark Connect: {summaries}, {time.monotonic() - started:.0f}s")
-    return summaries
+    out = (directory / "marked.out").read_text(errors="replace")
+    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    assert done.returncode == 0, (
+        f"over Spark Connect: {summary}\n" + "\n".join(failure_lines(out)) + f"\n{out[-8000:]}"
+        f"\n--- the server's log ends:\n{server.log_tail()}"
+    )
+    assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+    how = "registered" if register else "found"
+    print(f"over Spark Connect ({how}): {summary}, {time.monotonic() - started:.0f}s")
+    return summary
 
 
 PROBE = """
@@ -160,7 +158,7 @@ def test_a_package_installed_after_sparks_lookup_needs_register_then_the_tests_p
         **args,
     )
     assert shipped == {"unregistered": "DATA_SOURCE_NOT_FOUND", "shipped": ["late"]}
-    pip_install(late.python, wheel)
+    pip_install(Path(late.python), wheel)
     python = client_env(tmp_path / "client-env", wheel)
     registered = run_client(
         python,
@@ -186,9 +184,23 @@ def test_a_package_installed_after_sparks_lookup_needs_register_then_the_tests_p
     }
 
 
-def test_the_spark_tests_pass_over_connect_found_by_spark_or_registered(servers, wheel, tmp_path):
-    """The marked tests with the wheel installed before the server started (nothing done by the
-    client), and with it installed after Spark's lookup (``register(spark)``), both at once."""
-    installed, late = servers
-    pip_install(late.python, wheel)  # done already when the test above ran
-    run_marked(tmp_path, {"found": (installed, False), "registered": (late, True)})
+def test_the_spark_tests_pass_over_connect_with_the_wheel_installed_on_the_server(servers, tmp_path):
+    """Installed before the server started, as a cluster library is: the client does nothing."""
+    installed, _ = servers
+    run_marked(tmp_path, installed, register=False)
+
+
+def test_the_spark_tests_pass_over_connect_with_register_after_a_late_install(servers, wheel, tmp_path):
+    """Installed after Spark's lookup, as ``%pip install`` on a running cluster: ``register(spark)``."""
+    _, late = servers
+    pip_install(Path(late.python), wheel)  # done already when the test above ran
+    run_marked(tmp_path, late, register=True)
+
+
+def test_a_connect_server_that_cannot_start_says_why(tmp_path):
+    server = LocalConnectServer(directory=tmp_path, conf={"spark.connect.grpc.binding.port": "not-a-port"})
+    with pytest.raises(UnavailableError) as failed:
+        server.start()
+    assert re.match(r"the Spark Connect server exited with code \d+: .* ERROR ", str(failed.value))
+    assert "The value 'not-a-port' in the config \"spark.connect.grpc.binding.port\"" in str(failed.value)
+    server.stop()  # nothing left to stop: harmless
