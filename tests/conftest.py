@@ -35,11 +35,31 @@ def pytest_collection_modifyitems(items: list) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+REMOTE = "JETSTREAM_TEST_SPARK_REMOTE"
+"""Set to a Spark Connect server's ``sc://`` address, the ``spark`` fixture is a Connect session
+of it (tests/spark/test_connect.py runs the tests marked ``connect`` so, in a process of their own:
+a process with a Connect session cannot use a classic one)."""
+REGISTER = "JETSTREAM_TEST_SPARK_REGISTER"
+"""Set (to anything) with ``REMOTE``, the Connect session calls ``register(spark)`` first."""
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (with Delta's jars) per test process, a worker of ``make test``:
     its JVM starts once instead of once per module.  A process has one Spark context, so no
-    test module stops it or starts its own."""
+    test module stops it or starts its own.  (A Spark Connect session instead where ``REMOTE``
+    says so.)"""
+    if os.environ.get(REMOTE):
+        from pyspark.sql import SparkSession
+
+        from pyspark_jetstream.spark import register
+
+        remote = SparkSession.builder.remote(os.environ[REMOTE]).getOrCreate()
+        if os.environ.get(REGISTER):
+            register(remote)
+        yield remote
+        remote.stop()
+        return
     from pyspark_jetstream.spark.delta import delta_session
 
     session = delta_session("pyspark-jetstream-tests", **{"spark.sql.shuffle.partitions": "2"})

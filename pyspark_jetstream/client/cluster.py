@@ -9,7 +9,10 @@ flag is set (``NotLeaderError``: leadership moved) makes it refresh the
 metadata -- taking the new leader's address straight from the error when it
 carries one -- and retry; other ``retriable`` errors are retried after a short
 backoff; all within the connection's timeout.  Nothing is retried that could
-store twice: reads, metadata and cursors are idempotent.
+store twice: reads, metadata and cursors are idempotent.  Until a first broker
+has answered, brokers that cannot be reached are retried for the shorter
+``connect_timeout`` only: a wrong address or a deployment that is down fails
+at once, while a broker lost later (a failover) is waited for.
 
 The asynchronous :class:`~.client.Client` runs these calls in worker threads;
 ``SyncClient`` (in the caller's thread, through the same instance) and Spark
@@ -55,17 +58,26 @@ class ClusterConnection:
     """Flight calls to whichever broker should answer them (see the module docstring)."""
 
     def __init__(
-        self, servers: str | Sequence[str], *, timeout: float = 10.0, credentials: Credentials | None = None
+        self,
+        servers: str | Sequence[str],
+        *,
+        timeout: float = 10.0,
+        connect_timeout: float | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         """``servers``: one or more broker Flight addresses (``grpc://host:port``, or
         ``grpc+tls://host:port`` with TLS; a list or one comma-separated string), any will do;
-        ``credentials``: what to present to each of them."""
+        ``connect_timeout``: seconds to keep trying while no broker has answered yet (``None``:
+        the whole ``timeout``); ``credentials``: what to present to each of them."""
         self.credentials = credentials if credentials is not None else Credentials()
         listed = servers.split(",") if isinstance(servers, str) else list(servers)
         self.bootstrap = [s.strip() for s in listed if s.strip()]
         if not self.bootstrap:
             raise InvalidArgumentError("give at least one broker address (grpc://host:port)")
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else min(connect_timeout, timeout)
+        self._reached = False
+        """Whether any broker has answered (a result or an error of its own) since this was made."""
         self._connections: dict[str, BrokerConnection] = {}
         self._brokers: dict[str, str] = {}
         self._leaders: dict[tuple[str, int], str] = {}
@@ -81,9 +93,10 @@ class ClusterConnection:
         self, action: ActionType, body: dict[str, Any], timeout: float | None = None
     ) -> tuple[Any, str]:
         """A metadata lookup any broker can answer, and the address that answered.  One broker may
-        take half the connection's timeout, so that a hung one leaves time to ask another; retried
-        for ``timeout`` seconds (default: the connection's)."""
-        each = self.timeout / 2
+        take half the connection's timeout (at most the connect timeout until one has answered),
+        so that a hung one leaves time to ask another; retried for ``timeout`` seconds (default:
+        the connection's)."""
+        each = self.timeout / 2 if self._reached else min(self.timeout / 2, self.connect_timeout)
         return self._any(lambda c: (c.action(action, body, each), c.address), timeout)
 
     @property
@@ -271,8 +284,10 @@ class ClusterConnection:
         final: type[JetStreamError] | None = None,
     ) -> T:
         """``call`` on the first broker that answers (the bootstrap ones, then those it knows);
-        retriable errors are retried until ``timeout``, except those of type ``final``."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        retriable errors are retried until ``timeout``, except those of type ``final``; until a
+        broker has answered, for the connect timeout at most."""
+        started = time.monotonic()
+        deadline = started + (self.timeout if timeout is None else timeout)
         backoff = BACKOFF[0]
         last: JetStreamError | None = None
         while True:
@@ -283,6 +298,7 @@ class ClusterConnection:
                 try:
                     answer = call(self.connection(address))
                     self._answered = address
+                    self._reached = True
                     return answer
                 except (UnavailableError, RequestTimeoutError) as exc:
                     if self._answered == address:
@@ -290,12 +306,14 @@ class ClusterConnection:
                     last = exc
                     continue
                 except JetStreamError as exc:
+                    self._reached = True  # a broker answered, with an error of its own
                     final_now = final is not None and isinstance(exc, final)
                     if not exc.retriable or final_now or time.monotonic() + backoff > deadline:
                         raise
                     last = exc
                     break
-            if time.monotonic() + backoff > deadline:
+            limit = deadline if self._reached else min(deadline, started + self.connect_timeout)
+            if time.monotonic() + backoff > limit:
                 assert last is not None
                 raise last
             time.sleep(backoff)

@@ -206,8 +206,10 @@ class Addresses:
 
     servers: tuple[str, ...] = ()
     nats: tuple[str, ...] = ()
-    discovery_timeout: float = 10.0
-    """Seconds to find a broker through ``nats``: the option ``timeout``, or 10."""
+    connect_timeout: float = 10.0
+    """Seconds to reach the deployment (to find a broker through ``nats``, or for a first broker
+    of ``servers`` to answer): the option ``timeout``, or 10.  A wrong address or a deployment
+    that is down fails the query's planning after this, not after the longer ``timeout``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,7 +470,7 @@ def addresses_option(opts: Mapping[str, str], *, nats_always: bool) -> Addresses
                 "(grpc+tls:// with TLS)"
             )
     nats = _nats_urls(opts) if nats_always or not servers else ()
-    return Addresses(servers, nats, discovery_timeout=_seconds(opts, "timeout", 10.0))
+    return Addresses(servers, nats, connect_timeout=_seconds(opts, "timeout", 10.0))
 
 
 def _nats_urls(opts: Mapping[str, str]) -> tuple[str, ...]:

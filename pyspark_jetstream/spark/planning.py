@@ -15,7 +15,6 @@ from pyspark_jetstream.client.cluster import ClusterConnection
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.client.hints import listed_streams, unknown_stream
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError, UnknownStreamError
-from pyspark_jetstream.protocol.flight import ActionType
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .options import Addresses, SinkOptions, SourceOptions
@@ -52,7 +51,12 @@ def plan_sink(options: SinkOptions) -> SinkPlan:
     """The writer's plan: its brokers, the NATS servers to publish to, and the stream's
     configuration (an unknown stream fails here, naming the streams there are)."""
     broker = resolve_broker(options.addresses, options.credentials)
-    connection = ClusterConnection(broker, timeout=options.timeout, credentials=options.credentials)
+    connection = ClusterConnection(
+        broker,
+        timeout=options.timeout,
+        connect_timeout=options.addresses.connect_timeout,
+        credentials=options.credentials,
+    )
     try:
         nats = options.addresses.nats or _nats_of_brokers(connection)
         config = None
@@ -77,9 +81,7 @@ def resolve_broker(addresses: Addresses, credentials: Credentials | None = None)
 
     try:
         return asyncio.run(
-            discover_broker(
-                list(addresses.nats), timeout=addresses.discovery_timeout, credentials=credentials
-            )
+            discover_broker(list(addresses.nats), timeout=addresses.connect_timeout, credentials=credentials)
         )
     except UnavailableError as exc:
         if "TLS problem" in str(exc):
@@ -89,7 +91,7 @@ def resolve_broker(addresses: Addresses, credentials: Credentials | None = None)
 
 def _nats_of_brokers(connection: ClusterConnection) -> tuple[str, ...]:
     """The NATS servers the brokers themselves use (the sink publishes there)."""
-    metadata = connection.action(ActionType.METADATA, {})
+    metadata = connection.refresh()  # a lookup: bounded by the connect timeout like the others
     urls = tuple(dict.fromkeys(u for b in metadata.get("brokers", []) for u in b.get("nats", [])))
     if not urls:
         raise InvalidArgumentError("the brokers report no NATS server: give the option 'nats'")

@@ -6,6 +6,10 @@ The helper points it at the interpreter running this code (which has the
 project installed) unless the user set it.  On a cluster the executors'
 Python is another machine's: the helper ships the package to them (see
 ``shipping.py``).
+
+This module imports nothing that needs a JVM: :func:`register` also serves a
+Spark Connect client (``pyspark-client``, which has no py4j); what only a
+classic session has is imported where it is used.
 """
 
 from __future__ import annotations
@@ -14,10 +18,9 @@ import os
 import sys
 from typing import Any
 
-from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
-from .shipping import ship_to_executors, ships_by_default
+from .shipping import is_connect, ship_to_executors, ships_by_default
 from .source import JetStreamDataSource
 
 
@@ -65,6 +68,10 @@ def register(spark: SparkSession) -> None:
     the start of every streaming query, so the source is registered only
     where Spark has not found it (the lookup found nothing, or the session is
     a Spark Connect one, whose server this process cannot ask).
+
+    Spark looks once per JVM, at the first query that names a data source: a
+    package installed after that (``%pip install`` on a running cluster) is
+    found only through this call, or after a restart.
     """
     if not _found_by_spark(spark):
         spark.dataSource.register(JetStreamDataSource)
@@ -73,8 +80,10 @@ def register(spark: SparkSession) -> None:
 def _found_by_spark(spark: SparkSession) -> bool:
     """Whether the session already resolves ``format("jetstream")`` (registered or found)."""
     session = getattr(spark, "_jsparkSession", None)
-    if session is None:  # Spark Connect
+    if session is None or is_connect(spark):  # Spark Connect: no JVM here to ask
         return False
+    from py4j.protocol import Py4JError  # a classic session has py4j; a Connect client may not
+
     try:
         manager = session.sessionState().dataSourceManager()
         return bool(manager.dataSourceExists(JetStreamDataSource.name()))

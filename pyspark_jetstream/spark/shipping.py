@@ -4,7 +4,10 @@ Executors read and write with the package's code, so every executor's
 Python must import ``pyspark_jetstream`` (and its dependencies, pyarrow and
 nats-py).  Where it is not installed there, the driver can ship it: a zip
 of the installed package, added to the session as a Python file, which
-Spark copies to every executor and puts on its Python path.
+Spark copies to every executor and puts on its Python path.  Over Spark
+Connect the same zip goes to the server as a session artifact
+(``spark.addArtifacts(..., pyfile=True)``), which reaches that session's
+Python workers.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def ship_to_executors(spark: SparkSession) -> Path:
     cluster), call it once after the session exists and before the first
     query.  The executors still need pyspark-jetstream's dependencies
     (pyarrow and nats-py) installed.  Calling it again for the same package
-    adds nothing.
+    adds nothing.  On a Spark Connect session the zip is added as the
+    session's artifact, for its queries only.
 
     The source is then registered with the session (over the one Spark
     finds by itself, which logs that it replaced it): Spark runs a source it
@@ -80,13 +84,22 @@ def ship_to_executors(spark: SparkSession) -> Path:
     from .source import JetStreamDataSource
 
     path = package_zip()
-    context = spark.sparkContext
-    if not any(added.endswith("/" + path.name) for added in context.listFiles):
-        context.addPyFile(str(path))
-        logger.info("pyspark_jetstream shipped to the executors of %s as %s", context.master, path)
+    if is_connect(spark):  # the server keeps an artifact once: adding the same zip again is harmless
+        spark.addArtifacts(str(path), pyfile=True)
+        logger.info("pyspark_jetstream shipped to the Spark Connect session as %s", path)
+    else:
+        context = spark.sparkContext
+        if not any(added.endswith("/" + path.name) for added in context.listFiles):
+            context.addPyFile(str(path))
+            logger.info("pyspark_jetstream shipped to the executors of %s as %s", context.master, path)
     # After addPyFile: a registration takes the session's Python files as they are then.
     spark.dataSource.register(JetStreamDataSource)
     return path
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a client of a remote server; no JVM here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def ships_by_default(master: str) -> bool:

@@ -79,7 +79,10 @@ def connection(plan: SourcePlan) -> ClusterConnection:
         found = _connections.get(key)
         if found is None:
             found = _connections[key] = ClusterConnection(
-                plan.broker, timeout=plan.options.timeout, credentials=plan.options.credentials
+                plan.broker,
+                timeout=plan.options.timeout,
+                connect_timeout=plan.options.addresses.connect_timeout,
+                credentials=plan.options.credentials,
             )
         return found
 

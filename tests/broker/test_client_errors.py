@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 import pytest
 
 from pyspark_jetstream.client import Client
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
+from pyspark_jetstream.client.cluster import ClusterConnection
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, RequestTimeoutError, UnavailableError
 
 
 @pytest.fixture
@@ -46,3 +48,27 @@ def test_a_malformed_broker_address_leaves_no_nats_connection_behind(nats_server
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
 
     assert asyncio.run(connect()) == []
+
+
+@pytest.mark.parametrize("listening", [False, True], ids=["refused", "silent"])
+def test_brokers_never_reached_fail_after_the_connect_timeout_not_the_whole_timeout(free_port, listening):
+    """Nothing listens (a broker that is down), or something listens and never answers (a
+    blackholed network): either way the lookup gives up after ``connect_timeout`` (1 s here), not
+    after the connection's ``timeout`` (30 s), which is for brokers lost after a first answer."""
+    with socket.socket() as silent:
+        if listening:
+            silent.bind(("127.0.0.1", free_port))
+            silent.listen(8)  # connections complete, nothing ever answers
+        connection = ClusterConnection(f"grpc://127.0.0.1:{free_port}", timeout=30, connect_timeout=1)
+        started = time.monotonic()
+        with pytest.raises((UnavailableError, RequestTimeoutError), match=f"127.0.0.1:{free_port}"):
+            connection.describe("orders")
+        took = time.monotonic() - started
+        connection.close()
+    assert took < 10, f"gave up after {took:.1f}s"  # 30 s before the connect timeout; ~1-2 s now
+
+
+def test_the_connect_timeout_defaults_to_the_whole_timeout_and_never_exceeds_it():
+    assert ClusterConnection("grpc://127.0.0.1:1", timeout=7).connect_timeout == 7
+    assert ClusterConnection("grpc://127.0.0.1:1", timeout=7, connect_timeout=3).connect_timeout == 3
+    assert ClusterConnection("grpc://127.0.0.1:1", timeout=2, connect_timeout=3).connect_timeout == 2

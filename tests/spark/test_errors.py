@@ -8,6 +8,7 @@ user reads as the error is the last exception line of that text.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -18,10 +19,11 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.options import check_option_names
 from pyspark_jetstream.spark.source import JetStreamDataSource, RefusedStreamReader
 
-from .frames import read_stream
+from .frames import analysed, read, read_stream
 
 ERROR = "pyspark_jetstream.protocol.errors.InvalidArgumentError: "
 UNKNOWN_STREAM = "pyspark_jetstream.protocol.errors.UnknownStreamError: "
+UNAVAILABLE = "pyspark_jetstream.protocol.errors.UnavailableError: "
 
 
 def last_error_line(exc: BaseException) -> str:
@@ -46,15 +48,20 @@ def run_stream(spark, deployment, tmp_path, **options) -> None:
         query.stop()
 
 
+@pytest.mark.connect
 def test_a_mistyped_option_is_refused_when_the_read_is_planned(spark, deployment, client, name):
     client.create_stream(name, name)
     typo = f"{ERROR}unknown option 'startingoffset' (Spark passes option names in lower case); "
     for reader in (spark.read, spark.readStream):
-        # load() plans the read: no query starts, no reader is made
+        # planning the read fails: no query starts, no reader is made
         with pytest.raises(AnalysisException) as failure:
-            reader.format("jetstream").option("servers", deployment.flight).option("stream", name).option(
-                "startingOffset", "earliest"
-            ).load()
+            analysed(
+                reader.format("jetstream")
+                .option("servers", deployment.flight)
+                .option("stream", name)
+                .option("startingOffset", "earliest")
+                .load()
+            )
         assert last_error_line(failure.value) == typo + "did you mean 'startingOffsets'?"
 
 
@@ -92,6 +99,7 @@ def test_a_stream_reader_spark_cannot_have_fails_the_query_with_our_line(
     assert last_error_line(failure.value) == ERROR + message
 
 
+@pytest.mark.connect
 def test_an_unknown_stream_ends_with_how_to_list_and_create_streams(
     spark, deployment, client, name, tmp_path
 ):
@@ -113,6 +121,7 @@ def test_an_unknown_stream_ends_with_how_to_list_and_create_streams(
         )
 
 
+@pytest.mark.connect
 def test_a_missing_sink_stream_ends_with_how_to_create_it(spark, deployment, client, name, tmp_path):
     client.create_stream(name, name)
     missing = f"{name}-missing"
@@ -138,6 +147,54 @@ def test_a_missing_sink_stream_ends_with_how_to_create_it(spark, deployment, cli
         line = last_error_line(failure.value)
         assert line.startswith(f"{UNKNOWN_STREAM}no stream named '{missing}' to write to")
         assert line.endswith(ending)
+
+
+DOWN = "grpc://127.0.0.1:1"
+"""A broker address where nothing listens."""
+CONNECT_TIMEOUT = 10.0
+"""The default connect timeout (the options' ``timeout`` when given)."""
+
+
+def unreachable(line: str) -> bool:
+    """Whether ``line`` is our error for the broker at ``DOWN`` (gRPC's reason in the middle)."""
+    return line.startswith(f"{UNAVAILABLE}broker at {DOWN} is unreachable: ") and line.endswith(
+        "; is a broker running there?"
+    )
+
+
+@pytest.mark.connect
+def test_a_broker_that_is_down_fails_a_read_within_the_connect_timeout(
+    spark, deployment, client, name, tmp_path
+):
+    """Not after the query's 30 s ``timeout`` of retries (a read took 30 s, a classic stream
+    query's planning 67 s).  Bounded loosely: the connect timeout and 10 s more than the same
+    session takes to fail a read at planning with no I/O (Spark's own set-up: a Python worker)."""
+    client.create_stream(name, name)
+    started = time.monotonic()
+    with pytest.raises(AnalysisException):
+        read(spark, deployment, stream=name, startingOffset="earliest").collect()
+    planning = time.monotonic() - started
+    started = time.monotonic()
+    with pytest.raises(AnalysisException) as batch:
+        spark.read.format("jetstream").option("servers", DOWN).option("stream", name).load().collect()
+    took = time.monotonic() - started
+    assert unreachable(last_error_line(batch.value)), last_error_line(batch.value)
+    assert took < planning + CONNECT_TIMEOUT + 10, f"{took:.1f}s (planning alone: {planning:.1f}s)"
+    # The stream's and the sink's planning end the same way (2 s to connect here, for a short test).
+    with pytest.raises(AnalysisException) as streaming:
+        analysed(
+            spark.readStream.format("jetstream")
+            .option("servers", DOWN)
+            .option("timeout", "2")
+            .option("stream", name)
+            .load()
+        )
+    with pytest.raises(AnalysisException) as written:
+        spark.createDataFrame([("a",)], "value string").write.format("jetstream").mode("append").option(
+            "servers", DOWN
+        ).option("timeout", "2").option("stream", name).save()
+    for failure in (streaming, written):
+        assert unreachable(last_error_line(failure.value)), last_error_line(failure.value)
 
 
 def test_option_names_are_checked_when_the_data_source_is_made():

@@ -1,4 +1,5 @@
-"""format("jetstream") resolves in a plain Spark session: Spark finds pyspark_jetstream.DefaultSource.
+"""format("jetstream") resolves in a plain Spark session: Spark finds pyspark_jetstream.DefaultSource,
+from any directory, with a wheel or the development (editable) install.
 
 ``register`` leaves that registration alone where Spark made it, and registers
 where it did not.
@@ -10,24 +11,41 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 from pyspark_jetstream.spark import JetStreamDataSource, register
 
 
-def run_script(script: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+def run_script(script: str, directory: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``script`` run by this interpreter, in ``directory`` if given (else here)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
+        cwd=directory,
         check=False,
     )
 
 
-def test_a_plain_session_finds_the_source_without_registering_it(deployment, client, name):
+def test_the_development_install_is_listed_where_spark_looks_from_any_directory(tmp_path):
+    """Spark's lookup lists the modules on the Python path (``pkgutil.iter_modules``) and imports
+    the ``pyspark_*`` ones.  An editable install through an import hook is not listed: outside the
+    checkout (whose directory a Python worker has on its path) nothing was found (issue 44).
+    Failing here, the environment predates pyproject's ``package-dir``: reinstall it."""
+    result = run_script(
+        "import pkgutil; print([m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_')])",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pyspark_jetstream" in result.stdout, result.stdout
+
+
+def test_a_plain_session_finds_the_source_without_registering_it(deployment, client, name, tmp_path):
     client.create_stream(name, name)
     client.publish(name, b"found")
     script = textwrap.dedent(
@@ -40,7 +58,7 @@ def test_a_plain_session_finds_the_source_without_registering_it(deployment, cli
         spark.stop()
         """
     )
-    result = run_script(script)
+    result = run_script(script, tmp_path)  # outside the checkout: found through the install alone
     assert result.returncode == 0, result.stderr[-3000:]
     assert "VALUES [bytearray(b'found')]" in result.stdout or "VALUES [b'found']" in result.stdout
 

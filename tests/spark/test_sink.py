@@ -31,6 +31,7 @@ def values_of(client, stream: str, partitions: int = 1) -> list[bytes]:
     return out
 
 
+@pytest.mark.connect
 def test_batch_write_with_keys_partitions_and_headers(spark, deployment, client, name):
     client.create_stream(name, name, partitions=2)
     df = spark.createDataFrame(
@@ -142,6 +143,7 @@ def test_bad_sink_input_is_named(spark, deployment, frame, options, message):
         writer.save()
 
 
+@pytest.mark.connect
 def test_stream_to_stream_exactly_once_across_a_failure_and_restart(
     spark, deployment, client, name, tmp_path
 ):
