@@ -171,7 +171,7 @@ def test_the_spark_tables_defaults_are_the_parsers():
     assert (
         spark_options.parse_source_options(
             {"nats": "nats://h:1", "stream": "s"}, streaming=True
-        ).addresses.discovery_timeout
+        ).addresses.connect_timeout
         == 10.0
     )
     assert streaming.consumer_id.startswith("spark-") and rows["consumerId"][0].startswith("`spark-`")
