@@ -313,6 +313,11 @@ class Fetcher:
         self._throttle.add(received, rate)
         return self._throttle.delay(rate)
 
+    @property
+    def throttled(self) -> bool:
+        """Whether the broker's replication throttle holds this partition back now."""
+        return self._throttle is not None and self._rate() > 0
+
     def still_held_back(self) -> float:
         """Seconds still to wait (the rate read again)."""
         rate = self._rate()
@@ -456,9 +461,12 @@ class _Connection(asyncio.Protocol):
     # ---- arrivals -----------------------------------------------------------------------------
 
     def _process(self) -> None:
-        """Take every whole message received; store the data together, then answer once."""
+        """Take every whole message received; store the data together, then answer once.  While
+        the throttle holds the partition back, one message at a time: the leader may have sent
+        more than the rate allows into the socket's buffers, and only what is stored counts."""
         if self._storing or self._throttled or self.ended.done():
             return
+        one_at_a_time = self.fetcher.throttled
         frames: list[pa.Buffer] = []
         high_watermark = -1
         messages = 0
@@ -471,6 +479,8 @@ class _Connection(asyncio.Protocol):
                     frames.extend(data.frames)
                     high_watermark = data.offsets.high_watermark
                     messages += 1
+                    if one_at_a_time:
+                        break
                 elif kind is Kind.ERROR:
                     failure = parse_error(body)
                     break
@@ -524,6 +534,8 @@ class _Connection(asyncio.Protocol):
         pause = fetcher.held_back(size)
         if pause > 0:
             self._hold(pause)
+        elif self.reader.buffered:
+            self.loop.call_soon(self._process)  # what waits behind a message taken alone
 
     def _hold(self, pause: float) -> None:
         """Read nothing for ``pause`` seconds (the throttle), then look at the rate again."""
