@@ -71,6 +71,11 @@ def test_checker_reads_the_documented_known_circles():
         ("broker_node/api/x.py", "import nats\n", "must not import nats"),
         ("broker_node/broker.py", "import kazoo\n", "must not import kazoo"),
         ("pyspark_jetstream/client/x.py", "import broker_node\n", "must not import broker_node"),
+        (
+            "broker_node/x.py",
+            "from pyspark_jetstream.client.credentials import Credentials\n",
+            "must not import pyspark_jetstream.client",
+        ),
         ("pyspark_jetstream/spark/x.py", "import nats\n", "must not import nats"),
         (
             "broker_node/coordination/x.py",
