@@ -66,7 +66,7 @@ from pyspark_jetstream.client import AckPolicy, Client, SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, init_outbox, open_store
-from pyspark_jetstream.outbox.harvester import next_mark_after
+from pyspark_jetstream.outbox.marks import next_mark_after
 from pyspark_jetstream.outbox.store import Store
 
 VALUE = b"x" * 100
@@ -84,16 +84,19 @@ class AckTimedHarvester(Harvester):
     def __init__(self, config: HarvesterConfig) -> None:
         super().__init__(config)
         self.acked_at: dict[int, float] = {}
+        settle_later = self._in_flight._settle_later
 
-    def _settle_later(self, unit: Any, done: Any, error: Any) -> None:
-        # The harvester's done-callback of a publish future (a batch of rows, or one): the moment
-        # the broker's ack arrives.
-        stored = done is not None and not done.cancelled() and done.exception() is None
-        if error is None and stored and done.result().ok:
-            now = time.time()
-            for record in unit.records:
-                self.acked_at.setdefault(record.id, now)
-        super()._settle_later(unit, done, error)
+        def noted(unit: Any, done: Any, error: Any) -> None:
+            # The done-callback of a publish future (a batch of rows, or one) of the rows in
+            # flight: the moment the broker's ack arrives.
+            stored = done is not None and not done.cancelled() and done.exception() is None
+            if error is None and stored and done.result().ok:
+                now = time.time()
+                for record in unit.records:
+                    self.acked_at.setdefault(record.id, now)
+            settle_later(unit, done, error)
+
+        self._in_flight._settle_later = noted  # type: ignore[method-assign]
 
 
 class Harvesting:

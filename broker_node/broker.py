@@ -56,10 +56,16 @@ from broker_node.log_terms import LOG_TERMS
 from broker_node.metrics import MetricsServer
 from broker_node.mirror_service import MirrorService
 from broker_node.nats_server import NatsServerError
+from broker_node.peer_credentials import (
+    flight_arguments,
+    load_credentials,
+    nats_arguments,
+    own_credentials,
+    peer_link,
+)
 from broker_node.ports import refuse_if_taken
 from broker_node.reachability import Reachability
 from broker_node.replication.cursors import CURSOR_STREAM_CONFIG
-from broker_node.replication.fetcher import PeerLink
 from broker_node.replication.manager import ReplicaManager
 from broker_node.replication.mirror_set import Mirrors
 from broker_node.replication.partition import Partition
@@ -68,7 +74,6 @@ from broker_node.runtime import Runtime
 from broker_node.security import AccessControl
 from broker_node.start_watch import StartWatch
 from broker_node.tail.publishers import LiveTails
-from pyspark_jetstream.client.credentials import Credentials, basic_authorization
 from pyspark_jetstream.protocol.errors import UnknownStreamError
 from pyspark_jetstream.protocol.mirror_source import MirrorSource
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX, StreamConfig
@@ -113,7 +118,7 @@ class Broker:
             on_change=self._security_changed,
             publish=coordinator.store_acl if self.clustered else None,
         )
-        self.credentials = _own_credentials(config)
+        self.credentials = own_credentials(config.security)
         """What this broker presents to NATS and to its peers."""
         self.manager.connect_peer = self._connect_peer
         self.runtime = Runtime(config.broker_id)
@@ -236,7 +241,7 @@ class Broker:
             name=f"pyspark-jetstream broker {self.broker_id}",
             terms=LOG_TERMS,
             streams=self._stream_config,
-            connect_arguments=self.credentials.nats_arguments(),
+            connect_arguments=nats_arguments(self.credentials),
         )
         await ingestor.start()
         self.runtime.ingestor = ingestor
@@ -290,7 +295,7 @@ class Broker:
             raise
         self.runtime.replication = server
         self.manager.loop = self._loop
-        self.manager.link = _peer_link(self.credentials)
+        self.manager.link = peer_link(self.credentials)
 
     def _serve_metrics(self) -> None:
         metrics_config = self.config.metrics
@@ -506,7 +511,7 @@ class Broker:
         path = source.credentials
 
         def connect(address: str) -> flight.FlightClient:
-            arguments = Credentials.load(path).flight_arguments() if path else {}
+            arguments = flight_arguments(load_credentials(path)) if path else {}
             return flight.connect(address, **arguments)
 
         return connect
@@ -529,7 +534,7 @@ class Broker:
 
     def _connect_peer(self, address: str) -> flight.FlightClient:
         """A Flight client to another broker, with this broker's TLS trust and credentials."""
-        return flight.connect(address, **self.credentials.flight_arguments())
+        return flight.connect(address, **flight_arguments(self.credentials))
 
     async def _every(self, seconds: float, work: Callable[[Partition], object], what: str) -> None:
         """Run ``work`` on every partition (in a worker thread) every ``seconds``."""
@@ -583,27 +588,3 @@ def _replication_tls(security: SecurityConfig) -> ssl.SSLContext | None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(security.tls_ca)
     return context
-
-
-def _peer_link(credentials: Credentials) -> PeerLink:
-    """How this broker's fetchers present themselves to their leaders: as its Flight calls do."""
-    tls = None
-    if credentials.tls_ca is not None or credentials.tls_cert is not None:
-        tls = ssl.create_default_context(cafile=credentials.tls_ca)
-        if credentials.tls_cert is not None and credentials.tls_key is not None:
-            tls.load_cert_chain(credentials.tls_cert, credentials.tls_key)
-    authorization = ""
-    if credentials.user is not None and credentials.token is not None:
-        authorization = basic_authorization(credentials.user, credentials.token)
-    return PeerLink(tls, authorization)
-
-
-def _own_credentials(config: BrokerConfig) -> Credentials:
-    """This broker's credentials file, else [security]'s CA (and certificate, for mutual TLS)."""
-    security = config.security
-    own = Credentials.load(security.credentials_file) if security.credentials_file else Credentials()
-    if own.tls_ca is None and security.tls_ca:
-        own = dataclasses.replace(own, tls_ca=security.tls_ca)
-    if own.tls_cert is None and security.verify_clients:
-        own = dataclasses.replace(own, tls_cert=security.tls_cert, tls_key=security.tls_key)
-    return own

@@ -2,5 +2,5 @@
 
 :class:`~.base.Coordinator` is the interface; :class:`~.local.LocalCoordinator`
 keeps it on disk for a single broker (the embedded default).  The ZooKeeper
-implementation is the only importer of kazoo.
+implementation (the package :mod:`.zookeeper`) is the only importer of kazoo.
 """

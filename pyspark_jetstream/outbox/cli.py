@@ -12,7 +12,8 @@ from typing import Any
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
-from .harvester import Harvester, HarvesterConfig, init_outbox
+from .harvester import Harvester, init_outbox
+from .harvester_config import HarvesterConfig
 from .store import open_store
 
 

@@ -9,7 +9,7 @@ from kazoo.client import KazooClient
 
 from broker_node.coordination import wire
 from broker_node.coordination.errors import ConflictError, NotControllerError
-from broker_node.coordination.zookeeper import CONTROLLER_EPOCH, STREAMS
+from broker_node.coordination.zookeeper.znodes import CONTROLLER_EPOCH, STREAMS
 from pyspark_jetstream.protocol.errors import JetStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 

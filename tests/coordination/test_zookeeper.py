@@ -15,7 +15,8 @@ from broker_node.coordination import wire
 from broker_node.coordination.base import FEATURES, BrokerInfo, Move, SessionState
 from broker_node.coordination.controller import Controller
 from broker_node.coordination.errors import CoordinationError, NotControllerError
-from broker_node.coordination.zookeeper import CONTROLLER, CONTROLLER_EPOCH, ZooKeeperCoordinator
+from broker_node.coordination.zookeeper import ZooKeeperCoordinator
+from broker_node.coordination.zookeeper.znodes import CONTROLLER, CONTROLLER_EPOCH
 from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.zookeeper_server import ZooKeeperServer, free_port
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
@@ -158,8 +159,8 @@ def test_a_broker_that_restarts_before_the_controller_looks_leaves_every_isr(clu
     _, leader, created, victim, victim_id, led = three_and_a_victim(cluster, "rb", 3)
     before = leader.registrations()
     gate = threading.Event()
-    assert leader._controller is not None
-    leader._controller.submit(gate.wait)
+    assert leader._election.controller is not None
+    leader._election.controller.submit(gate.wait)
     try:
         victim.close()
         cluster(int(victim_id[1:]))
@@ -197,12 +198,13 @@ def test_a_controller_node_of_our_own_that_nobody_acts_on_is_given_up(cluster):
     # running here: campaigning again must notice and start over, not watch it forever.
     (coordinator,) = cluster(1)
     wait_until(lambda: coordinator.controller() == "b1")
-    epoch = coordinator._controller.epoch
-    coordinator._controller.stop()
-    coordinator._controller = None
-    coordinator._work.put(coordinator._campaign)
+    election = coordinator._election
+    epoch = election.controller.epoch
+    election.controller.stop()
+    election.controller = None
+    coordinator._session.submit(election.campaign)
     wait_until(
-        lambda: coordinator._controller is not None and coordinator._controller.epoch > epoch,
+        lambda: election.controller is not None and election.controller.epoch > epoch,
         message="a controller again",
     )
     created = coordinator.create_stream(StreamConfig(name="again", subject="again"))
@@ -216,7 +218,7 @@ def test_a_won_election_is_not_announced_before_the_controller_runs(cluster, zk_
     start = Controller.start
 
     def start_and_look(controller: Controller) -> None:
-        seen_at_start.append(coordinator._read_snapshot(watch=False).controller)
+        seen_at_start.append(coordinator._view.read(watch=False).controller)
         start(controller)
 
     monkeypatch.setattr(Controller, "start", start_and_look)

@@ -21,7 +21,8 @@ from kazoo.security import make_digest_acl
 from broker_node.coordination.base import BrokerInfo, Coordinator
 from broker_node.coordination.errors import CoordinationError
 from broker_node.coordination.local import LocalCoordinator
-from broker_node.coordination.zookeeper import ACL_TEXT, STREAMS, ZooKeeperCoordinator
+from broker_node.coordination.zookeeper import ZooKeeperCoordinator
+from broker_node.coordination.zookeeper.znodes import ACL_TEXT, STREAMS
 from broker_node.coordination.zookeeper_config import ZooKeeperConfig
 from broker_node.zookeeper_server import ZooKeeperError, ZooKeeperServer
 from pyspark_jetstream.protocol.streams import StreamConfig

@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, init_outbox, open_store
-from pyspark_jetstream.outbox import harvester as harvester_module
+from pyspark_jetstream.outbox import in_flight as in_flight_module
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
@@ -58,13 +58,13 @@ def test_later_rows_of_a_key_wait_for_its_refused_row_after_its_retry_is_due(tmp
     # The harvester's clock apart from the event loop's: moving it makes row 1's retry due while
     # the loop's timer for the remark is still far off (the race, made to happen every time).
     now = [time.monotonic()]
-    monkeypatch.setattr(harvester_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(in_flight_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
     config = HarvesterConfig(
         database=database, nats="nats://unused:4222", deadline=0.0, poll=0.01, backoff=60.0, batch_size=3
     )
     harvester = Harvester(config)
     # Refused as a batch (taken apart), then alone (a retry in 60 s), then stored.
-    client = harvester._client = ScriptedClient("outbox:1", refusals=2)
+    client = harvester._in_flight.client = ScriptedClient("outbox:1", refusals=2)
 
     async def scenario() -> None:
         await harvester._leadership.acquire()

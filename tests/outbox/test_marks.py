@@ -7,9 +7,10 @@ import asyncio
 import threading
 
 from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
-from pyspark_jetstream.outbox import harvester as harvester_module
-from pyspark_jetstream.outbox.harvester import _Connection, _Marks
+from pyspark_jetstream.outbox import marks as marks_module
+from pyspark_jetstream.outbox.marks import Marks
 from pyspark_jetstream.outbox.store import SQLiteStore, UnavailableDatabaseError
+from pyspark_jetstream.outbox.store_thread import StoreThread
 
 from .conftest import Running, config_for, read_all, wait_for_empty
 from .test_postgres import database, postgres  # noqa: F401 - the fixtures
@@ -63,8 +64,8 @@ def test_marks_go_on_above_the_last_full_one_and_rows_left_below_are_salvaged(tm
     config = HarvesterConfig(database=address, nats="nats://unused:4222")
 
     async def scenario() -> list[list[int]]:
-        connection = _Connection(config, "mark")
-        marks = _Marks(connection, 10)
+        connection = StoreThread(config, "mark")
+        marks = Marks(connection, 10)
         try:
             seen = [[r.id for r in await marks.next("a")]]  # 1-10
             mark_by_another(address, 5)  # below the bound from now on
@@ -84,7 +85,7 @@ def test_marks_go_on_above_the_last_full_one_and_rows_left_below_are_salvaged(tm
 def test_every_rescan_every_marks_one_starts_from_the_first_row(tmp_path, monkeypatch):
     address = sqlite_database(tmp_path)
     rows(address, 50)
-    monkeypatch.setattr(harvester_module, "RESCAN_EVERY", 2)
+    monkeypatch.setattr(marks_module, "RESCAN_EVERY", 2)
     afters: list[int] = []
     original = SQLiteStore.mark
 
@@ -96,8 +97,8 @@ def test_every_rescan_every_marks_one_starts_from_the_first_row(tmp_path, monkey
     config = HarvesterConfig(database=address, nats="nats://unused:4222")
 
     async def scenario() -> list[list[int]]:
-        connection = _Connection(config, "mark")
-        marks = _Marks(connection, 10)
+        connection = StoreThread(config, "mark")
+        marks = Marks(connection, 10)
         try:
             return [[r.id for r in await marks.next("a")] for _ in range(5)]
         finally:
@@ -128,8 +129,8 @@ def test_the_next_mark_is_taken_before_the_loop_asks_for_it(tmp_path, monkeypatc
     config = HarvesterConfig(database=address, nats="nats://unused:4222")
 
     async def scenario() -> bool:
-        connection = _Connection(config, "mark")
-        marks = _Marks(connection, 10)
+        connection = StoreThread(config, "mark")
+        marks = Marks(connection, 10)
         try:
             await marks.next("a")
             return second.wait(10)  # blocks the loop, as publishing a mark's rows does
@@ -191,8 +192,8 @@ def test_marks_queued_under_an_older_leader_id_are_dropped_and_its_rows_marked_a
     config = HarvesterConfig(database=address, nats="nats://unused:4222")
 
     async def scenario() -> tuple[list[int], list[int]]:
-        connection = _Connection(config, "mark")
-        marks = _Marks(connection, 10)
+        connection = StoreThread(config, "mark")
+        marks = Marks(connection, 10)
         try:
             first = [r.id for r in await marks.next("a")]  # 1-10; the next two queued
             assert started.wait(10), "a's second mark did not start"
