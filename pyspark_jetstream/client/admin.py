@@ -125,6 +125,15 @@ def _delete_stream(cluster: ClusterConnection, name: str) -> None:
     cluster.action(ActionType.DELETE_STREAM, {"name": name})
 
 
+_DELETE = Command(
+    "stream",
+    "delete",
+    "delete a stream and its data",
+    lambda _, a: f"deleted stream {a['name']}",
+    (Argument("name"),),
+)
+
+
 def _create_mirror(
     cluster: ClusterConnection, name: str, source_stream: str, source_servers: Any, **options: Any
 ) -> StreamInfo:
@@ -150,6 +159,10 @@ def _promote_stream(cluster: ClusterConnection, name: str) -> StreamInfo:
 def _promoted(info: StreamInfo, args: Mapping[str, Any]) -> str:
     ends = ", ".join(f"{p.partition}: {p.log_end_offset}" for p in info.partitions)
     return f"stream {args['name']} is promoted: it copies no more and takes publishes (end offsets {ends})"
+
+
+_PROMOTE_HELP = "stop a mirror for good and let it take publishes (disaster recovery)"
+_PROMOTE = Command("stream", "promote", _PROMOTE_HELP, _promoted, (Argument("name"),))
 
 
 def _mirror_status(cluster: ClusterConnection, name: str) -> list[MirrorStatus]:
@@ -225,6 +238,10 @@ def _elected(result: dict[str, Any], args: Mapping[str, Any]) -> str:
     return "\n".join(moved) if moved else "every partition is led by its preferred replica already"
 
 
+_ELECT_HELP = "lead each partition from its preferred replica again (after restarts)"
+_ELECT = Command("cluster", "elect-leaders", _ELECT_HELP, _elected)
+
+
 def _reassign_partitions(cluster: ClusterConnection, body: dict[str, Any]) -> dict[str, Any]:
     """One ``REASSIGN_PARTITIONS`` operation (``body["op"]``)."""
     result: dict[str, Any] = cluster.action(ActionType.REASSIGN_PARTITIONS, body)
@@ -291,8 +308,22 @@ def _fetch_cursor(cluster: ClusterConnection, consumer: str, stream: str, partit
     return offset
 
 
-_CONSUMER, _STREAM = Argument("consumer"), Argument("stream")
+_CURSOR = (Argument("consumer"), Argument("stream"))
 _PARTITION = Argument("--partition", type=int, default=0)
+_CURSOR_GET = Command(
+    "cursor",
+    "get",
+    "a consumer's stored position on one partition",
+    lambda offset, _: "(none)" if offset is None else str(offset),
+    (*_CURSOR, _PARTITION),
+)
+_CURSOR_SET = Command(
+    "cursor",
+    "set",
+    "store a consumer's position on one partition",
+    lambda _, a: f"cursor {a['consumer']} on {a['stream']}/{a['partition']} set to {a['offset']}",
+    (*_CURSOR, Argument("offset", type=int), _PARTITION),
+)
 
 
 class AdminActions:
@@ -302,27 +333,8 @@ class AdminActions:
     add_partitions = AdminAction(_add_partitions, tells=learns)
     update_schema = AdminAction(_update_schema)
     create_mirror = AdminAction(_create_mirror)
-    promote_stream = AdminAction(
-        _promote_stream,
-        command=Command(
-            "stream",
-            "promote",
-            "stop a mirror for good and let it take publishes (disaster recovery)",
-            _promoted,
-            (Argument("name"),),
-        ),
-    )
-    delete_stream = AdminAction(
-        _delete_stream,
-        tells=forgets,
-        command=Command(
-            "stream",
-            "delete",
-            "delete a stream and its data",
-            lambda _, args: f"deleted stream {args['name']}",
-            (Argument("name"),),
-        ),
-    )
+    promote_stream = AdminAction(_promote_stream, command=_PROMOTE)
+    delete_stream = AdminAction(_delete_stream, tells=forgets, command=_DELETE)
     mirror_status = AdminAction(_mirror_status)
     describe_stream = AdminAction(_describe_stream)
     list_streams = AdminAction(_list_streams)
@@ -330,40 +342,14 @@ class AdminActions:
     metadata = AdminAction(_metadata)
     cluster_status = AdminAction(_cluster_status)
     health = AdminAction(_health)
-    elect_preferred_leaders = AdminAction(
-        _elect_preferred_leaders,
-        command=Command(
-            "cluster",
-            "elect-leaders",
-            "lead each partition from its preferred replica again (after restarts)",
-            _elected,
-        ),
-    )
+    elect_preferred_leaders = AdminAction(_elect_preferred_leaders, command=_ELECT)
     reassign = AdminAction(_reassign)
     cancel_reassignment = AdminAction(_cancel_reassignment)
     drain = AdminAction(_drain)
     reassignments = AdminAction(_reassignments)
     generate_reassignment = AdminAction(_generate_reassignment)
-    fetch_cursor = AdminAction(
-        _fetch_cursor,
-        command=Command(
-            "cursor",
-            "get",
-            "a consumer's stored position on one partition",
-            lambda offset, _: "(none)" if offset is None else str(offset),
-            (_CONSUMER, _STREAM, _PARTITION),
-        ),
-    )
-    set_cursor = AdminAction(
-        _set_cursor,
-        command=Command(
-            "cursor",
-            "set",
-            "store a consumer's position on one partition",
-            lambda _, a: f"cursor {a['consumer']} on {a['stream']}/{a['partition']} set to {a['offset']}",
-            (_CONSUMER, _STREAM, Argument("offset", type=int), _PARTITION),
-        ),
-    )
+    fetch_cursor = AdminAction(_fetch_cursor, command=_CURSOR_GET)
+    set_cursor = AdminAction(_set_cursor, command=_CURSOR_SET)
     delete_cursor = AdminAction(_delete_cursor)
 
 
