@@ -30,7 +30,14 @@ from .cluster import ClusterConnection
 from .connection import FetchResult
 from .credentials import Credentials
 from .nats_connection import NatsErrors, ask_for_broker, connect_nats, discover_broker
-from .publish_options import BatchOptions, MessageOptions, PublishOptions, batch_options, message_arguments
+from .publish_options import (
+    BatchOptions,
+    MessageOptions,
+    PublishOptions,
+    batch_options,
+    header_pairs,
+    message_options,
+)
 from .publisher import PUBLISH_REFUSED, Publisher, await_ack
 from .reading import FOLLOW_BUFFER, Message, Reader, Start, start_position
 from .routing import METADATA_MAX_AGE
@@ -200,9 +207,13 @@ class Client(AdminActions, AsyncFace):
         (several coroutines, or ``SyncClient.publish_batch_nowait``): pipelined
         producer sequences reach the broker in order.
         """
-        key, headers, message_id, sent = message_arguments(options)
         return await self._publisher.publish(
-            stream, value, key=key, headers=headers, message_id=message_id, options=sent
+            stream,
+            value,
+            key=options.get("key"),
+            headers=header_pairs(options.get("headers", ())),
+            message_id=options.get("message_id"),
+            options=message_options(options),
         )
 
     async def publish_batch(

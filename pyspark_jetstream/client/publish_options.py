@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -101,17 +101,9 @@ class BatchOptions(SendOptions, total=False):
     message_ids: Sequence[str] | pa.Array | str | None
 
 
-class MessageArguments(NamedTuple):
-    """A message's :class:`MessageOptions`, sorted out for the publisher."""
-
-    key: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    message_id: str | None
-    options: PublishOptions
-
-
 _SEND_KEYS = frozenset(SendOptions.__annotations__)
 _MESSAGE_KEYS = _SEND_KEYS | {"partitioner"}
+_OWN_KEYS = frozenset(("key", "headers", "message_id"))
 
 
 def options_of(given: Mapping[str, Any]) -> PublishOptions:
@@ -124,15 +116,20 @@ def options_of(given: Mapping[str, Any]) -> PublishOptions:
     return DEFAULT_OPTIONS if options == DEFAULT_OPTIONS else options
 
 
-def message_arguments(given: MessageOptions) -> MessageArguments:
-    """``publish``'s keyword arguments sorted out; ``TypeError`` naming one it does not take."""
-    rest: dict[str, Any] = dict(given)
-    key = rest.pop("key", None)
-    headers = rest.pop("headers", ())
-    message_id = rest.pop("message_id", None)
+def message_options(given: MessageOptions) -> PublishOptions:
+    """``publish``'s options from its keyword arguments (the message's own -- ``key``,
+    ``headers``, ``message_id`` -- left out); ``TypeError`` naming one it does not take.  On the
+    hot path: a message with no options but its own makes no options object and copies nothing."""
+    if len(given) == ("key" in given) + ("headers" in given) + ("message_id" in given):
+        return DEFAULT_OPTIONS
+    rest = {name: value for name, value in given.items() if name not in _OWN_KEYS}
     _refuse_unknown(rest, _MESSAGE_KEYS, "publish")
-    pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
-    return MessageArguments(key, pairs, message_id, options_of(rest))
+    return options_of(rest)
+
+
+def header_pairs(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> tuple[tuple[str, bytes], ...]:
+    """A message's headers as ``(name, value)`` pairs."""
+    return tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
 
 
 def batch_options(given: BatchOptions) -> PublishOptions:
