@@ -151,7 +151,7 @@ class Broker:
             self.mirrors,
             self._source_connector,
             create_stream=self.service.create_stream,
-            controller=self.service.on_controller,
+            controller=self.service.controller.run,
             describe=self.service.describe_stream,
             write_cursor_here=self._write_cursor_here,
             wait_for_sync=self.wait_for_sync,

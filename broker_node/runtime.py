@@ -39,3 +39,7 @@ class Runtime:
     flight: FlightApi | None = None
     replication: ReplicaServer | None = None
     """The replication listener its followers connect to."""
+
+    def ingest_failures(self) -> dict[tuple[str, int], str]:
+        """Partitions led here whose ingest failed (a subscription NATS refused), with why."""
+        return self.ingestor.failures if self.ingestor is not None else {}

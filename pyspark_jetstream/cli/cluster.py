@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pyspark_jetstream.cli.admin_commands import add_declared_commands
 from pyspark_jetstream.cli.common import partition_table, table
 from pyspark_jetstream.cli.reassign import add_commands as add_reassign_commands
 from pyspark_jetstream.client import SyncClient
@@ -25,9 +26,7 @@ def add_commands(commands: Any) -> None:
     cluster_commands.add_parser(
         "status", help="every partition: leader, replicas, ISR, high watermark and each replica's lag"
     ).set_defaults(run=_cluster_status)
-    cluster_commands.add_parser(
-        "elect-leaders", help="lead each partition from its preferred replica again (after restarts)"
-    ).set_defaults(run=_elect_leaders)
+    add_declared_commands(cluster_commands, "cluster")  # elect-leaders
     add_reassign_commands(cluster_commands)
 
 
@@ -175,8 +174,3 @@ def _replica_end(mine: dict[str, Any] | None, replica: str, leader: dict[str, An
     end = mine["log_end_offset"]
     lag = "" if leader is None else f" (lag {max(leader['log_end_offset'] - end, 0)})"
     return f"{replica}={end}{lag}"
-
-
-def _elect_leaders(client: SyncClient, args: argparse.Namespace) -> None:
-    moved = client.elect_preferred_leaders().get("moved", [])
-    print("\n".join(moved) if moved else "every partition is led by its preferred replica already")

@@ -7,6 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from pyspark_jetstream.cli.admin_commands import add_declared_commands
 from pyspark_jetstream.cli.common import table
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnknownStreamError
@@ -19,17 +20,7 @@ def add_commands(commands: Any) -> None:
         "cursor", help="get, set, list, reset or delete consumers' positions (cursors)"
     )
     cursor_commands = cursor.add_subparsers(dest="cursor_command", required=True)
-    get = cursor_commands.add_parser("get", help="a consumer's stored position on one partition")
-    get.add_argument("consumer")
-    get.add_argument("stream")
-    get.add_argument("--partition", type=int, default=0)
-    get.set_defaults(run=_cursor_get)
-    put = cursor_commands.add_parser("set", help="store a consumer's position on one partition")
-    put.add_argument("consumer")
-    put.add_argument("stream")
-    put.add_argument("offset", type=int)
-    put.add_argument("--partition", type=int, default=0)
-    put.set_defaults(run=_cursor_set)
+    add_declared_commands(cursor_commands, "cursor")  # get, set
     listed = cursor_commands.add_parser("list", help="every stored position: CURRENT, LOG-END and LAG")
     listed.add_argument("--consumer", help="only this consumer")
     listed.add_argument("--json", action="store_true", help="one JSON object per cursor")
@@ -53,16 +44,6 @@ def add_commands(commands: Any) -> None:
     target.add_argument("--shift-by", type=int, metavar="N", help="move by N (negative: back)")
     reset.add_argument("--dry-run", action="store_true", help="show the new positions without storing them")
     reset.set_defaults(run=_cursor_reset)
-
-
-def _cursor_get(client: SyncClient, args: argparse.Namespace) -> None:
-    offset = client.fetch_cursor(args.consumer, args.stream, args.partition)
-    print("(none)" if offset is None else offset)
-
-
-def _cursor_set(client: SyncClient, args: argparse.Namespace) -> None:
-    client.set_cursor(args.consumer, args.stream, args.partition, args.offset)
-    print(f"cursor {args.consumer} on {args.stream}/{args.partition} set to {args.offset}")
 
 
 def _stored_cursors(client: SyncClient) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""``jetstream stream create --mirror-of``, ``stream promote`` and the mirror part of ``stream info``."""
+"""``jetstream stream create --mirror-of`` and the mirror part of ``stream info`` (``stream promote``
+is declared with its action, in :class:`~pyspark_jetstream.client.admin.AdminActions`)."""
 
 from __future__ import annotations
 
@@ -31,15 +32,6 @@ def add_mirror_options(create: argparse.ArgumentParser, subject_or_source: Any) 
         metavar="FILE",
         help="credentials file (user, token, tls_ca, ...) this cluster's brokers read to reach the source",
     )
-
-
-def add_promote_command(stream_commands: Any) -> None:
-    """``stream promote NAME``."""
-    promote = stream_commands.add_parser(
-        "promote", help="stop a mirror for good and let it take publishes (disaster recovery)"
-    )
-    promote.add_argument("name")
-    promote.set_defaults(run=_promote)
 
 
 def create_mirror(client: SyncClient, args: argparse.Namespace, given: set[str]) -> None:
@@ -94,9 +86,3 @@ def print_mirror(client: SyncClient, info: StreamInfo) -> None:
         for s in client.mirror_status(info.config["name"])
     ]
     table(["partition", "state", "mirror end", "source hw", "lag", "lag s", "last error"], rows)
-
-
-def _promote(client: SyncClient, args: argparse.Namespace) -> None:
-    info = client.promote_stream(args.name)
-    ends = ", ".join(f"{p.partition}: {p.log_end_offset}" for p in info.partitions)
-    print(f"stream {args.name} is promoted: it copies no more and takes publishes (end offsets {ends})")

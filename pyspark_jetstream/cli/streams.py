@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pyspark_jetstream.cli.admin_commands import add_declared_commands
 from pyspark_jetstream.cli.common import parse_duration, parse_size, partition_table, table
-from pyspark_jetstream.cli.mirrors import add_mirror_options, add_promote_command, create_mirror, print_mirror
+from pyspark_jetstream.cli.mirrors import add_mirror_options, create_mirror, print_mirror
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import StreamInfo
@@ -95,10 +96,7 @@ def add_commands(commands: Any) -> None:
     )
     update.add_argument("--schema", metavar="FILE", help=SCHEMA_NEXT)
     update.set_defaults(run=_stream_update)
-    add_promote_command(stream_commands)
-    delete = stream_commands.add_parser("delete", help="delete a stream and its data")
-    delete.add_argument("name")
-    delete.set_defaults(run=lambda c, a: (c.delete_stream(a.name), print(f"deleted stream {a.name}")))
+    add_declared_commands(stream_commands, "stream")  # promote, delete
 
 
 def _stream_create(client: SyncClient, args: argparse.Namespace) -> None:

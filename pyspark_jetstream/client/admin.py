@@ -1,17 +1,20 @@
-"""Admin and cursors over Flight: a blocking core, and its asynchronous face.
+"""Admin and cursors over Flight: every action declared once, in :class:`AdminActions`.
 
-:class:`BlockingAdmin` holds each call's logic (its request body, how the answer
-is read) and runs it on :class:`~.cluster.ClusterConnection` (which routes it to
-the broker that can answer, and retries what its errors' flags allow) in the
-caller's thread: :class:`~.sync.SyncClient` calls it directly.  :class:`Admin`
-runs the same calls in worker threads, so the event loop never blocks on Flight.
+Each action is a blocking function of a :class:`~.cluster.ClusterConnection`
+(which routes it to the broker that can answer, and retries what its errors'
+flags allow) and the caller's arguments: its request body, how the answer is
+read, its docstring.  :class:`AdminActions` lists them, with what each tells the
+publisher and its ``jetstream`` command where that is a plain pass-through (see
+:mod:`.admin_faces`).  The faces are derived from that table: :class:`BlockingAdmin`
+(``SyncClient.admin``) calls in the caller's thread, :class:`Admin`
+(``Client.admin``) in worker threads, and ``Client`` and ``SyncClient`` hand
+each action on to their admin.  A new action is one function and one line here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError
@@ -20,6 +23,7 @@ from pyspark_jetstream.protocol.mirror import MirrorRequest, MirrorSource, Mirro
 from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
 from pyspark_jetstream.protocol.value_schema import StreamSchema, as_document
 
+from .admin_faces import AdminAction, Argument, Command, InCallersThread, InWorkerThreads, forgets, learns
 from .cluster import ClusterConnection
 
 LEADERSHIP_TIMEOUT = 2.0
@@ -64,260 +68,295 @@ def mirror_request(
     )
 
 
-class BlockingAdmin:
-    """Streams, cluster state and cursors over Flight, blocking the caller (see :class:`~.client.Client`
-    for each call).  Thread-safe: the :class:`ClusterConnection` it shares is."""
+def leadership(cluster: ClusterConnection, name: str) -> StreamInfo:
+    """A stream's partitions' leaders and epochs (no offsets: see ``ClusterConnection.leadership``)."""
+    # Short: the resender asks again at its next check, and a thread still asking holds up close.
+    return cluster.leadership(name, LEADERSHIP_TIMEOUT)
 
-    def __init__(self, cluster: ClusterConnection) -> None:
-        self.cluster = cluster
 
-    def action(self, action: ActionType, body: dict[str, Any]) -> Any:
-        """One Flight action, sent to any broker (which forwards what only the controller may do)."""
-        return self.cluster.action(action, body)
+# ---- streams ---------------------------------------------------------------------------
 
-    def create_stream(self, config: StreamConfig) -> StreamInfo:
-        """See :meth:`.Client.create_stream` (``config`` from :func:`stream_config`)."""
-        return StreamInfo.from_json(self.action(ActionType.CREATE_STREAM, config.to_json()))
 
-    def create_mirror(self, request: MirrorRequest) -> StreamInfo:
-        """See :meth:`.Client.create_mirror`."""
-        return StreamInfo.from_json(self.action(ActionType.CREATE_MIRROR, request.to_json()))
+def _create_stream(cluster: ClusterConnection, name: str, subject: str, **options: Any) -> StreamInfo:
+    """Create a stream on ``subject`` (idempotent for the same configuration).
 
-    def promote_stream(self, name: str) -> StreamInfo:
-        """See :meth:`.Client.promote_stream`."""
-        return StreamInfo.from_json(self.action(ActionType.PROMOTE_STREAM, {"name": name}))
+    Options are those of :class:`~pyspark_jetstream.protocol.streams.StreamConfig`:
+    ``partitions``, ``replication_factor``, ``group``, ``retention_age``,
+    ``retention_bytes``, ``retention_messages``, ``compaction``,
+    ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``,
+    ``min_insync_replicas``, ``unclean_leader_election``, ``duplicate_window``
+    (seconds message ids are remembered; 0: off), ``duplicate_max_ids`` and ``schema``
+    (what message values hold: a ``pyarrow.Schema``, a
+    :class:`~pyspark_jetstream.protocol.value_schema.SchemaDocument` or its JSON form,
+    ``{"format": "json", "fields": [...]}``; it becomes the schema's version 1).
+    """
+    config = stream_config(name, subject, options)
+    return StreamInfo.from_json(cluster.action(ActionType.CREATE_STREAM, config.to_json()))
 
-    def mirror_status(self, name: str) -> list[MirrorStatus]:
-        """See :meth:`.Client.mirror_status`."""
-        return [MirrorStatus.from_json(s) for s in self.action(ActionType.MIRROR_STATUS, {"name": name})]
 
-    def add_partitions(self, name: str, partitions: int) -> StreamInfo:
-        """See :meth:`.Client.add_partitions`."""
-        bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
-        body = {"name": name, "partitions": partitions}
-        return StreamInfo.from_json(self.action(ActionType.ADD_PARTITIONS, body))
+def _add_partitions(cluster: ClusterConnection, name: str, partitions: int) -> StreamInfo:
+    """Grow stream ``name`` to ``partitions`` partitions; the same count again changes nothing.
 
-    def update_schema(self, name: str, schema: object) -> StreamInfo:
-        """See :meth:`.Client.update_schema`."""
-        body = {"name": name, "schema": as_document(schema).to_json()}
-        return StreamInfo.from_json(self.action(ActionType.UPDATE_SCHEMA, body))
+    Partitions are only ever added (``InvalidArgumentError`` for fewer).
+    Returns once every new partition is served.  Keyed messages published
+    from then on hash over the new count, so a key may go to another
+    partition than before (its older messages stay where they are); this
+    client routes by the new count at once, other clients within
+    ``metadata_max_age`` seconds.
+    """
+    bounded_int("partitions", partitions, 1, MAX_PARTITIONS)
+    body = {"name": name, "partitions": partitions}
+    return StreamInfo.from_json(cluster.action(ActionType.ADD_PARTITIONS, body))
 
-    def delete_stream(self, name: str) -> None:
-        """See :meth:`.Client.delete_stream`."""
-        self.action(ActionType.DELETE_STREAM, {"name": name})
 
-    def describe_stream(self, name: str) -> StreamInfo:
-        """See :meth:`.Client.describe_stream`."""
-        return self.cluster.describe(name)
+def _update_schema(cluster: ClusterConnection, name: str, schema: object) -> StreamInfo:
+    """Give stream ``name``'s schema its next version; the current schema again changes nothing.
 
-    def leadership(self, name: str) -> StreamInfo:
-        """A stream's partitions' leaders and epochs (no offsets: see ``ClusterConnection.leadership``)."""
-        # Short: the resender asks again at its next check, and a thread still asking holds up close.
-        return self.cluster.leadership(name, LEADERSHIP_TIMEOUT)
+    ``schema`` is taken as ``create_stream`` takes it.  Compatible changes only (a new
+    nullable field, int32 -> int64, float32 -> float64, a field made nullable); anything
+    else raises ``InvalidArgumentError`` whose one line names the field and why.
+    """
+    body = {"name": name, "schema": as_document(schema).to_json()}
+    return StreamInfo.from_json(cluster.action(ActionType.UPDATE_SCHEMA, body))
 
-    def list_streams(self) -> list[StreamInfo]:
-        """See :meth:`.Client.list_streams`."""
-        return self.cluster.list_streams()
 
-    def status(self) -> dict[str, Any]:
-        """See :meth:`.Client.status`."""
-        result: dict[str, Any] = self.action(ActionType.STATUS, {})
-        return result
+def _delete_stream(cluster: ClusterConnection, name: str) -> None:
+    """Delete a stream and all its data."""
+    cluster.action(ActionType.DELETE_STREAM, {"name": name})
 
-    def metadata(self) -> dict[str, Any]:
-        """See :meth:`.Client.metadata`."""
-        return self.cluster.refresh()
 
-    def cluster_status(self) -> dict[str, Any]:
-        """See :meth:`.Client.cluster_status`."""
+_DELETE = Command(
+    "stream",
+    "delete",
+    "delete a stream and its data",
+    lambda _, a: f"deleted stream {a['name']}",
+    (Argument("name"),),
+)
 
-        def ask(address: str) -> dict[str, Any]:
-            try:
-                status: dict[str, Any] = self.cluster.connection(address).action(
-                    ActionType.STATUS, {}, self.cluster.timeout
-                )
-                return status
-            except JetStreamError as exc:
-                return {"error": str(exc)}
 
-        self.cluster.refresh()
-        brokers = sorted(self.cluster.brokers().items())
-        if not brokers:
-            return {}
-        # All at once: a broker whose advertised address does not answer costs one timeout, not one each.
-        pool = concurrent.futures.ThreadPoolExecutor(len(brokers), thread_name_prefix="jetstream-status")
+def _create_mirror(
+    cluster: ClusterConnection, name: str, source_stream: str, source_servers: Any, **options: Any
+) -> StreamInfo:
+    """Create stream ``name`` as a mirror of ``source_stream`` in the cluster whose brokers serve
+    Flight at ``source_servers`` (addresses, a list or comma-separated): every message at the
+    source's partition and offset, copied by each partition's leader here; idempotent.
+
+    Options: ``source_credentials`` (the path of a credentials file every broker of this
+    cluster reads to reach the source), ``replication_factor``, ``min_insync_replicas``
+    (the mirror's own), ``partitions`` (refused unless the source's count) and ``subject``
+    (where publishes to the mirror are refused; the source's by default).  Everything else
+    is the source's configuration.  See :meth:`promote_stream` for disaster recovery.
+    """
+    request = mirror_request(name, source_stream, source_servers, **options)
+    return StreamInfo.from_json(cluster.action(ActionType.CREATE_MIRROR, request.to_json()))
+
+
+def _promote_stream(cluster: ClusterConnection, name: str) -> StreamInfo:
+    """Stop mirror ``name`` copying, for good, and let it take publishes from its end offset on."""
+    return StreamInfo.from_json(cluster.action(ActionType.PROMOTE_STREAM, {"name": name}))
+
+
+def _promoted(info: StreamInfo, args: Mapping[str, Any]) -> str:
+    ends = ", ".join(f"{p.partition}: {p.log_end_offset}" for p in info.partitions)
+    return f"stream {args['name']} is promoted: it copies no more and takes publishes (end offsets {ends})"
+
+
+_PROMOTE_HELP = "stop a mirror for good and let it take publishes (disaster recovery)"
+_PROMOTE = Command("stream", "promote", _PROMOTE_HELP, _promoted, (Argument("name"),))
+
+
+def _mirror_status(cluster: ClusterConnection, name: str) -> list[MirrorStatus]:
+    """How each partition of mirror ``name`` stands: lag in messages and seconds, the source, the
+    last error (see :class:`~pyspark_jetstream.protocol.mirror.MirrorStatus`)."""
+    return [MirrorStatus.from_json(s) for s in cluster.action(ActionType.MIRROR_STATUS, {"name": name})]
+
+
+def _describe_stream(cluster: ClusterConnection, name: str) -> StreamInfo:
+    """A stream's configuration and its partitions: leaders, ISRs and offsets (from each leader)."""
+    return cluster.describe(name)
+
+
+def _list_streams(cluster: ClusterConnection) -> list[StreamInfo]:
+    """Every stream."""
+    return cluster.list_streams()
+
+
+# ---- the cluster -----------------------------------------------------------------------
+
+
+def _status(cluster: ClusterConnection) -> dict[str, Any]:
+    """The broker's status: streams, partitions, cursors and their lag."""
+    result: dict[str, Any] = cluster.action(ActionType.STATUS, {})
+    return result
+
+
+def _metadata(cluster: ClusterConnection) -> dict[str, Any]:
+    """The cluster as a broker sees it: brokers, the controller, every partition's leader and ISR."""
+    return cluster.refresh()
+
+
+def _cluster_status(cluster: ClusterConnection) -> dict[str, Any]:
+    """Every live broker's status (``{broker id: status}``; an unreachable one maps to its error)."""
+
+    def ask(address: str) -> dict[str, Any]:
         try:
-            answers = list(pool.map(ask, [address for _, address in brokers]))
-        finally:
-            # Not waiting: after an interrupt (Ctrl-C) the asks end on their own, within the timeout.
-            pool.shutdown(wait=False)
-        return {broker_id: answer for (broker_id, _), answer in zip(brokers, answers, strict=True)}
+            status: dict[str, Any] = cluster.connection(address).action(
+                ActionType.STATUS, {}, cluster.timeout
+            )
+            return status
+        except JetStreamError as exc:
+            return {"error": str(exc)}
 
-    def elect_preferred_leaders(self) -> dict[str, Any]:
-        """See :meth:`.Client.elect_preferred_leaders`."""
-        result: dict[str, Any] = self.action(ActionType.ELECT_PREFERRED_LEADERS, {})
-        return result
-
-    def reassign_partitions(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One ``REASSIGN_PARTITIONS`` operation (``body["op"]``)."""
-        result: dict[str, Any] = self.action(ActionType.REASSIGN_PARTITIONS, body)
-        return result
-
-    def reassign(self, plan: object, throttle: int = 0) -> dict[str, Any]:
-        """See :meth:`.Client.reassign`."""
-        return self.reassign_partitions({"op": "start", "plan": plan, "throttle": throttle})
-
-    def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
-        """See :meth:`.Client.cancel_reassignment`."""
-        body: dict[str, Any] = {"op": "cancel"}
-        if partitions is not None:
-            body["partitions"] = [[stream, number] for stream, number in partitions]
-        return self.reassign_partitions(body)
-
-    def drain(self, broker: str, throttle: int = 0) -> dict[str, Any]:
-        """See :meth:`.Client.drain`."""
-        return self.reassign_partitions({"op": "drain", "broker": broker, "throttle": throttle})
-
-    def reassignments(self) -> list[dict[str, Any]]:
-        """See :meth:`.Client.reassignments`."""
-        partitions: list[dict[str, Any]] = self.reassign_partitions({"op": "list"})["partitions"]
-        return partitions
-
-    def generate_reassignment(self, brokers: list[str], streams: list[str] | None = None) -> dict[str, Any]:
-        """See :meth:`.Client.generate_reassignment`."""
-        body: dict[str, Any] = {"op": "generate", "brokers": brokers}
-        if streams is not None:
-            body["streams"] = streams
-        return self.reassign_partitions(body)
-
-    def health(self) -> dict[str, Any]:
-        """See :meth:`.Client.health`."""
-        result: dict[str, Any] = self.action(ActionType.HEALTH, {})
-        return result
-
-    def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
-        """See :meth:`.Client.set_cursor`."""
-        self.action(
-            ActionType.SET_CURSOR,
-            {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset},
-        )
-
-    def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
-        """See :meth:`.Client.delete_cursor`."""
-        self.action(
-            ActionType.DELETE_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
-        )
-
-    def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
-        """See :meth:`.Client.fetch_cursor`."""
-        result = self.action(
-            ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
-        )
-        offset: int | None = result["offset"]
-        return offset
+    cluster.refresh()
+    brokers = sorted(cluster.brokers().items())
+    if not brokers:
+        return {}
+    # All at once: a broker whose advertised address does not answer costs one timeout, not one each.
+    pool = concurrent.futures.ThreadPoolExecutor(len(brokers), thread_name_prefix="jetstream-status")
+    try:
+        answers = list(pool.map(ask, [address for _, address in brokers]))
+    finally:
+        # Not waiting: after an interrupt (Ctrl-C) the asks end on their own, within the timeout.
+        pool.shutdown(wait=False)
+    return {broker_id: answer for (broker_id, _), answer in zip(brokers, answers, strict=True)}
 
 
-class Admin:
-    """:class:`BlockingAdmin`'s calls as coroutines, each in a worker thread."""
+def _health(cluster: ClusterConnection) -> dict[str, Any]:
+    """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""
+    result: dict[str, Any] = cluster.action(ActionType.HEALTH, {})
+    return result
 
-    def __init__(self, cluster: ClusterConnection) -> None:
-        self.cluster = cluster
-        self.core = BlockingAdmin(cluster)
 
-    async def action(self, action: ActionType, body: dict[str, Any]) -> Any:
-        """See :meth:`BlockingAdmin.action`."""
-        return await asyncio.to_thread(self.core.action, action, body)
+def _elect_preferred_leaders(cluster: ClusterConnection) -> dict[str, Any]:
+    """Move leadership back to each partition's first replica where it is in sync (after restarts)."""
+    result: dict[str, Any] = cluster.action(ActionType.ELECT_PREFERRED_LEADERS, {})
+    return result
 
-    async def create_stream(self, config: StreamConfig) -> StreamInfo:
-        """See :meth:`.Client.create_stream`."""
-        return await asyncio.to_thread(self.core.create_stream, config)
 
-    async def create_mirror(self, request: MirrorRequest) -> StreamInfo:
-        """See :meth:`.Client.create_mirror`."""
-        return await asyncio.to_thread(self.core.create_mirror, request)
+def _elected(result: dict[str, Any], args: Mapping[str, Any]) -> str:
+    moved = result.get("moved", [])
+    return "\n".join(moved) if moved else "every partition is led by its preferred replica already"
 
-    async def promote_stream(self, name: str) -> StreamInfo:
-        """See :meth:`.Client.promote_stream`."""
-        return await asyncio.to_thread(self.core.promote_stream, name)
 
-    async def mirror_status(self, name: str) -> list[MirrorStatus]:
-        """See :meth:`.Client.mirror_status`."""
-        return await asyncio.to_thread(self.core.mirror_status, name)
+_ELECT_HELP = "lead each partition from its preferred replica again (after restarts)"
+_ELECT = Command("cluster", "elect-leaders", _ELECT_HELP, _elected)
 
-    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
-        """See :meth:`.Client.add_partitions`."""
-        return await asyncio.to_thread(self.core.add_partitions, name, partitions)
 
-    async def update_schema(self, name: str, schema: object) -> StreamInfo:
-        """See :meth:`.Client.update_schema`."""
-        return await asyncio.to_thread(self.core.update_schema, name, schema)
+def _reassign_partitions(cluster: ClusterConnection, body: dict[str, Any]) -> dict[str, Any]:
+    """One ``REASSIGN_PARTITIONS`` operation (``body["op"]``)."""
+    result: dict[str, Any] = cluster.action(ActionType.REASSIGN_PARTITIONS, body)
+    return result
 
-    async def delete_stream(self, name: str) -> None:
-        """See :meth:`.Client.delete_stream`."""
-        await asyncio.to_thread(self.core.delete_stream, name)
 
-    async def describe_stream(self, name: str) -> StreamInfo:
-        """See :meth:`.Client.describe_stream`."""
-        return await asyncio.to_thread(self.core.describe_stream, name)
+def _reassign(cluster: ClusterConnection, plan: object, *, throttle: int = 0) -> dict[str, Any]:
+    """Begin moving partitions as ``plan`` says (``{"partitions": [{"stream", "partition",
+    "replicas"}, ...]}``): new replicas catch up at ``throttle`` bytes/s per broker (0: no limit),
+    join the ISR, then the old ones are dropped.  Every entry is checked before anything moves."""
+    return _reassign_partitions(cluster, {"op": "start", "plan": plan, "throttle": throttle})
 
-    async def leadership(self, name: str) -> StreamInfo:
-        """See :meth:`BlockingAdmin.leadership`."""
-        return await asyncio.to_thread(self.core.leadership, name)
 
-    async def list_streams(self) -> list[StreamInfo]:
-        """See :meth:`.Client.list_streams`."""
-        return await asyncio.to_thread(self.core.list_streams)
+def _cancel_reassignment(
+    cluster: ClusterConnection, partitions: list[tuple[str, int]] | None = None
+) -> dict[str, Any]:
+    """Put partitions being moved (all of them by default) back on their original replicas."""
+    body: dict[str, Any] = {"op": "cancel"}
+    if partitions is not None:
+        body["partitions"] = [[stream, number] for stream, number in partitions]
+    return _reassign_partitions(cluster, body)
 
-    async def status(self) -> dict[str, Any]:
-        """See :meth:`.Client.status`."""
-        return await asyncio.to_thread(self.core.status)
 
-    async def metadata(self) -> dict[str, Any]:
-        """See :meth:`.Client.metadata`."""
-        return await asyncio.to_thread(self.core.metadata)
+def _drain(cluster: ClusterConnection, broker: str, *, throttle: int = 0) -> dict[str, Any]:
+    """Move every replica off ``broker`` (before retiring it); the plan used is in ``"plan"``."""
+    return _reassign_partitions(cluster, {"op": "drain", "broker": broker, "throttle": throttle})
 
-    async def cluster_status(self) -> dict[str, Any]:
-        """See :meth:`.Client.cluster_status`."""
-        return await asyncio.to_thread(self.core.cluster_status)
 
-    async def elect_preferred_leaders(self) -> dict[str, Any]:
-        """See :meth:`.Client.elect_preferred_leaders`."""
-        return await asyncio.to_thread(self.core.elect_preferred_leaders)
+def _reassignments(cluster: ClusterConnection) -> list[dict[str, Any]]:
+    """The partitions being moved: replicas, target, adding, removing, ISR, throttle."""
+    partitions: list[dict[str, Any]] = _reassign_partitions(cluster, {"op": "list"})["partitions"]
+    return partitions
 
-    async def reassign(self, plan: object, throttle: int = 0) -> dict[str, Any]:
-        """See :meth:`.Client.reassign`."""
-        return await asyncio.to_thread(self.core.reassign, plan, throttle)
 
-    async def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
-        """See :meth:`.Client.cancel_reassignment`."""
-        return await asyncio.to_thread(self.core.cancel_reassignment, partitions)
+def _generate_reassignment(
+    cluster: ClusterConnection, brokers: list[str], streams: list[str] | None = None
+) -> dict[str, Any]:
+    """A plan spreading ``streams`` (all but internal ones by default) evenly over ``brokers``,
+    rack-aware when brokers declare racks: ``{"current": [...], "proposed": [...]}``."""
+    body: dict[str, Any] = {"op": "generate", "brokers": brokers}
+    if streams is not None:
+        body["streams"] = streams
+    return _reassign_partitions(cluster, body)
 
-    async def drain(self, broker: str, throttle: int = 0) -> dict[str, Any]:
-        """See :meth:`.Client.drain`."""
-        return await asyncio.to_thread(self.core.drain, broker, throttle)
 
-    async def reassignments(self) -> list[dict[str, Any]]:
-        """See :meth:`.Client.reassignments`."""
-        return await asyncio.to_thread(self.core.reassignments)
+# ---- cursors ---------------------------------------------------------------------------
 
-    async def generate_reassignment(
-        self, brokers: list[str], streams: list[str] | None = None
-    ) -> dict[str, Any]:
-        """See :meth:`.Client.generate_reassignment`."""
-        return await asyncio.to_thread(self.core.generate_reassignment, brokers, streams)
 
-    async def health(self) -> dict[str, Any]:
-        """See :meth:`.Client.health`."""
-        return await asyncio.to_thread(self.core.health)
+def _set_cursor(cluster: ClusterConnection, consumer: str, stream: str, partition: int, offset: int) -> None:
+    """Store ``consumer``'s position (the next offset it will read) in the log."""
+    body = {"consumer": consumer, "stream": stream, "partition": partition, "offset": offset}
+    cluster.action(ActionType.SET_CURSOR, body)
 
-    async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
-        """See :meth:`.Client.set_cursor`."""
-        await asyncio.to_thread(self.core.set_cursor, consumer, stream, partition, offset)
 
-    async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
-        """See :meth:`.Client.delete_cursor`."""
-        await asyncio.to_thread(self.core.delete_cursor, consumer, stream, partition)
+def _delete_cursor(cluster: ClusterConnection, consumer: str, stream: str, partition: int) -> None:
+    """Forget ``consumer``'s stored position on one partition."""
+    cluster.action(ActionType.DELETE_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition})
 
-    async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
-        """See :meth:`.Client.fetch_cursor`."""
-        return await asyncio.to_thread(self.core.fetch_cursor, consumer, stream, partition)
+
+def _fetch_cursor(cluster: ClusterConnection, consumer: str, stream: str, partition: int) -> int | None:
+    """The stored position, or ``None`` if ``consumer`` never set one."""
+    body = {"consumer": consumer, "stream": stream, "partition": partition}
+    offset: int | None = cluster.action(ActionType.FETCH_CURSOR, body)["offset"]
+    return offset
+
+
+_CURSOR = (Argument("consumer"), Argument("stream"))
+_PARTITION = Argument("--partition", type=int, default=0)
+_CURSOR_GET = Command(
+    "cursor",
+    "get",
+    "a consumer's stored position on one partition",
+    lambda offset, _: "(none)" if offset is None else str(offset),
+    (*_CURSOR, _PARTITION),
+)
+_CURSOR_SET = Command(
+    "cursor",
+    "set",
+    "store a consumer's position on one partition",
+    lambda _, a: f"cursor {a['consumer']} on {a['stream']}/{a['partition']} set to {a['offset']}",
+    (*_CURSOR, Argument("offset", type=int), _PARTITION),
+)
+
+
+class AdminActions:
+    """Every admin action, once: what it does, what the publisher hears of it, its command."""
+
+    create_stream = AdminAction(_create_stream, tells=learns)
+    add_partitions = AdminAction(_add_partitions, tells=learns)
+    update_schema = AdminAction(_update_schema)
+    create_mirror = AdminAction(_create_mirror)
+    promote_stream = AdminAction(_promote_stream, command=_PROMOTE)
+    delete_stream = AdminAction(_delete_stream, tells=forgets, command=_DELETE)
+    mirror_status = AdminAction(_mirror_status)
+    describe_stream = AdminAction(_describe_stream)
+    list_streams = AdminAction(_list_streams)
+    status = AdminAction(_status)
+    metadata = AdminAction(_metadata)
+    cluster_status = AdminAction(_cluster_status)
+    health = AdminAction(_health)
+    elect_preferred_leaders = AdminAction(_elect_preferred_leaders, command=_ELECT)
+    reassign = AdminAction(_reassign)
+    cancel_reassignment = AdminAction(_cancel_reassignment)
+    drain = AdminAction(_drain)
+    reassignments = AdminAction(_reassignments)
+    generate_reassignment = AdminAction(_generate_reassignment)
+    fetch_cursor = AdminAction(_fetch_cursor, command=_CURSOR_GET)
+    set_cursor = AdminAction(_set_cursor, command=_CURSOR_SET)
+    delete_cursor = AdminAction(_delete_cursor)
+
+
+class BlockingAdmin(AdminActions, InCallersThread):
+    """The admin actions, each blocking the caller (``SyncClient.admin``); see :class:`InCallersThread`."""
+
+
+class Admin(AdminActions, InWorkerThreads):
+    """The admin actions as coroutines, each in a worker thread (``Client.admin``); see
+    :class:`InWorkerThreads`."""

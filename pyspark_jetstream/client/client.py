@@ -4,37 +4,46 @@ Publishing goes through NATS (a stream is attached to NATS subjects, so any
 NATS client can publish too): :mod:`.publisher` sends envelopes and matches
 the acks that come back on one inbox per client.  Reads and admin go to a
 broker over Arrow Flight (:mod:`.cluster`, blocking), in worker threads so the
-event loop never blocks (:mod:`.reading`, :mod:`.admin`).  The NATS connection
-and its errors are :mod:`.nats_connection`'s.
+event loop never blocks (:mod:`.reading`, :mod:`.admin`).  The admin calls are
+:attr:`Client.admin`'s (``client.admin.create_stream(...)``); the client hands
+each of :class:`~.admin.AdminActions` on to it, so ``client.create_stream(...)``
+works too.  The NATS connection and its errors are :mod:`.nats_connection`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar, Unpack
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
 
 from pyspark_jetstream.protocol.ack import Ack
-from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.flight import ActionType, StreamInfo
-from pyspark_jetstream.protocol.mirror import MirrorStatus
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import StreamConfig, bounded_number
 
-from .admin import LEADERSHIP_TIMEOUT, Admin, mirror_request, stream_config
+from .admin import LEADERSHIP_TIMEOUT, Admin, AdminActions, leadership
+from .admin_faces import AdminAction, AsyncFace
 from .cluster import ClusterConnection
 from .connection import FetchResult
 from .credentials import Credentials
 from .nats_connection import NatsErrors, ask_for_broker, connect_nats, discover_broker
-from .partitioners import Partitioner, key_hash
-from .publish_options import DEFAULT_OPTIONS, PublishOptions
+from .publish_options import (
+    BatchOptions,
+    MessageOptions,
+    PublishOptions,
+    batch_options,
+    header_pairs,
+    message_options,
+)
 from .publisher import PUBLISH_REFUSED, Publisher, await_ack
 from .reading import FOLLOW_BUFFER, Message, Reader, Start, start_position
 from .routing import METADATA_MAX_AGE
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 MIN_METADATA_MAX_AGE = 0.1
 MAX_METADATA_MAX_AGE = 24 * 3600.0
@@ -54,8 +63,9 @@ __all__ = [
 ]
 
 
-class Client:
-    """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest)."""
+class Client(AdminActions, AsyncFace):
+    """Connection to a pyspark-jetstream deployment (NATS for publishing, Flight for the rest);
+    its admin calls (:class:`~.admin.AdminActions`) are :attr:`admin`'s, as coroutines."""
 
     def __init__(
         self,
@@ -72,18 +82,19 @@ class Client:
         self.timeout = timeout
         self.credentials = credentials if credentials is not None else Credentials()
         self._broker = ClusterConnection(broker, timeout=timeout, credentials=self.credentials)
-        self._admin = Admin(self._broker)
         self._reader = Reader(nc, self._broker, timeout)
         self._publisher = Publisher(
             nc,
             timeout=timeout,
             max_pending=max_pending,
             user=self.credentials.user,
-            describe=self._admin.describe_stream,
-            leadership=self._admin.leadership,
+            describe=lambda name: asyncio.to_thread(self._broker.describe, name),
+            leadership=lambda name: asyncio.to_thread(leadership, self._broker, name),
             metadata_max_age=metadata_max_age,
-            metadata=self._admin.metadata,
+            metadata=lambda: asyncio.to_thread(self._broker.refresh),
         )
+        self.admin = Admin(self._broker, self._publisher)
+        """Streams, the cluster and cursors (see :class:`~.admin.AdminActions`), as coroutines."""
 
     @classmethod
     async def connect(
@@ -145,163 +156,17 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # ---- admin ---------------------------------------------------------------------
-
-    async def create_stream(self, name: str, subject: str, **options: Any) -> StreamInfo:
-        """Create a stream on ``subject`` (idempotent for the same configuration).
-
-        Options are those of :class:`~pyspark_jetstream.protocol.streams.StreamConfig`:
-        ``partitions``, ``replication_factor``, ``group``, ``retention_age``,
-        ``retention_bytes``, ``retention_messages``, ``compaction``,
-        ``segment_bytes``, ``max_message_bytes``, ``compression``, ``ack_reply``,
-        ``min_insync_replicas``, ``unclean_leader_election``, ``duplicate_window``
-        (seconds message ids are remembered; 0: off), ``duplicate_max_ids`` and ``schema``
-        (what message values hold: a ``pyarrow.Schema``, a
-        :class:`~pyspark_jetstream.protocol.value_schema.SchemaDocument` or its JSON form,
-        ``{"format": "json", "fields": [...]}``; it becomes the schema's version 1).
-        """
-        config = stream_config(name, subject, options)
-        info = await self._admin.create_stream(config)
-        self._publisher.learn(info, config)
-        return info
-
-    async def add_partitions(self, name: str, partitions: int) -> StreamInfo:
-        """Grow stream ``name`` to ``partitions`` partitions; the same count again changes nothing.
-
-        Partitions are only ever added (``InvalidArgumentError`` for fewer).
-        Returns once every new partition is served.  Keyed messages published
-        from then on hash over the new count, so a key may go to another
-        partition than before (its older messages stay where they are); this
-        client routes by the new count at once, other clients within
-        ``metadata_max_age`` seconds.
-        """
-        info = await self._admin.add_partitions(name, partitions)
-        self._publisher.learn(info, StreamConfig.from_json(info.config))
-        return info
-
-    async def update_schema(self, name: str, schema: object) -> StreamInfo:
-        """Give stream ``name``'s schema its next version; the current schema again changes nothing.
-
-        ``schema`` is taken as ``create_stream`` takes it.  Compatible changes only (a new
-        nullable field, int32 -> int64, float32 -> float64, a field made nullable); anything
-        else raises ``InvalidArgumentError`` whose one line names the field and why.
-        """
-        return await self._admin.update_schema(name, schema)
-
-    async def delete_stream(self, name: str) -> None:
-        """Delete a stream and all its data."""
-        await self._admin.delete_stream(name)
-        self._publisher.forget(name)
-
-    async def create_mirror(
-        self, name: str, source_stream: str, source_servers: Any, **options: Any
-    ) -> StreamInfo:
-        """Create stream ``name`` as a mirror of ``source_stream`` in the cluster whose brokers serve
-        Flight at ``source_servers`` (addresses, a list or comma-separated): every message at the
-        source's partition and offset, copied by each partition's leader here; idempotent.
-
-        Options: ``source_credentials`` (the path of a credentials file every broker of this
-        cluster reads to reach the source), ``replication_factor``, ``min_insync_replicas``
-        (the mirror's own), ``partitions`` (refused unless the source's count) and ``subject``
-        (where publishes to the mirror are refused; the source's by default).  Everything else
-        is the source's configuration.  See :meth:`promote_stream` for disaster recovery.
-        """
-        return await self._admin.create_mirror(mirror_request(name, source_stream, source_servers, **options))
-
-    async def promote_stream(self, name: str) -> StreamInfo:
-        """Stop mirror ``name`` copying, for good, and let it take publishes from its end offset on."""
-        return await self._admin.promote_stream(name)
-
-    async def mirror_status(self, name: str) -> list[MirrorStatus]:
-        """How each partition of mirror ``name`` stands: lag in messages and seconds, the source, the
-        last error (see :class:`~pyspark_jetstream.protocol.mirror.MirrorStatus`)."""
-        return await self._admin.mirror_status(name)
-
-    async def describe_stream(self, name: str) -> StreamInfo:
-        """A stream's configuration and its partitions: leaders, ISRs and offsets (from each leader)."""
-        return await self._admin.describe_stream(name)
-
-    async def list_streams(self) -> list[StreamInfo]:
-        """Every stream."""
-        return await self._admin.list_streams()
-
-    async def status(self) -> dict[str, Any]:
-        """The broker's status: streams, partitions, cursors and their lag."""
-        return await self._admin.status()
-
-    async def metadata(self) -> dict[str, Any]:
-        """The cluster as a broker sees it: brokers, the controller, every partition's leader and ISR."""
-        return await self._admin.metadata()
-
-    async def cluster_status(self) -> dict[str, Any]:
-        """Every live broker's status (``{broker id: status}``; an unreachable one maps to its error)."""
-        return await self._admin.cluster_status()
-
-    async def elect_preferred_leaders(self) -> dict[str, Any]:
-        """Move leadership back to each partition's first replica where it is in sync (after restarts)."""
-        return await self._admin.elect_preferred_leaders()
-
-    async def reassign(self, plan: object, *, throttle: int = 0) -> dict[str, Any]:
-        """Begin moving partitions as ``plan`` says (``{"partitions": [{"stream", "partition",
-        "replicas"}, ...]}``): new replicas catch up at ``throttle`` bytes/s per broker (0: no limit),
-        join the ISR, then the old ones are dropped.  Every entry is checked before anything moves."""
-        return await self._admin.reassign(plan, throttle)
-
-    async def cancel_reassignment(self, partitions: list[tuple[str, int]] | None = None) -> dict[str, Any]:
-        """Put partitions being moved (all of them by default) back on their original replicas."""
-        return await self._admin.cancel_reassignment(partitions)
-
-    async def drain(self, broker: str, *, throttle: int = 0) -> dict[str, Any]:
-        """Move every replica off ``broker`` (before retiring it); the plan used is in ``"plan"``."""
-        return await self._admin.drain(broker, throttle)
-
-    async def reassignments(self) -> list[dict[str, Any]]:
-        """The partitions being moved: replicas, target, adding, removing, ISR, throttle."""
-        return await self._admin.reassignments()
-
-    async def generate_reassignment(
-        self, brokers: list[str], streams: list[str] | None = None
-    ) -> dict[str, Any]:
-        """A plan spreading ``streams`` (all but internal ones by default) evenly over ``brokers``,
-        rack-aware when brokers declare racks: ``{"current": [...], "proposed": [...]}``."""
-        return await self._admin.generate_reassignment(brokers, streams)
-
-    async def health(self) -> dict[str, Any]:
-        """Whether the broker can ingest and serve everything: ``{"ok": bool, "problems": [...]}``."""
-        return await self._admin.health()
-
-    async def set_cursor(self, consumer: str, stream: str, partition: int, offset: int) -> None:
-        """Store ``consumer``'s position (the next offset it will read) in the log."""
-        await self._admin.set_cursor(consumer, stream, partition, offset)
-
-    async def delete_cursor(self, consumer: str, stream: str, partition: int) -> None:
-        """Forget ``consumer``'s stored position on one partition."""
-        await self._admin.delete_cursor(consumer, stream, partition)
-
-    async def fetch_cursor(self, consumer: str, stream: str, partition: int) -> int | None:
-        """The stored position, or ``None`` if ``consumer`` never set one."""
-        return await self._admin.fetch_cursor(consumer, stream, partition)
-
     # ---- publishing ------------------------------------------------------------------
 
     async def publish(
-        self,
-        stream: str | None,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] = (),
-        partition: int | None = None,
-        partitioner: Partitioner = key_hash,
-        subject: str | None = None,
-        ack_policy: AckPolicy = AckPolicy.LEADER,
-        producer_id: str | None = None,
-        producer_epoch: int = 0,
-        sequence: int | None = None,
-        timeout: float | None = None,
-        message_id: str | None = None,
+        self, stream: str | None, value: bytes | None, **options: Unpack[MessageOptions]
     ) -> Ack | None:
         """Publish one message and wait for its ack (``None`` with ``AckPolicy.NONE``).
+
+        Options (:class:`~.publish_options.MessageOptions`, keywords): ``key``,
+        ``headers``, ``partition``, ``partitioner`` (default: ``key_hash``), ``subject``,
+        ``ack_policy`` (default ``AckPolicy.LEADER``), ``producer_id``, ``producer_epoch``,
+        ``sequence``, ``timeout`` and ``message_id``.
 
         The partition is ``partition``, else ``partitioner(key, partitions)``;
         ``subject`` overrides the partition's subject (needed for streams on
@@ -327,41 +192,11 @@ class Client:
         so repeats must go to the same partition (the same key, say).  Not
         combined with ``producer_id``.
         """
-        future = await self._publisher.publish(
-            stream,
-            value,
-            key=key,
-            headers=_pairs(headers),
-            message_id=message_id,
-            options=_options(
-                partition=partition,
-                partitioner=partitioner,
-                subject=subject,
-                ack_policy=ack_policy,
-                producer_id=producer_id,
-                producer_epoch=producer_epoch,
-                sequence=sequence,
-                timeout=timeout,
-            ),
-        )
+        future = await self.publish_async(stream, value, **options)
         return None if future is None else await await_ack(future)
 
     async def publish_async(
-        self,
-        stream: str | None,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] = (),
-        partition: int | None = None,
-        partitioner: Partitioner = key_hash,
-        subject: str | None = None,
-        ack_policy: AckPolicy = AckPolicy.LEADER,
-        producer_id: str | None = None,
-        producer_epoch: int = 0,
-        sequence: int | None = None,
-        timeout: float | None = None,
-        message_id: str | None = None,
+        self, stream: str | None, value: bytes | None, **options: Unpack[MessageOptions]
     ) -> asyncio.Future[Ack] | None:
         """Publish without waiting: returns a future for the ack (pipelining), or ``None``.
 
@@ -375,34 +210,17 @@ class Client:
         return await self._publisher.publish(
             stream,
             value,
-            key=key,
-            headers=_pairs(headers),
-            message_id=message_id,
-            options=_options(
-                partition=partition,
-                partitioner=partitioner,
-                subject=subject,
-                ack_policy=ack_policy,
-                producer_id=producer_id,
-                producer_epoch=producer_epoch,
-                sequence=sequence,
-                timeout=timeout,
-            ),
+            key=options.get("key"),
+            headers=header_pairs(options.get("headers", ())),
+            message_id=options.get("message_id"),
+            options=message_options(options),
         )
 
     async def publish_batch(
         self,
         stream: str | None,
         data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
-        *,
-        partition: int | None = None,
-        subject: str | None = None,
-        ack_policy: AckPolicy = AckPolicy.LEADER,
-        producer_id: str | None = None,
-        producer_epoch: int = 0,
-        sequence: int | None = None,
-        timeout: float | None = None,
-        message_ids: Sequence[str] | pa.Array | str | None = None,
+        **options: Unpack[BatchOptions],
     ) -> Ack | None:
         """Publish many messages as one Arrow batch in one envelope, stored as one batch.
 
@@ -415,6 +233,8 @@ class Client:
         field, a missing non-nullable field or a type that does not fit fails
         here naming the column, and the broker checks them again and stores
         them without parsing JSON (each row's value is their JSON text).
+        Options (:class:`~.publish_options.BatchOptions`) are :meth:`publish`'s but
+        ``key``, ``headers``, ``partitioner`` and ``message_id``, and ``message_ids``.
         All go to one partition:
         ``partition`` (default 0), or the one ``subject`` belongs to.
         Idempotence as for :meth:`publish`.
@@ -427,53 +247,20 @@ class Client:
         ack lists the others in ``duplicates`` (``Ack.row_offsets`` gives every
         row's offset).  Not combined with a producer sequence.
         """
-        future = await self._publisher.publish_batch(
-            stream,
-            data,
-            message_ids=message_ids,
-            options=_options(
-                partition=partition,
-                partitioner=key_hash,
-                subject=subject,
-                ack_policy=ack_policy,
-                producer_id=producer_id,
-                producer_epoch=producer_epoch,
-                sequence=sequence,
-                timeout=timeout,
-            ),
-        )
+        future = await self.publish_batch_async(stream, data, **options)
         return None if future is None else await await_ack(future)
 
     async def publish_batch_async(
         self,
         stream: str | None,
         data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
-        *,
-        partition: int | None = None,
-        subject: str | None = None,
-        ack_policy: AckPolicy = AckPolicy.LEADER,
-        producer_id: str | None = None,
-        producer_epoch: int = 0,
-        sequence: int | None = None,
-        timeout: float | None = None,
-        message_ids: Sequence[str] | pa.Array | str | None = None,
+        **options: Unpack[BatchOptions],
     ) -> asyncio.Future[Ack] | None:
         """:meth:`publish_batch` without waiting: a future for the ack, or ``None``; batches leave
         in the order they are called (see :meth:`publish_async`)."""
+        sent = batch_options(options)
         return await self._publisher.publish_batch(
-            stream,
-            data,
-            message_ids=message_ids,
-            options=_options(
-                partition=partition,
-                partitioner=key_hash,
-                subject=subject,
-                ack_policy=ack_policy,
-                producer_id=producer_id,
-                producer_epoch=producer_epoch,
-                sequence=sequence,
-                timeout=timeout,
-            ),
+            stream, data, message_ids=options.get("message_ids"), options=sent
         )
 
     async def partition_for(self, stream: str, key: bytes | None = None) -> int:
@@ -591,38 +378,6 @@ class Client:
     def _streams(self, streams: dict[str, StreamConfig]) -> None:
         self._publisher.routes.streams = streams
 
-    async def _action(self, action: ActionType, body: dict[str, Any]) -> Any:
-        return await self._admin.action(action, body)
-
-
-def _pairs(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> tuple[tuple[str, bytes], ...]:
-    return tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
-
-
-def _options(
-    *,
-    partition: int | None,
-    partitioner: Partitioner,
-    subject: str | None,
-    ack_policy: AckPolicy,
-    producer_id: str | None,
-    producer_epoch: int,
-    sequence: int | None,
-    timeout: float | None,
-) -> PublishOptions:
-    """The publish's options; the shared default instance when every one is at its default
-    (the common case, on the hot path: no new object per message)."""
-    if (
-        partition is None
-        and partitioner is key_hash
-        and subject is None
-        and ack_policy is AckPolicy.LEADER
-        and producer_id is None
-        and producer_epoch == 0
-        and sequence is None
-        and timeout is None
-    ):
-        return DEFAULT_OPTIONS
-    return PublishOptions(
-        partition, partitioner, subject, ack_policy, producer_id, producer_epoch, sequence, timeout
-    )
+    def bind(self, action: AdminAction[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """``action`` as :attr:`admin` runs it (the admin calls on the client hand each on)."""
+        return action.__get__(self.admin)

@@ -3,8 +3,9 @@
 The four publish calls of :class:`~.client.Client` (``publish``,
 ``publish_async``, ``publish_batch``, ``publish_batch_async``) take the same
 keyword arguments for where a message goes, how it is acknowledged and which
-producer sends it; each gathers them once into a frozen :class:`PublishOptions`
-and hands that on, instead of repeating them call after call.  The functions
+producer sends it, declared once (:class:`SendOptions`; a message's own in
+:class:`MessageOptions`, a batch's in :class:`BatchOptions`); each call gathers
+them into a frozen :class:`PublishOptions` and hands that on.  The functions
 below check and shape the message itself (its id, its batch) and decide
 whether the broker de-duplicates it, which makes resending it safe.  All pure:
 no I/O.
@@ -12,9 +13,9 @@ no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -68,6 +69,81 @@ class PublishOptions:
 
 DEFAULT_OPTIONS = PublishOptions()
 """Every keyword argument at its default (a plain publish to a stream)."""
+
+
+class SendOptions(TypedDict, total=False):
+    """The keyword arguments every publish call takes: :class:`PublishOptions`' fields but
+    ``partitioner`` (see :meth:`.Client.publish`)."""
+
+    partition: int | None
+    subject: str | None
+    ack_policy: AckPolicy
+    producer_id: str | None
+    producer_epoch: int
+    sequence: int | None
+    timeout: float | None
+
+
+class MessageOptions(SendOptions, total=False):
+    """The keyword arguments of ``publish`` and ``publish_async``: :class:`SendOptions`, the
+    message's key, headers and id, and the partitioner."""
+
+    key: bytes | None
+    headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]
+    partitioner: Partitioner
+    message_id: str | None
+
+
+class BatchOptions(SendOptions, total=False):
+    """The keyword arguments of ``publish_batch`` and ``publish_batch_async``: :class:`SendOptions`
+    and the rows' message ids."""
+
+    message_ids: Sequence[str] | pa.Array | str | None
+
+
+_SEND_KEYS = frozenset(SendOptions.__annotations__)
+_MESSAGE_KEYS = _SEND_KEYS | {"partitioner"}
+_OWN_KEYS = frozenset(("key", "headers", "message_id"))
+
+
+def options_of(given: Mapping[str, Any]) -> PublishOptions:
+    """The publish's options from its :class:`SendOptions` (and ``partitioner``); the shared
+    default instance when every one is at its default (the common case, on the hot path: no
+    new object per message)."""
+    if not given:
+        return DEFAULT_OPTIONS
+    options = PublishOptions(**given)
+    return DEFAULT_OPTIONS if options == DEFAULT_OPTIONS else options
+
+
+def message_options(given: MessageOptions) -> PublishOptions:
+    """``publish``'s options from its keyword arguments (the message's own -- ``key``,
+    ``headers``, ``message_id`` -- left out); ``TypeError`` naming one it does not take.  On the
+    hot path: a message with no options but its own makes no options object and copies nothing."""
+    if len(given) == ("key" in given) + ("headers" in given) + ("message_id" in given):
+        return DEFAULT_OPTIONS
+    rest = {name: value for name, value in given.items() if name not in _OWN_KEYS}
+    _refuse_unknown(rest, _MESSAGE_KEYS, "publish")
+    return options_of(rest)
+
+
+def header_pairs(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> tuple[tuple[str, bytes], ...]:
+    """A message's headers as ``(name, value)`` pairs."""
+    return tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
+
+
+def batch_options(given: BatchOptions) -> PublishOptions:
+    """``publish_batch``'s :class:`SendOptions` as options (its ``message_ids`` apart);
+    ``TypeError`` naming an argument it does not take."""
+    rest = {name: value for name, value in given.items() if name != "message_ids"}
+    _refuse_unknown(rest, _SEND_KEYS, "publish_batch")
+    return options_of(rest)
+
+
+def _refuse_unknown(given: Mapping[str, Any], known: frozenset[str], call: str) -> None:
+    if not given.keys() <= known:
+        unknown = sorted(set(given) - known)[0]
+        raise TypeError(f"{call}() got an unexpected keyword argument {unknown!r}")
 
 
 def deduplicated(fields: Mapping[str, Any]) -> bool:

@@ -6,9 +6,13 @@ import dataclasses
 
 import pytest
 
-from pyspark_jetstream.client.client import _options
 from pyspark_jetstream.client.partitioners import key_hash
-from pyspark_jetstream.client.publish_options import DEFAULT_OPTIONS, PublishOptions, check_typed_batches
+from pyspark_jetstream.client.publish_options import (
+    DEFAULT_OPTIONS,
+    PublishOptions,
+    check_typed_batches,
+    options_of,
+)
 from pyspark_jetstream.protocol.envelope import AckPolicy
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
@@ -52,10 +56,10 @@ def test_the_publish_calls_share_one_options_object_at_the_defaults():
         "sequence": None,
         "timeout": None,
     }
-    assert _options(**defaults) is DEFAULT_OPTIONS
-    assert _options(**{**defaults, "ack_policy": AckPolicy.ALL}) == PublishOptions(ack_policy=AckPolicy.ALL)
+    assert options_of(defaults) is DEFAULT_OPTIONS
+    assert options_of({**defaults, "ack_policy": AckPolicy.ALL}) == PublishOptions(ack_policy=AckPolicy.ALL)
     with pytest.raises(InvalidArgumentError, match="got sequence 1 without a producer_id"):
-        _options(**{**defaults, "sequence": 1})
+        options_of({**defaults, "sequence": 1})
 
 
 def test_typed_batches_are_refused_while_a_broker_does_not_register_them():
