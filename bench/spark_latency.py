@@ -119,7 +119,7 @@ class NoopStreamReader(DataSourceStreamReader):
         return [InputPartition((p, bounds[p], bounds[p + 1])) for p in range(PARTITIONS)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        p, lo, hi = partition.value
+        _, lo, hi = partition.value
         n = hi - lo
         if not n:
             return
@@ -131,7 +131,7 @@ class NoopStreamReader(DataSourceStreamReader):
             "value": padded_times(published),
             "stream": pa.array(["noop"] * n),
             "subject": pa.array(["noop"] * n),
-            "partition": pa.array(np.full(n, p, np.int32)),
+            "partition": pa.array(np.zeros(n, np.int32)),  # one sequence of offsets, split in tasks
             "offset": pa.array(offsets),
             "timestamp": pa.array(published).cast(pa.timestamp("us", tz="UTC")),
         }
@@ -144,6 +144,8 @@ class Probe:
 
     published: list[np.ndarray] = field(default_factory=list)
     arrived: list[np.ndarray] = field(default_factory=list)
+    positions: list[pa.Table] = field(default_factory=list)
+    """Each micro-batch's partitions and offsets."""
     newest: int = 0
     """The newest publish time seen (µs)."""
     first_arrival: int | None = None
@@ -157,12 +159,13 @@ class Probe:
         self.calls += 1
         if self.stopping:
             return
-        table = frame.select("value").toArrow()
+        table = frame.select("value", "partition", "offset").toArrow()
         now = time.time_ns() // 1000
         if not table.num_rows:
             return
         sent = micros(table.column("value").combine_chunks())
         with self.lock:
+            self.positions.append(table.select(["partition", "offset"]))
             self.published.append(sent)
             self.arrived.append(np.full(len(sent), now, np.int64))
             self.newest = max(self.newest, int(sent.max()))
@@ -177,6 +180,23 @@ class Probe:
         deadline = time.monotonic() + timeout
         while self.calls == seen and query.isActive and time.monotonic() < deadline:
             time.sleep(0.02)
+
+    def gaps(self) -> list[str]:
+        """Partitions whose offsets came with gaps or twice: rows lost or repeated."""
+        with self.lock:
+            table = pa.concat_tables(self.positions) if self.positions else None
+        if table is None:
+            return []
+        found = []
+        for partition in pc.unique(table.column("partition")).to_pylist():
+            offsets = np.sort(
+                np.asarray(table.filter(pc.equal(table.column("partition"), partition))["offset"])
+            )
+            if len(offsets) != offsets[-1] - offsets[0] + 1 or len(np.unique(offsets)) != len(offsets):
+                found.append(
+                    f"partition {partition}: {len(offsets)} rows for offsets {offsets[0]} to {offsets[-1]}"
+                )
+        return found
 
     def delays_ms(self, lo: int, hi: int) -> np.ndarray:
         """Publish -> driver (ms) of the rows published in ``[lo, hi)`` µs."""
@@ -195,9 +215,12 @@ class Measured:
     e2e_p50_ms: float
     e2e_p99_ms: float
     rows: int
+    """Rows published in the window (all of them came: :meth:`Probe.gaps`)."""
     batches: int
     durations_ms: dict[str, float]
     """Means over the window's micro-batches, by :data:`PROGRESS`'s names."""
+    published_per_s: float
+    """The rate the publisher kept in the window (one short of CPU falls behind the one asked)."""
 
     def figures(self, prefix: str) -> dict[str, float]:
         """The figures under ``prefix``."""
@@ -205,6 +228,7 @@ class Measured:
             f"{prefix}_e2e_p50_ms": self.e2e_p50_ms,
             f"{prefix}_e2e_p99_ms": self.e2e_p99_ms,
             f"{prefix}_rows_per_batch": self.rows / max(self.batches, 1),
+            f"{prefix}_published_per_s": self.published_per_s,
             **{f"{prefix}_{name}": value for name, value in self.durations_ms.items()},
         }
 
@@ -222,69 +246,99 @@ def _progress_means(query, lo: int, hi: int) -> tuple[int, dict[str, float]]:
     return batches, {name: (sum(v) / len(v) if v else 0.0) for name, v in parts.items()}
 
 
-def measure_one(
-    frame: DataFrame,
-    publisher: list[str] | None,
-    *,
-    rate: int,
-    trigger: str | None,
-    seconds: float,
-    warm_up: float,
-    checkpoint: Path,
-    what: str,
-) -> Measured:
-    """Run ``frame`` into a :class:`Probe` with ``trigger`` while ``publisher`` (a command that
-    publishes until stopped; ``None``: the source makes its own rows) publishes; the figures of the
-    rows published in ``seconds`` from ``warm_up`` seconds after the first rows came (the first
-    micro-batches of a query start its workers: not what is measured).  Exits when a query fails
-    or the window's rows do not all come."""
-    probe = Probe()
-    writer = frame.writeStream.foreachBatch(probe).option("checkpointLocation", str(checkpoint))
-    if trigger is not None:
-        writer = writer.trigger(processingTime=trigger)
-    query = writer.start()
-    running: subprocess.Popen[bytes] | None = None
+class Measure:
+    """One side's query at one rate and trigger: :meth:`start` it, then :meth:`finish` for its
+    figures (several may run at once: ``--smoke`` does, its figures mean nothing)."""
 
-    def wait(until: Callable[[], bool], timeout: float, failure: str) -> None:
+    def __init__(
+        self,
+        frame: DataFrame,
+        publisher: list[str] | None,
+        *,
+        rate: int,
+        trigger: str | None,
+        seconds: float,
+        warm_up: float,
+        checkpoint: Path,
+        what: str,
+    ) -> None:
+        """``frame`` runs into a :class:`Probe` with ``trigger`` while ``publisher`` (a command that
+        publishes until stopped; ``None``: the source makes its own rows) publishes.  Measured: the
+        rows published in ``seconds`` from ``warm_up`` seconds after the first rows came (the first
+        micro-batches of a query start its workers)."""
+        self.frame, self.publisher, self.rate, self.trigger = frame, publisher, rate, trigger
+        self.seconds, self.warm_up, self.checkpoint, self.what = seconds, warm_up, checkpoint, what
+        self.probe = Probe()
+        self.query: StreamingQuery | None = None
+        self.running: subprocess.Popen[bytes] | None = None
+
+    def _wait(self, until: Callable[[], bool], timeout: float, failure: str) -> None:
         """Return once ``until()``; exit when the query or the publisher failed, or after ``timeout``."""
+        assert self.query is not None
         deadline = time.monotonic() + timeout
         while not until():
-            if query.exception() is not None:
-                raise SystemExit(f"{what}: the query failed: {query.exception()}")
-            if running is not None and running.poll() not in (None, 0):
-                raise SystemExit(f"{what}: the publisher exited with {running.returncode}")
+            if self.query.exception() is not None:
+                raise SystemExit(f"{self.what}: the query failed: {self.query.exception()}")
+            if self.running is not None and self.running.poll() not in (None, 0):
+                raise SystemExit(f"{self.what}: the publisher exited with {self.running.returncode}")
             if time.monotonic() > deadline:
-                raise SystemExit(f"{what}: {failure} within {timeout:.0f} s")
+                raise SystemExit(f"{self.what}: {failure} within {timeout:.0f} s")
             time.sleep(0.05)
 
-    try:
-        # The first (empty) micro-batch fixes the start offsets and starts the query's workers.
-        wait(lambda: query.lastProgress is not None, START_TIMEOUT, "the query did not start")
-        if publisher is not None:
-            running = subprocess.Popen(publisher, cwd=ROOT, stdout=subprocess.DEVNULL)
-        wait(lambda: probe.first_arrival is not None, START_TIMEOUT, "no row came")
-        assert probe.first_arrival is not None
-        lo = probe.first_arrival + int(warm_up * 1e6)
-        hi = lo + int(seconds * 1e6)
-        wait(
-            lambda: probe.newest >= hi,
-            warm_up + seconds + DRAIN_TIMEOUT,
-            "the window's last rows did not come",
+    def start(self) -> None:
+        """Start the query, wait for its first (empty) micro-batch -- it fixes the start offsets and
+        starts the query's workers -- and start the publisher."""
+        writer = self.frame.writeStream.foreachBatch(self.probe)
+        writer = writer.option("checkpointLocation", str(self.checkpoint))
+        if self.trigger is not None:
+            writer = writer.trigger(processingTime=self.trigger)
+        self.query = writer.start()
+        query = self.query
+        self._wait(lambda: query.lastProgress is not None, START_TIMEOUT, "the query did not start")
+        if self.publisher is not None:
+            self.running = subprocess.Popen(self.publisher, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+    def finish(self) -> Measured:
+        """Wait for the window's rows, then stop the publisher and the query; the window's figures.
+        Exits when the query fails, or rows were lost or repeated."""
+        probe, query = self.probe, self.query
+        assert query is not None
+        try:
+            self._wait(lambda: probe.first_arrival is not None, START_TIMEOUT, "no row came")
+            assert probe.first_arrival is not None
+            lo = probe.first_arrival + int(self.warm_up * 1e6)
+            hi = lo + int(self.seconds * 1e6)
+            limit = self.warm_up + self.seconds + DRAIN_TIMEOUT
+            self._wait(lambda: probe.newest >= hi, limit, "the window's last rows did not come")
+            delays = probe.delays_ms(lo, hi)
+            if probe.gaps():
+                raise SystemExit(f"{self.what}: rows lost or repeated: {'; '.join(probe.gaps())}")
+            published = len(delays) / self.seconds
+            if published < 0.95 * self.rate:  # a publisher short of CPU falls behind: said, not hidden
+                print(
+                    f"latency: {self.what}: {published:,.0f} rows/s published, not {self.rate:,}", flush=True
+                )
+            batches, durations = _progress_means(query, lo, hi)
+        finally:
+            self.stop()
+        return Measured(
+            float(np.percentile(delays, 50)),
+            float(np.percentile(delays, 99)),
+            len(delays),
+            batches,
+            durations,
+            published,
         )
-        delays = probe.delays_ms(lo, hi)
-        expected = rate * seconds
-        if len(delays) < 0.98 * expected:
-            raise SystemExit(f"{what}: {len(delays)} rows came of the {expected:.0f} published in the window")
-        batches, durations = _progress_means(query, lo, hi)
-    finally:
+
+    def stop(self) -> None:
+        """Stop the publisher and the query (again: nothing)."""
+        running, self.running = self.running, None
         if running is not None:
             running.terminate()
             running.wait(STOP_TIMEOUT)
-        probe.quiesce(query)
-        query.stop()
-    return Measured(
-        float(np.percentile(delays, 50)), float(np.percentile(delays, 99)), len(delays), batches, durations
-    )
+        if self.query is not None and self.query.isActive:
+            self.probe.quiesce(self.query)
+            self.query.stop()
 
 
 def nats_publisher(url: str, subject: str, rate: int, seconds: float) -> list[str]:
@@ -347,9 +401,11 @@ def measure_latency(
     seconds: float,
     warm_up: float,
     kafka_warm_up: float,
+    together: bool = False,
 ) -> dict[str, float]:
     """Every side at every rate and trigger (see the module docstring), the sides taking turns
-    at going first; ``servers``: ``flight``, ``nats`` (ours) and ``kafka`` (bootstrap)."""
+    at going first (``together``: running at once, for ``--smoke``); ``servers``: ``flight``,
+    ``nats`` (ours) and ``kafka`` (bootstrap)."""
     # Executors load the noop source from this module, sent with it (bench/ is not on their path).
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(NoopStreamSource)
@@ -357,7 +413,7 @@ def measure_latency(
     checkpoints = work / "latency-checkpoints"
     counter = iter(range(1_000_000))
 
-    def run(side: str, rate: int, trigger: str | None, length: float, pause: float) -> Measured:
+    def measure(side: str, rate: int, trigger: str | None, length: float, pause: float) -> Measure:
         name = f"latency-{next(counter)}"
         rows = spark.readStream
         if side == "jetstream":
@@ -372,9 +428,8 @@ def measure_latency(
         else:
             options = {"rate": str(rate), "start": str(time.time()), "rows": str(int(rate * PUBLISH_LIMIT))}
             frame, publisher = rows.format("noopstream").options(**options).load(), None
-        began = time.monotonic()
         what = f"{side} at {rate}/s, trigger {trigger or 'default'}"
-        measured = measure_one(
+        return Measure(
             frame,
             publisher,
             rate=rate,
@@ -384,24 +439,42 @@ def measure_latency(
             checkpoint=checkpoints / name,
             what=what,
         )
-        print(
-            f"latency: {what}: p50 {measured.e2e_p50_ms:,.0f} ms, "
-            f"p99 {measured.e2e_p99_ms:,.0f} ms ({time.monotonic() - began:.0f} s)",
-            flush=True,
-        )
-        return measured
+
+    def run(
+        sides: tuple[str, ...], rate: int, trigger: str | None, length: float, pause: float
+    ) -> dict[str, Measured]:
+        """``sides`` one after the other (``together``: at once)."""
+        began = time.monotonic()
+        measures = {side: measure(side, rate, trigger, length, pause) for side in sides}
+        done: dict[str, Measured] = {}
+        try:
+            if together:
+                for each in measures.values():
+                    each.start()
+            for side, each in measures.items():
+                if not together:
+                    each.start()
+                done[side] = each.finish()
+                print(
+                    f"latency: {each.what}: p50 {done[side].e2e_p50_ms:,.0f} ms, "
+                    f"p99 {done[side].e2e_p99_ms:,.0f} ms ({time.monotonic() - began:.0f} s)",
+                    flush=True,
+                )
+        finally:
+            for each in measures.values():
+                each.stop()
+        return done
 
     if kafka_warm_up:  # a fresh Kafka JVM delivers late for its first seconds: not in any figure
-        run("kafka", RATES[0], None, kafka_warm_up, 1.0)
+        run(("kafka",), RATES[0], None, kafka_warm_up, 1.0)
     results: dict[str, float] = {}
     turn = 0
     for rate in RATES:
         for trigger_name, trigger in TRIGGERS.items():
             sides = SIDES if turn % 2 == 0 else ("kafka", "jetstream", "noop")
             turn += 1
-            measured: dict[str, Measured] = {}
+            measured = run(sides, rate, trigger, seconds, warm_up)
             for side in sides:
-                measured[side] = run(side, rate, trigger, seconds, warm_up)
                 results |= measured[side].figures(f"latency_{rate}_{trigger_name}_{side}")
             prefix = f"latency_{rate}_{trigger_name}"
             ours, theirs = measured["jetstream"], measured["kafka"]
