@@ -65,7 +65,16 @@ CONNECTOR_ARTIFACTS = (
 )
 """The connector and what it needs beside Spark's own jars (Spark's Structured Streaming + Kafka guide)."""
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
-BROKER_HEAP = "768m"
+BROKER_JVM = (
+    "-Xmx1G",
+    "-Xms1G",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+)
+"""Kafka's own defaults: the heap of ``kafka-server-start.sh`` and the JVM options of
+``kafka-run-class.sh`` (a smaller heap made the peer read ~35% slower than a default Kafka)."""
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 ADMIN_TIMEOUT_MS = 60_000
@@ -212,7 +221,7 @@ class KafkaBroker:
         )
         java = [
             "java",
-            f"-Xmx{BROKER_HEAP}",
+            *BROKER_JVM,
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-cp",
             f"{jars}/*",

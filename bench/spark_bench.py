@@ -45,6 +45,18 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
    highest ``kafka_write_ratio`` any such sink could reach in the run
    (``python_floor_write_ratio_to_kafka``).
 
+7. latency (``bench/spark_latency.py``): publish -> rows in the driver at a
+   steady 2,000 and 10,000 messages/s, ours (NATS core publishes) against
+   Kafka (a producer with ``linger.ms=0``) and a do-nothing Python streaming
+   source, with Spark's default trigger and ``processingTime="1 second"``;
+   60 s a measure after 10 s of warm-up (``--smoke``: 2 s after 1 s, the
+   three sides at once), Kafka warmed up for 20 s first.  ``e2e_p50_ratio_to_kafka`` and
+   ``e2e_p99_ratio_to_kafka`` (2,000/s, default trigger) are ours over
+   Kafka's: below 1, ours is faster; ``read_job_ms`` and
+   ``noop_python_source_read_job_ms`` are the mean ``addBatch`` of ours and
+   of the do-nothing source there.  ``--only latency`` runs these alone,
+   ``--only throughput`` the others.
+
 The messages are JSON orders of ~250 bytes generated from a fixed seed (the
 same bytes every run), each row different, so that Parquet cannot
 dictionary-encode them away; the stream and the Parquet and Arrow files hold
@@ -59,6 +71,7 @@ starts only after the measures 1-4 are done.  Prints a table; the last line
 is one JSON object.
 
     python bench/spark_bench.py [--quick | --smoke] [--compression none|lz4|zstd] [--constant-values]
+                                [--only throughput|latency]
 """
 
 from __future__ import annotations
@@ -91,8 +104,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from bench.kafka_peer import KAFKA_VERSION, KafkaAdmin, KafkaBroker, connector_jars
+from bench.kafka_peer import KAFKA_VERSION, KafkaAdmin, KafkaBroker, broker_jars, connector_jars
 from bench.sizes import last_line, machine_cpu_seconds, parser, pick, size_of
+from bench.spark_latency import PARTITIONS as LATENCY_PARTITIONS
+from bench.spark_latency import measure_latency, print_latency
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
@@ -724,8 +739,69 @@ def check_delta_table(path: str, n: int, constant: bool) -> None:
         )
 
 
+def fill(client: SyncClient, work: Path, n: int, compression: str, constant: bool) -> int:
+    """The throughput measures' data: the streams ``bench`` and ``peer``, and the same rows as
+    Arrow and Parquet files; returns the values' bytes."""
+    client.create_stream("bench", "bench", partitions=2, compression=compression)
+    client.create_stream("peer", "peer", partitions=PEER_PARTITIONS, compression=compression)
+    (work / "arrow").mkdir()
+    (work / "parquet").mkdir()
+    (work / "peer").mkdir()
+    halves = PEER_PARTITIONS // 2
+    per_partition = n // 2
+    value_bytes = 0
+    for p in range(2):
+        values, timestamps = partition_values(per_partition, p, constant)
+        lengths = pc.binary_length(values)
+        value_bytes += pc.sum(lengths).as_py()
+        chunk = min(CHUNK, PUBLISH_BYTES // pc.max(lengths).as_py())
+        publish(client, "bench", values, p, chunk)
+        # The Kafka comparison's rows: the same values, each partition's split in two.
+        bounds = [per_partition * h // halves for h in range(halves + 1)]
+        for h in range(halves):
+            part = values.slice(bounds[h], bounds[h + 1] - bounds[h])
+            q = p * halves + h
+            publish(client, "peer", part, q, chunk)
+            numbers = pa.array(np.full(len(part), q, np.int32))
+            pq.write_table(
+                pa.table({"value": part, "partition": numbers}), work / "peer" / f"part-{q}.parquet"
+            )
+        table = rows_table(values, timestamps, p)
+        arrow_path = str(work / "arrow" / f"part-{p}.arrow")
+        with pa.OSFile(arrow_path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=chunk)
+        pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
+    return value_bytes
+
+
+def latency(
+    spark: SparkSession, client: SyncClient, broker: LocalBroker, kafka: KafkaBroker, work: Path, size: str
+) -> dict[str, float]:
+    """The latency measures (``bench/spark_latency.py``) at ``size``."""
+    admin = KafkaAdmin(spark, kafka.bootstrap)
+
+    def create_stream(name: str) -> None:
+        client.create_stream(name, name, partitions=LATENCY_PARTITIONS)
+
+    try:
+        return measure_latency(
+            spark,
+            create_stream,
+            lambda name: admin.create_topic(name, LATENCY_PARTITIONS),
+            {"flight": broker.flight, "nats": str(broker.nats_url), "kafka": kafka.bootstrap},
+            broker_jars(),
+            work,
+            seconds=pick(size, smoke=2.0, quick=60.0, full=60.0),
+            warm_up=pick(size, smoke=1.0, quick=10.0, full=10.0),
+            kafka_warm_up=pick(size, smoke=0.0, quick=20.0, full=20.0),
+            together=size == "smoke",
+        )
+    finally:
+        admin.close()
+
+
 def main() -> None:
-    arguments = parser(__doc__, quick_help="1,000,000 messages; about 3 minutes")
+    arguments = parser(__doc__, quick_help="1,000,000 messages, latency 60 s a measure; about 25 minutes")
     arguments.add_argument(
         "--compression",
         choices=COMPRESSIONS,
@@ -737,11 +813,16 @@ def main() -> None:
         action="store_true",
         help="the earlier data: the same 100 bytes in every message, one timestamp in every Parquet row",
     )
+    arguments.add_argument(
+        "--only",
+        choices=("throughput", "latency"),
+        help="only the throughput measures (1-6) or only the latency ones (7)",
+    )
     args = arguments.parse_args()
     size = size_of(args)
     n = pick(size, smoke=20_000, quick=1_000_000, full=5_000_000)
     runs = pick(size, smoke=1, quick=RUNS, full=RUNS)
-    per_partition = n // 2
+    throughput = args.only != "latency"
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     # One session for everything: a JVM keeps the class path it started with, so Kafka's
     # connector goes on spark.jars beside Delta's jars (or beside Spark fetching Delta's).
@@ -753,46 +834,29 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ArrowFileSource)
     spark.dataSource.register(DiscardSink)
+    results: dict[str, float] = {}
     value_bytes = 0
     try:
         with (
             LocalBroker(work / "data", log_level="WARNING") as broker,
             SyncClient(nats_urls=broker.nats_url, broker=broker.flight, timeout=120) as client,
         ):
-            client.create_stream("bench", "bench", partitions=2, compression=args.compression)
-            client.create_stream("peer", "peer", partitions=PEER_PARTITIONS, compression=args.compression)
-            (work / "arrow").mkdir()
-            (work / "parquet").mkdir()
-            (work / "peer").mkdir()
-            halves = PEER_PARTITIONS // 2
-            for p in range(2):
-                values, timestamps = partition_values(per_partition, p, args.constant_values)
-                lengths = pc.binary_length(values)
-                value_bytes += pc.sum(lengths).as_py()
-                chunk = min(CHUNK, PUBLISH_BYTES // pc.max(lengths).as_py())
-                publish(client, "bench", values, p, chunk)
-                # The Kafka comparison's rows: the same values, each partition's split in two.
-                bounds = [per_partition * h // halves for h in range(halves + 1)]
-                for h in range(halves):
-                    part = values.slice(bounds[h], bounds[h + 1] - bounds[h])
-                    q = p * halves + h
-                    publish(client, "peer", part, q, chunk)
-                    numbers = pa.array(np.full(len(part), q, np.int32))
-                    pq.write_table(
-                        pa.table({"value": part, "partition": numbers}), work / "peer" / f"part-{q}.parquet"
-                    )
-                table = rows_table(values, timestamps, p)
-                arrow_path = str(work / "arrow" / f"part-{p}.arrow")
-                with pa.OSFile(arrow_path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                    writer.write_table(table, max_chunksize=chunk)
-                pq.write_table(table, work / "parquet" / f"part-{p}.parquet")
-            results = measure(spark, client, broker, work, n, args.compression, args.constant_values, runs)
-            results |= measure_typed_sink(spark, client, broker, work, n, runs)
+            if throughput:
+                value_bytes = fill(client, work, n, args.compression, args.constant_values)
+                results |= measure(
+                    spark, client, broker, work, n, args.compression, args.constant_values, runs
+                )
+                results |= measure_typed_sink(spark, client, broker, work, n, runs)
             # Kafka starts only now: its JVM shares the 2 cores with what it is not measured against.
             with KafkaBroker(work / "kafka", partitions=PEER_PARTITIONS) as kafka:
                 try:
-                    results |= measure_kafka(spark, client, broker, kafka, work, n, args.compression, runs)
-                    results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
+                    if throughput:
+                        results |= measure_kafka(
+                            spark, client, broker, kafka, work, n, args.compression, runs
+                        )
+                        results |= measure_typed_reads(spark, client, broker, kafka, work, n, runs)
+                    if args.only != "throughput":
+                        results |= latency(spark, client, broker, kafka, work, size)
                 except Exception:
                     print(f"the Kafka peer's log, last lines:\n{kafka.log_tail()}", file=sys.stderr)
                     raise
@@ -800,6 +864,17 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+    if throughput:
+        print_throughput(results, n, value_bytes, runs, args.compression, args.constant_values)
+    if args.only != "throughput":
+        print_latency(results)
+    print(last_line(results, 3))
+
+
+def print_throughput(
+    results: dict[str, float], n: int, value_bytes: int, runs: int, compression: str, constant: bool
+) -> None:
+    """The throughput ratios, added to ``results``, and their table."""
     mean_bytes = value_bytes / n
     results["value_bytes_mean"] = mean_bytes
     results["read_rows_per_s"] = results["jetstream_read_rows_per_s"]
@@ -820,9 +895,9 @@ def main() -> None:
         results["python_floor_write_rows_per_s"] / results["kafka_write_rows_per_s"]
     )
     data = f"JSON orders of {mean_bytes:.0f} bytes (mean)"
-    if args.constant_values:
+    if constant:
         data = "constant 100-byte values"
-    print(f"{n:,} messages, {data}, local[2], compression {args.compression}, medians of {runs} runs")
+    print(f"{n:,} messages, {data}, local[2], compression {compression}, medians of {runs} runs")
     print(f"{'measure':<48} {'rows/s':>12} {'ratio':>7} {'target':>7}")
     table = [
         ("read: readStream jetstream -> noop", results["read_rows_per_s"], None, ""),
@@ -911,7 +986,7 @@ def main() -> None:
     producer = ", ".join(f"{k}={v}" for k, v in KAFKA_PRODUCER.items())
     print(
         f"kafka: Kafka {KAFKA_VERSION} (KRaft, one node), {PEER_PARTITIONS}-partition stream and topics; "
-        f"Kafka's producer: {producer}, compression.type={args.compression}"
+        f"Kafka's producer: {producer}, compression.type={compression}"
     )
     print("CPU seconds per million rows, the whole machine (JVMs, Python workers, broker, nats-server):")
     cpu_rows = [
@@ -924,7 +999,6 @@ def main() -> None:
     for label, ours, peer in cpu_rows:
         mine, theirs = (results[f"{k}_cpu_s_per_m_rows"] for k in (ours, peer))
         print(f"  {label:<46} {mine:>6.2f} / {theirs:>5.2f}")
-    print(last_line(results, 3))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 
+from .connections import read_pool, shared_connection
 from .options import Offsets, SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ BASE_SCHEMA = (
 HEADERS_FIELD = "headers array<struct<key:string,value:binary>>"
 LOG_COLUMNS = frozenset(LOG_SCHEMA.names)
 READ_BYTES = 16 * 1024 * 1024
+SMALL_BATCH = 4_096
+"""Rows under which a stored batch is joined with its neighbours before Spark gets it."""
+GATHERED_ROWS = 65_536
+"""Rows a batch joined from small ones holds at most (give or take the last one joined)."""
 EARLIEST, LATEST = -2, -1
 
 
@@ -247,27 +252,14 @@ def plan_ranges(
     return ranges
 
 
-def read_range(
+def _fetcher(
+    connection: ClusterConnection,
     spec: RangeSpec,
     target: pa.Schema,
-    *,
-    fail_on_data_loss: bool,
-    timeout: float,
-    from_replicas: bool = False,
-    credentials: Credentials | None = None,
-    filters: tuple[ColumnFilter, ...] = (),
-) -> Iterator[pa.RecordBatch]:
-    """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
-
-    The next read (up to :data:`READ_BYTES`) is fetched in a thread while
-    Spark consumes the batches of the current one, so the task waits for the
-    broker only once.  With ``from_replicas`` an in-sync follower may serve the
-    range; the range was planned from the leader's high watermark, so what a
-    follower has not committed yet is read from the leader instead of waited
-    for.  ``credentials`` are presented to every broker asked.  A typed stream's fields in
-    ``target`` are fetched with the log's columns; ``filters`` are applied by the broker.
-    """
-    connection = ClusterConnection(spec.broker, timeout=timeout, credentials=credentials)
+    filters: tuple[ColumnFilter, ...],
+) -> Callable[[int, bool], FetchResult]:
+    """A read of ``spec``'s partition from an offset to the range's end (``READ_BYTES`` at most),
+    from a follower or not."""
     columns = _columns_for(target)
 
     def fetch(offset: int, replicas: bool) -> FetchResult:
@@ -284,30 +276,74 @@ def read_range(
             )
         )
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetstream-read")
+    return fetch
+
+
+def start_read(
+    spec: RangeSpec,
+    target: pa.Schema,
+    *,
+    timeout: float,
+    from_replicas: bool = False,
+    credentials: Credentials | None = None,
+    filters: tuple[ColumnFilter, ...] = (),
+) -> Future[FetchResult]:
+    """The first read of ``spec``, asked for now in the process's read pool (for
+    :func:`read_range`'s ``first``)."""
+    connection = shared_connection(spec.broker, credentials, timeout)
+    return read_pool().submit(_fetcher(connection, spec, target, filters), spec.start, from_replicas)
+
+
+def read_range(
+    spec: RangeSpec,
+    target: pa.Schema,
+    *,
+    fail_on_data_loss: bool,
+    timeout: float,
+    from_replicas: bool = False,
+    credentials: Credentials | None = None,
+    filters: tuple[ColumnFilter, ...] = (),
+    first: Future[FetchResult] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
+
+    Reads go through the process's kept connection (see :mod:`.connections`):
+    a task that fits in one read makes one round trip.  When it does not, the
+    next read (up to :data:`READ_BYTES`) is fetched in the process's read pool
+    while Spark consumes the batches of the current one, so the task waits
+    for the broker only once.  ``first``: that of :func:`start_read`, already
+    asked for.  With ``from_replicas`` an in-sync follower may serve the
+    range; the range was planned from the leader's high watermark, so what a
+    follower has not committed yet is read from the leader instead of waited
+    for.  ``credentials`` are presented to every broker asked.  A typed stream's fields in
+    ``target`` are fetched with the log's columns; ``filters`` are applied by the broker.
+    """
+    connection = shared_connection(spec.broker, credentials, timeout)
+    fetch = _fetcher(connection, spec, target, filters)
     replicas = from_replicas
     ahead: tuple[int, bool, Future[FetchResult]] | None = None
     """The read of the next offset, asked for before the current batches were yielded."""
+    if first is not None:
+        ahead = (spec.start, from_replicas, first)
     try:
         offset = spec.start
         while offset < spec.end:
-            if ahead is not None and ahead[:2] == (offset, replicas):
-                pending = ahead[2]
-            else:
-                pending = pool.submit(fetch, offset, replicas)
+            pending = ahead[2] if ahead is not None and ahead[:2] == (offset, replicas) else None
             ahead = None
             try:
-                result = pending.result()
+                result = fetch(offset, replicas) if pending is None else pending.result()
             except OffsetOutOfRangeError as exc:
                 offset = _after_data_loss(
                     connection, spec, offset, exc, fail_on_data_loss, from_leader=not replicas
                 )
                 continue
             if offset < result.next_offset < spec.end:
-                ahead = (result.next_offset, replicas, pool.submit(fetch, result.next_offset, replicas))
-            for batch in result.batches:
-                if not batch.num_rows:
-                    continue
+                ahead = (
+                    result.next_offset,
+                    replicas,
+                    read_pool().submit(fetch, result.next_offset, replicas),
+                )
+            for batch in _gathered(result.batches):
                 # After compaction (or filters) a row count can reach past the range's end offset.
                 inside = (
                     batch.filter(pc.less(batch.column(0), spec.end))
@@ -328,9 +364,42 @@ def read_range(
                 break
             offset = result.next_offset
     finally:
-        # A read still running (the task ended early) finishes first: the connection outlives it.
-        pool.shutdown(wait=True, cancel_futures=True)
-        connection.close()
+        if ahead is not None:  # the task ended early: a read not started yet is not needed
+            ahead[2].cancel()
+
+
+def _gathered(batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` without empty ones, consecutive small ones (under :data:`SMALL_BATCH` rows) joined
+    into batches of up to :data:`GATHERED_ROWS` rows.
+
+    A stream published message by message is stored in batches of a few
+    messages each, and every batch handed to Spark costs a conversion, a
+    hand-over to the JVM and a frame of its own: hundreds of them made a
+    micro-batch's read slow whatever its rows.  Big batches are handed on as
+    they are (joining them would only copy them).
+    """
+    run: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        if batch.num_rows >= SMALL_BATCH:
+            yield from _joined(run)
+            run, rows = [], 0
+            yield batch
+            continue
+        run.append(batch)
+        rows += batch.num_rows
+        if rows >= GATHERED_ROWS:
+            yield from _joined(run)
+            run, rows = [], 0
+    yield from _joined(run)
+
+
+def _joined(run: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    if len(run) <= 1:
+        return run
+    return pa.Table.from_batches(run, schema=run[0].schema).combine_chunks().to_batches()
 
 
 def _after_data_loss(

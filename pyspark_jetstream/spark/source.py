@@ -10,7 +10,6 @@ from it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NoReturn
@@ -36,13 +35,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_jetstream.client.cluster import ClusterConnection
-from pyspark_jetstream.client.credentials import Credentials
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, PermissionDeniedError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.flight import ActionType
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
 
 from . import unpickle
-from .consumers import check_sole_writer, new_consumer, split_consumer, with_consumer
+from .connections import shared_connection
+from .consumers import new_consumer, split_consumer, with_consumer
+from .cursors import CursorWriter
 from .options import (
     Offsets,
     check_option_names,
@@ -57,9 +57,9 @@ from .reading import (
     describe_configs,
     limit_rows,
     plan_ranges,
-    read_range,
     resolve,
 )
+from .tasks import group_ranges, read_ranges
 from .typed_source import check_schema, pushable, spark_struct, unreadable, value_fields
 
 logger = logging.getLogger(__name__)
@@ -67,24 +67,16 @@ logger = logging.getLogger(__name__)
 # Executors load the source's objects through this module, sent with them: see its docstring.
 cloudpickle.register_pickle_by_value(unpickle)
 
-_connections: dict[tuple[str, Credentials], ClusterConnection] = {}
-_connections_lock = threading.Lock()
-
 
 def connection(plan: SourcePlan) -> ClusterConnection:
-    """One Flight connection per broker and credentials per process (readers themselves must
-    stay picklable): queries of different principals never share one."""
-    key = (plan.broker, plan.options.credentials)
-    with _connections_lock:
-        found = _connections.get(key)
-        if found is None:
-            found = _connections[key] = ClusterConnection(
-                plan.broker,
-                timeout=plan.options.timeout,
-                connect_timeout=plan.options.addresses.connect_timeout,
-                credentials=plan.options.credentials,
-            )
-        return found
+    """The process's connection for ``plan`` (readers themselves must stay picklable): queries of
+    different principals or brokers never share one (see :mod:`.connections`)."""
+    return shared_connection(
+        plan.broker,
+        plan.options.credentials,
+        plan.options.timeout,
+        plan.options.addresses.connect_timeout,
+    )
 
 
 class JetStreamDataSource(unpickle.ByName, DataSource):
@@ -213,10 +205,8 @@ class _Reading(unpickle.ByName):
         return {stream: parts for stream, parts in layout.items() if self._judged.get(stream) is None}
 
     def _ranges(self, start: Offsets, end: Offsets) -> list[InputPartition]:
-        return [
-            InputPartition(spec)
-            for spec in plan_ranges(self.plan.broker, self.options, start, end, self._layout)
-        ]
+        ranges = plan_ranges(self.plan.broker, self.options, start, end, self._layout)
+        return [InputPartition(task) for task in group_ranges(ranges, self.options)]
 
     def _cursors(self, layout: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, int | None]]:
         conn = connection(self.plan)
@@ -245,12 +235,12 @@ class _Reading(unpickle.ByName):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """On an executor: the range's batches, in exactly Spark's Arrow schema."""
-        spec: RangeSpec | None = partition.value
-        if spec is None:  # Spark runs one empty task when the plan has no range
+        specs: tuple[RangeSpec, ...] | None = partition.value
+        if not specs:  # Spark runs one empty task when the plan has no range
             return
         target = to_arrow_schema(self.schema, timezone="UTC")
-        yield from read_range(
-            spec,
+        yield from read_ranges(
+            specs,
             target,
             fail_on_data_loss=self.options.fail_on_data_loss,
             timeout=self.options.timeout,
@@ -294,15 +284,17 @@ class JetStreamFilteringBatchReader(JetStreamBatchReader):
 class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of committed messages, with admission control and cursors in the log."""
 
+    _transient = ("_cursor_writer",)
+
     def __init__(self, plan: SourcePlan, schema: StructType, fields: pa.Schema | None = None) -> None:
         super().__init__(plan, schema, fields)
         self._target: Offsets | None = None
         self._last_batch: float | None = None
         """``time.monotonic()`` when the last micro-batch was planned (the first is never delayed)."""
-        self._stored: Offsets | None = None
-        """The position last stored as cursors."""
-        self._cursors_refused = False
-        """The principal may not store this query's cursors: not asked again."""
+        self._reported: Offsets | None = None
+        """The committed ends as last described (by ``latestOffset``), for ``reportLatestOffset``."""
+        self._cursor_writer: CursorWriter | None = None
+        """Stores cursors in the driver's process (made there on first use; never pickled)."""
         self._consumer: str | None = None
         """The query's own consumer name, carried in its offsets (``consumerId`` not given)."""
 
@@ -337,11 +329,13 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         self._target = self._latest()
 
     def reportLatestOffset(self) -> Offsets:
-        """The committed end of every partition, for the query's progress."""
-        return self._latest()
+        """The committed end of every partition, for the query's progress: as ``latestOffset``
+        found it just before (Spark asks right after it), so no call of its own."""
+        return self._reported if self._reported is not None else self._latest()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         """The end of the next micro-batch (see :meth:`_next_end`), carrying the query's consumer name."""
+        self._check_cursors()
         return with_consumer(self._next_end(self._own(start), limit), self._consumer)
 
     def _next_end(self, start: Offsets, limit: ReadLimit) -> Offsets:
@@ -351,9 +345,11 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         streams matching ``streamPattern``) are read from their beginning.
 
         Spark calls this once the micro-batch ending at ``start`` has
-        completed, so ``start`` is stored as the query's cursors here: the
-        cursors reach the end of the last micro-batch, also after the last
-        batch of ``Trigger.AvailableNow``.  With ``minOffsetsPerTrigger``,
+        completed, so ``start`` is stored as the query's cursors here, in
+        the background while there is more to read; with nothing new (the
+        query caught up, or the last batch of ``Trigger.AvailableNow`` done)
+        it waits for the store, so the cursors of a query that caught up are
+        at its end.  With ``minOffsetsPerTrigger``,
         fewer new messages than that plan no batch until ``maxTriggerDelay``
         has passed since the last one (as in Spark's Kafka source).
         """
@@ -376,9 +372,11 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         for stream, parts in start.items():  # a deleted stream keeps its last position
             latest.setdefault(stream, dict(parts))
         if self._delayed(start, latest):
-            return start
+            latest = start
         if latest != start:
             self._last_batch = time.monotonic()
+        else:  # nothing to read now: no micro-batch waits for the cursors
+            self._flush_cursors()
         return latest
 
     def _delayed(self, start: Offsets, latest: Offsets) -> bool:
@@ -402,58 +400,43 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
         """Store the query's position as cursors in the log (named by ``consumerId``)."""
         self._store(self._own(end))
 
+    def stop(self) -> None:
+        """The query stops: its last position is stored as cursors (waiting up to ``timeout``; Spark
+        may end the process sooner)."""
+        writer = getattr(self, "_cursor_writer", None)
+        if writer is not None:
+            writer.close(self.options.timeout)
+
+    def _flush_cursors(self) -> None:
+        writer = getattr(self, "_cursor_writer", None)
+        if writer is not None and not writer.flush(self.options.timeout):
+            logger.warning("cursors of %s: still not stored after %g s", self.consumer, self.options.timeout)
+
+    def _check_cursors(self) -> None:
+        """Raise what made the cursor writer stop (another query storing this ``consumerId``)."""
+        writer = getattr(self, "_cursor_writer", None)
+        if writer is not None and writer.failure is not None:
+            raise writer.failure
+
     def _store(self, position: Offsets) -> None:
-        """Cursors at ``position`` (once per position).  They are a report for people and for
-        ``startingOffsets=cursor``; Spark's checkpoint is what the query resumes from, so a
-        broker that cannot take them is logged, not fatal."""
-        if position == self._stored or self._cursors_refused:
-            return
-        conn = connection(self.plan)
-        if self._stored is not None and self.options.consumer_given:
-            check_sole_writer(
-                self.consumer, self._stored, lambda s, p: _cursor_or_none(conn, self.consumer, s, p)
+        """Have cursors stored at ``position``, in the background (see :mod:`.cursors`).  They are a
+        report for people and for ``startingOffsets=cursor``; Spark's checkpoint is what the query
+        resumes from, so a broker that cannot take them is logged, not fatal.  With ``consumerId``
+        given, cursors found moved by another query fail the query (at its next call)."""
+        self._check_cursors()
+        writer = getattr(self, "_cursor_writer", None)
+        if writer is None:
+            writer = self._cursor_writer = CursorWriter(
+                lambda: connection(self.plan), self.consumer, sole_writer=self.options.consumer_given
             )
-        try:
-            for stream, partitions in position.items():
-                for partition, offset in partitions.items():
-                    conn.action(
-                        ActionType.SET_CURSOR,
-                        {
-                            "consumer": self.consumer,
-                            "stream": stream,
-                            "partition": int(partition),
-                            "offset": offset,
-                        },
-                    )
-        except PermissionDeniedError as exc:
-            self._cursors_refused = True
-            logger.warning(
-                "cursors of %s are not stored (%s); set the option 'consumerId' to a consumer name "
-                "the principal may store cursors of",
-                self.consumer,
-                exc,
-            )
-            return
-        except JetStreamError as exc:
-            logger.warning("cursors of %s not stored at %s: %s", self.consumer, position, exc)
-            self._stored = None  # some may be: where they are is not known
-            return
-        self._stored = {stream: dict(parts) for stream, parts in position.items()}
+        writer.store(position)
 
     def _latest(self) -> Offsets:
         layout = self._describe(connection(self.plan))
-        return {stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()}
-
-
-def _cursor_or_none(conn: ClusterConnection, consumer: str, stream: str, partition: int) -> int | None:
-    """``consumer``'s cursor of a partition; ``None`` when it has none or it cannot be read."""
-    try:
-        offset = conn.action(
-            ActionType.FETCH_CURSOR, {"consumer": consumer, "stream": stream, "partition": partition}
-        )["offset"]
-    except JetStreamError:
-        return None
-    return offset if isinstance(offset, int) else None
+        self._reported = {
+            stream: {p: s.high_watermark for p, s in parts.items()} for stream, parts in layout.items()
+        }
+        return self._reported
 
 
 class RefusedStreamReader(unpickle.ByName, DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -59,8 +59,12 @@ def rebuild(module: str, qualname: str) -> Any:
 
 
 class ByName:
-    """Pickles as ``rebuild(module, qualname)`` plus the instance's attributes."""
+    """Pickles as ``rebuild(module, qualname)`` plus the instance's attributes, but those named in
+    ``_transient`` (things of the process that made it: threads, locks)."""
+
+    _transient: tuple[str, ...] = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         cls = type(self)
-        return (rebuild, (cls.__module__, cls.__qualname__), self.__dict__)
+        state = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        return (rebuild, (cls.__module__, cls.__qualname__), state)

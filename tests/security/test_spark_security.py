@@ -197,3 +197,56 @@ def test_credential_options_are_parsed_once_and_kept_apart(secured, tmp_path):
             parse_source_options(
                 {"servers": secured.broker.flight, "stream": "orders", **bad}, streaming=True
             )
+
+
+def test_a_query_restarted_with_a_rotated_token_reads_and_the_old_token_is_refused(
+    spark, secured, orders, monkeypatch
+):
+    """Connections kept by the driver and the Python workers between queries (issue 40) are found
+    by the credentials too: the rotated token gets a connection of its own, the old one no longer
+    reads through a connection kept from before."""
+    from pyspark_jetstream.client import Credentials
+    from pyspark_jetstream.client.cluster import ClusterConnection
+    from pyspark_jetstream.protocol.errors import JetStreamError
+    from pyspark_jetstream.protocol.flight import ReadRequest
+
+    from .conftest import acl_text
+
+    def values(token: str) -> list[bytes]:
+        options = {"user": "bob", "token": token, "tls.ca": secured.pki.ca}
+        frame = spark.read.format("jetstream").options(
+            servers=secured.broker.flight, stream="orders", **options
+        )
+        return [r.value for r in frame.load().orderBy("offset").collect()]
+
+    def old_token_reads() -> bool:
+        credentials = Credentials(user="bob", token=old, tls_ca=secured.pki.ca)
+        connection = ClusterConnection(secured.broker.flight, timeout=5, credentials=credentials)
+        try:
+            connection.read(ReadRequest("orders", 0))
+            return True
+        except JetStreamError:
+            return False
+        finally:
+            connection.close()
+
+    def wait_for(reads: bool) -> None:
+        deadline = time.monotonic() + 15
+        while old_token_reads() != reads:
+            assert time.monotonic() < deadline, "the ACL was not reloaded within 15 s"
+            time.sleep(0.1)
+
+    old, rotated = TOKENS["bob"], "bob-token-rotated"
+    assert values(old) == orders  # the driver and the workers now keep a connection with the old token
+    monkeypatch.setitem(TOKENS, "bob", rotated)
+    secured.acl_file.write_text(acl_text())
+    monkeypatch.undo()
+    try:
+        wait_for(reads=False)
+        assert values(rotated) == orders
+        with pytest.raises(Exception, match="bob") as refused:
+            values(old)
+        assert old not in str(refused.value) and rotated not in str(refused.value)
+    finally:
+        secured.acl_file.write_text(acl_text())
+        wait_for(reads=True)

@@ -192,6 +192,7 @@ def test_stream_to_stream_exactly_once_across_a_failure_and_restart(
             .option("stream", source)
             .option("startingOffsets", "earliest")
             .option("maxRecordsPerTrigger", "80")
+            .option("minPartitions", "2")  # a task per partition (80 rows would be one task)
             .load()
             .select(shout_udf(col("value")).alias("value"))
             .writeStream.format("jetstream")
