@@ -351,6 +351,7 @@ def _orders_to_read(checkout: Checkout) -> None:
 BEFORE: dict[str, tuple[Callable[[Checkout], None], ...]] = {
     "docs/spark.md": (_start_the_broker, _orders_stream, _orders_to_read),
     "docs/client.md": (_start_the_broker,),
+    "docs/databricks.md": (_start_the_broker, _orders_stream, _orders_to_read),
     "docs/cli.md": (_start_the_broker,),
     "docs/outbox.md": (_start_the_broker, _orders_stream),
     "docs/operations.md": (_start_the_broker,),
@@ -362,6 +363,7 @@ RUN = {
     "docs/broker.md": 2,
     "docs/cli.md": 1,
     "docs/client.md": 1,
+    "docs/databricks.md": 1,
     "docs/internals.md": 1,
     "docs/operations.md": 1,
     "docs/outbox.md": 3,

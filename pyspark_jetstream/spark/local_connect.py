@@ -107,16 +107,34 @@ class LocalConnectServer:
         )
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server's process group (TERM, then KILL after ``timeout``); safe to repeat."""
+        """Stop this process's Spark Connect sessions on the server, then the server's process
+        group (TERM, then KILL after ``timeout``); safe to repeat."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        self._stop_sessions()
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+    def _stop_sessions(self) -> None:
+        """Stop this process's default and active Spark Connect sessions if they are on this server.
+        A session left open when its server goes makes the interpreter's exit hang: PySpark's exit
+        hook asks the server to clean up, and retries for minutes while nothing answers."""
+        module = sys.modules.get("pyspark.sql.connect.session")
+        if module is None or not self.url:
+            return
+        sessions = module.SparkSession
+        port = int(self.url.rsplit(":", 1)[1])
+        for session in {sessions._default_session, getattr(sessions._active_session, "session", None)}:
+            if session is None or session.is_stopped:
+                continue
+            url = getattr(getattr(session.client, "_builder", None), "url", None)
+            if getattr(url, "port", None) == port:
+                session.stop()
 
     def problem(self) -> str:
         """The log's first error and the line after it (the exception), else the log's end."""
