@@ -166,7 +166,7 @@ async def connect_nats(
     if failure is None and not connecting.cancelled():
         return nc
     last = errors.last
-    await _drop_transport(nc)
+    await drop_transport(nc)
     if last is not None and _is_refusal(last):
         raise UnauthenticatedError(_refusal_message(urls, credentials)) from None
     cause = last if last is not None else failure or TimeoutError()
@@ -176,7 +176,7 @@ async def connect_nats(
     ) from None
 
 
-async def _drop_transport(nc: NatsClient) -> None:
+async def drop_transport(nc: NatsClient) -> None:
     """Close the socket of a connect that failed on its last attempt.
 
     nats-py closes the sockets of the attempts it retries, not that of the

@@ -161,9 +161,22 @@ def test_a_controlled_shutdown_hands_leadership_over_without_loss(cluster, clien
             led = [
                 p.partition for p in client.describe_stream("roll").partitions if p.leader == broker.broker_id
             ]
+            logged = broker.log_path.stat().st_size
             assert broker.stop() == 0
-            info = client.describe_stream("roll")
-            assert all(info.partitions[p].leader != broker.broker_id for p in led)
+            with open(broker.log_path, "rb") as log:
+                log.seek(logged)
+                stopping = log.read().decode(errors="replace")
+            # It stopped once its own view of the metadata had no leadership left to hand over ...
+            assert "controlled shutdown: no partition led here can move" in stopping, stopping[-3000:]
+            assert "controlled shutdown timed out" not in stopping
+            # ... which the broker asked here learns from ZooKeeper's watch, a moment later.
+            wait_until(
+                lambda gone=broker.broker_id, moved=led: all(
+                    client.describe_stream("roll").partitions[p].leader != gone for p in moved
+                ),
+                timeout=10,
+                message=f"the partitions {led} led by the stopped broker to show another leader",
+            )
             broker.start()
     finally:
         stop.set()
