@@ -267,7 +267,7 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.PROMOTE_STREAM: Actions.promote_stream,
     ActionType.MIRROR_STATUS: Actions.mirror_status,
 }
-"""Every action's handler (:data:`ACTION_DESCRIPTIONS` says what each takes; tests/broker/test_actions.py
+"""Every action's handler (:data:`ACTION_DESCRIPTIONS` says what each takes; tests/api/test_actions.py
 checks that none is missing)."""
 
 

@@ -38,7 +38,7 @@ from pyspark_jetstream.protocol.put import (
     parse_put_command,
 )
 
-from .harness import BrokerProcess, publish_plain, scrape, wait_until
+from ..broker.harness import BrokerProcess, publish_plain, scrape, wait_until
 
 
 def _chunk(*values: bytes) -> pa.RecordBatch:
