@@ -12,12 +12,13 @@ import time
 import pyarrow as pa
 import pytest
 
+from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import FlightPlace, LocalCluster
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 from ..broker.harness import wait_until
-from ..broker.mirror_harness import COPIED_COLUMNS, free_port, wait_caught_up
+from ..broker.mirror_harness import COPIED_COLUMNS, wait_caught_up
 from .conftest import FAST
 
 pytestmark = pytest.mark.slow
