@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from broker_node.log import EpochEndOffset
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError, shown
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
 from pyspark_jetstream.protocol.mirror import MirrorRequest
-from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 T = TypeVar("T")
