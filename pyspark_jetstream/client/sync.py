@@ -31,7 +31,7 @@ from .connection import FetchResult
 from .credentials import Credentials
 from .publish_options import BatchOptions, MessageOptions
 from .putting import Putter
-from .reading import Message, Start
+from .reading import FetchOptions, Message, Start, TailOptions
 from .routing import METADATA_MAX_AGE
 
 T = TypeVar("T")
@@ -136,24 +136,14 @@ class SyncClient(AdminActions, BlockingFace):
         :mod:`.putting`); close it when done."""
         return Putter(self.admin.cluster, producer_id, producer_epoch, ack_policy)
 
-    def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
+    def fetch(self, stream: str, partition: int = 0, **options: Unpack[FetchOptions]) -> FetchResult:
         """See :meth:`Client.fetch`."""
         self._check_open()
         return self._reader.fetch_blocking(stream, partition, **options)
 
-    def subscribe(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        follow: float = 30.0,
-        live: bool = True,
-    ) -> Iterator[Message]:
+    def subscribe(self, stream: str, partition: int = 0, **options: Unpack[TailOptions]) -> Iterator[Message]:
         """See :meth:`Client.subscribe`: a blocking iterator."""
-        return self._blocking(
-            self._client.subscribe(stream, partition, start=start, follow=follow, live=live)
-        )
+        return self._blocking(self._client.subscribe(stream, partition, **options))
 
     def subscribe_partitions(
         self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True
