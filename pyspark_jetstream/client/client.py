@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar, Unpack
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -60,6 +60,18 @@ __all__ = [
     "discover_broker",
     "start_position",
 ]
+
+
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of a connection (see :meth:`Client.connect`, whose defaults they
+    take), declared once for :meth:`Client.connect` and :class:`~.sync.SyncClient`."""
+
+    nats_urls: str | Sequence[str]
+    broker: str | None
+    timeout: float
+    max_pending: int
+    credentials: Credentials | None
+    metadata_max_age: float
 
 
 class Client(AdminActions, AsyncFace):
