@@ -22,10 +22,12 @@ lint: bootstrap
 	$(PY) scripts/check_imports.py
 
 # Test modules spread over worker processes (pytest-xdist; a module's tests share one worker and
-# its fixtures).  The suite mostly waits on servers, so three workers pay on two cores.
+# its fixtures).  The suite mostly waits on servers, so three workers pay on two cores.  The run
+# ends with its 15 slowest tests and a line of seconds per room of tests/ (tests/conftest.py), so
+# creep shows where it starts.
 TEST_WORKERS ?= 3
 test: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 # Every benchmark's --quick run, one after another; the figures go to bench/results/<UTC time>.json
 # (bench/RESULTS.md says how to read them).

@@ -55,7 +55,7 @@ class DataDirLock:
         if not _lock(handle):
             handle.seek(0)
             holder, holder_owner = _holder(handle.read())
-            if holder is None or holder_owner is None or _alive(holder_owner) or not _is_broker(holder):
+            if holder is None or holder_owner is None or pid_alive(holder_owner) or not _is_broker(holder):
                 handle.close()
                 raise ConfigError(
                     f"the data directory {data_dir} is in use by another broker (pid {holder or 'unknown'}): "
@@ -101,7 +101,7 @@ def _holder(text: str) -> tuple[int | None, int | None]:
     return pid, owner
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie, already ended, is not)."""
     try:
         os.kill(pid, 0)

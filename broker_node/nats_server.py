@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from broker_node.data_dir import pid_alive
+
 logger = logging.getLogger(__name__)
 
 
@@ -238,14 +240,3 @@ def die_with_parent_prefix() -> list[str]:
     """
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform == "linux" else []
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

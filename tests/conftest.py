@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 from hypothesis import settings
@@ -33,6 +34,25 @@ def pytest_collection_modifyitems(items: list) -> None:
     """Tests marked ``slow`` (whole modules of a minute or more) run first: with ``make test``'s
     workers (pytest-xdist) the long ones start at once instead of ending the run alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+ROOM_SECONDS: defaultdict[str, float] = defaultdict(float)
+"""Seconds of set-up, call and tear-down per room of tests/ (its first folder) in this run."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase's time to its room's total (under xdist the main process sees every report)."""
+    parts = report.nodeid.split("::", 1)[0].split("/")
+    ROOM_SECONDS[parts[1] if len(parts) > 2 else "top"] += report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line at the end of a run: where the run's time went, room by room, the most first."""
+    if ROOM_SECONDS:
+        rooms = sorted(ROOM_SECONDS.items(), key=lambda room: -room[1])
+        totals = ", ".join(f"{name} {seconds:.1f}" for name, seconds in rooms)
+        terminalreporter.write_line(f"seconds per room (summed over workers): {totals}")
 
 
 REMOTE = "JETSTREAM_TEST_SPARK_REMOTE"

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from broker_node.log import EpochEndOffset
-from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError
+from pyspark_jetstream.protocol.errors import InvalidArgumentError, LimitExceededError, shown
 from pyspark_jetstream.protocol.flight import ActionType, StreamInfo, validate_body_int
 from pyspark_jetstream.protocol.mirror import MirrorRequest
-from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int, shown
+from pyspark_jetstream.protocol.streams import MAX_PARTITIONS, StreamConfig, bounded_int
 from pyspark_jetstream.protocol.value_schema import SchemaDocument
 
 T = TypeVar("T")
@@ -267,7 +267,7 @@ HANDLERS: dict[ActionType, Callable[[Actions, str, dict[str, Any]], object]] = {
     ActionType.PROMOTE_STREAM: Actions.promote_stream,
     ActionType.MIRROR_STATUS: Actions.mirror_status,
 }
-"""Every action's handler (:data:`ACTION_DESCRIPTIONS` says what each takes; tests/broker/test_actions.py
+"""Every action's handler (:data:`ACTION_DESCRIPTIONS` says what each takes; tests/api/test_actions.py
 checks that none is missing)."""
 
 

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,57 +157,74 @@ class LocalCoordinator(Coordinator):
 
     def add_partitions(self, name: str, partitions: int) -> StreamMetadata:
         """See :meth:`Coordinator.add_partitions`: every new partition is this broker's."""
-        with self._lock:
-            metadata = self.get_stream(name)
+
+        def grown(metadata: StreamMetadata) -> StreamMetadata | None:
             config = grown_config(metadata.config, partitions)
             if config is None:
-                return metadata
+                return None
             brokers = [b.broker_id for b in self.brokers()]
             count = config.partitions - len(metadata.partitions)
             added = new_partitions(assign_replicas(brokers, count, config.replication_factor))
-            grown = StreamMetadata(config, metadata.partitions + added, metadata.stream_id)
-            self._streams[name] = grown
-            self._save()
-        logger.info(
-            "stream %s grew from %d to %d partition(s)",
-            name,
-            len(metadata.partitions),
-            config.partitions,
-            extra={"stream": name},
-        )
-        self._notify()
-        return grown
+            return StreamMetadata(config, metadata.partitions + added, metadata.stream_id)
+
+        def said(before: StreamMetadata, after: StreamMetadata) -> None:
+            logger.info(
+                "stream %s grew from %d to %d partition(s)",
+                name,
+                len(before.partitions),
+                after.config.partitions,
+                extra={"stream": name},
+            )
+
+        return self._change(name, grown, said)
 
     def update_schema(self, name: str, document: SchemaDocument) -> StreamMetadata:
         """See :meth:`Coordinator.update_schema`."""
-        with self._lock:
-            metadata = self.get_stream(name)
+
+        def updated(metadata: StreamMetadata) -> StreamMetadata | None:
             config = schema_updated(metadata.config, document)
             if config is None:
-                return metadata
+                return None
             check_dead_letter(
                 config, lambda other: _config_of(self._streams.get(other)), before=metadata.config
             )
-            updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
-            self._streams[name] = updated
-            self._save()
-        logger.info("stream %s: schema now %r", name, config.schema, extra={"stream": name})
-        self._notify()
-        return updated
+            return StreamMetadata(config, metadata.partitions, metadata.stream_id)
+
+        def said(before: StreamMetadata, after: StreamMetadata) -> None:
+            logger.info("stream %s: schema now %r", name, after.config.schema, extra={"stream": name})
+
+        return self._change(name, updated, said)
 
     def promote_mirror(self, name: str) -> StreamMetadata:
         """See :meth:`Coordinator.promote_mirror`."""
-        with self._lock:
-            metadata = self.get_stream(name)
+
+        def promotion(metadata: StreamMetadata) -> StreamMetadata | None:
             config = promoted(metadata.config)
-            if config is None:
-                return metadata
-            updated = StreamMetadata(config, metadata.partitions, metadata.stream_id)
-            self._streams[name] = updated
+            return None if config is None else StreamMetadata(config, metadata.partitions, metadata.stream_id)
+
+        def said(before: StreamMetadata, after: StreamMetadata) -> None:
+            logger.info("stream %s: mirror promoted", name, extra={"stream": name})
+
+        return self._change(name, promotion, said)
+
+    def _change(
+        self,
+        name: str,
+        change: Callable[[StreamMetadata], StreamMetadata | None],
+        said: Callable[[StreamMetadata, StreamMetadata], None],
+    ) -> StreamMetadata:
+        """Stream ``name``'s metadata after ``change`` (``None``: nothing to change), stored and saved
+        under the lock; then ``said(before, after)`` logs it and the listeners hear of it."""
+        with self._lock:
+            before = self.get_stream(name)
+            after = change(before)
+            if after is None:
+                return before
+            self._streams[name] = after
             self._save()
-        logger.info("stream %s: mirror promoted", name, extra={"stream": name})
+        said(before, after)
         self._notify()
-        return updated
+        return after
 
     def deleted_stream_ids(self) -> frozenset[str]:
         """See :meth:`Coordinator.deleted_stream_ids`."""

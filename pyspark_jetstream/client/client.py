@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar, Unpack
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
 
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
-from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.streams import StreamConfig, bounded_number
 
 from .admin import LEADERSHIP_TIMEOUT, Admin, AdminActions, leadership
@@ -39,7 +38,7 @@ from .publish_options import (
     message_options,
 )
 from .publisher import PUBLISH_REFUSED, Publisher, await_ack
-from .reading import FOLLOW_BUFFER, Message, Reader, Start, start_position
+from .reading import FOLLOW_BUFFER, FetchOptions, Message, Reader, Start, TailOptions, start_position
 from .routing import METADATA_MAX_AGE
 
 P = ParamSpec("P")
@@ -61,6 +60,18 @@ __all__ = [
     "discover_broker",
     "start_position",
 ]
+
+
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of a connection (see :meth:`Client.connect`, whose defaults they
+    take), declared once for :meth:`Client.connect` and :class:`~.sync.SyncClient`."""
+
+    nats_urls: str | Sequence[str]
+    broker: str | None
+    timeout: float
+    max_pending: int
+    credentials: Credentials | None
+    metadata_max_age: float
 
 
 class Client(AdminActions, AsyncFace):
@@ -275,20 +286,9 @@ class Client(AdminActions, AsyncFace):
 
     # ---- reading -----------------------------------------------------------------------
 
-    async def fetch(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        max_wait: float = 0.0,
-        from_replicas: bool = False,
-        columns: Sequence[str] | None = None,
-        filters: Sequence[ColumnFilter] = (),
-    ) -> FetchResult:
-        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet.
+    async def fetch(self, stream: str, partition: int = 0, **options: Unpack[FetchOptions]) -> FetchResult:
+        """Read committed batches from ``start``; wait up to ``max_wait`` s if there are none yet
+        (the options and their defaults: :class:`~.reading.FetchOptions`).
 
         Reads go to the partition's leader; with ``from_replicas`` an in-sync
         follower may answer (up to its own high watermark), which spreads
@@ -302,30 +302,13 @@ class Client(AdminActions, AsyncFace):
         broker, so what is left out never crosses the network.  The result's
         ``next_offset`` moves past filtered-out rows too.
         """
-        return await self._reader.fetch(
-            stream,
-            partition,
-            start=start,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            max_wait=max_wait,
-            from_replicas=from_replicas,
-            columns=columns,
-            filters=filters,
-        )
+        return await self._reader.fetch(stream, partition, **options)
 
     def tail(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        follow: float = 30.0,
-        max_records: int | None = 10_000,
-        max_bytes: int | None = None,
-        live: bool = True,
+        self, stream: str, partition: int = 0, **options: Unpack[TailOptions]
     ) -> AsyncIterator[pa.RecordBatch]:
-        """Committed batches from ``start`` on, each as soon as it is committed; runs until you stop.
+        """Committed batches from ``start`` on, each as soon as it is committed; runs until you stop
+        (the options and their defaults: :class:`~.reading.TailOptions`).
 
         Batches are in the log schema, each offset once and in order.  With
         ``live`` (the default) the history is read over Flight and new batches
@@ -335,30 +318,13 @@ class Client(AdminActions, AsyncFace):
         broker publishes no live tail, one Flight stream stays open (renewed
         every ``follow`` seconds) and the broker pushes batches down it.
         """
-        return self._reader.tail(
-            stream,
-            partition,
-            start=start,
-            follow=follow,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            live=live,
-        )
+        return self._reader.tail(stream, partition, **options)
 
     def subscribe(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        follow: float = 30.0,
-        max_records: int = 10_000,
-        live: bool = True,
+        self, stream: str, partition: int = 0, **options: Unpack[TailOptions]
     ) -> AsyncIterator[Message]:
         """Every message from ``start`` on, then new ones as they are committed (see :meth:`tail`)."""
-        return self._reader.subscribe(
-            stream, partition, start=start, follow=follow, max_records=max_records, live=live
-        )
+        return self._reader.subscribe(stream, partition, **options)
 
     def subscribe_partitions(
         self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypedDict, Unpack
 
 import pyarrow as pa
 from nats.aio.client import Client as NatsClient
@@ -57,6 +57,30 @@ class Message:
     reply: str | None
 
 
+class FetchOptions(TypedDict, total=False):
+    """The keyword arguments of a fetch (see :meth:`.Client.fetch`), declared once for the
+    clients' calls; their defaults are :meth:`Reader.fetch_blocking`'s."""
+
+    start: Start
+    max_records: int | None
+    max_bytes: int | None
+    max_wait: float
+    from_replicas: bool
+    columns: Sequence[str] | None
+    filters: Sequence[ColumnFilter]
+
+
+class TailOptions(TypedDict, total=False):
+    """The keyword arguments of a tail or a subscription (see :meth:`.Client.tail`), declared once
+    for the clients' calls; their defaults are :meth:`Reader.tail`'s."""
+
+    start: Start
+    follow: float
+    max_records: int | None
+    max_bytes: int | None
+    live: bool
+
+
 def start_position(start: Start) -> StartPosition:
     """``'earliest'``, ``'latest'``, an offset, an aware ``datetime`` or a StartPosition."""
     if isinstance(start, StartPosition):
@@ -88,7 +112,7 @@ class Reader:
         self.closed = False
         """Whether the client was closed (a live tail then ends instead of going on over Flight)."""
 
-    async def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
+    async def fetch(self, stream: str, partition: int = 0, **options: Unpack[FetchOptions]) -> FetchResult:
         """See :meth:`.Client.fetch`: :meth:`fetch_blocking` (which names the options) in a worker
         thread."""
         return await asyncio.to_thread(self.fetch_blocking, stream, partition, **options)
@@ -253,18 +277,10 @@ class Reader:
                 reader.cancel()
 
     async def subscribe(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        follow: float = 30.0,
-        max_records: int = 10_000,
-        live: bool = True,
+        self, stream: str, partition: int = 0, **options: Unpack[TailOptions]
     ) -> AsyncIterator[Message]:
         """See :meth:`.Client.subscribe`."""
-        batches = self.tail(stream, partition, start=start, follow=follow, max_records=max_records, live=live)
-        async for batch in batches:
+        async for batch in self.tail(stream, partition, **options):
             for row in batch.to_pylist():
                 yield Message(
                     stream=stream,

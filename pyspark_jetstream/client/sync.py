@@ -26,13 +26,11 @@ from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .admin import AdminActions, BlockingAdmin
 from .admin_faces import AdminAction, BlockingFace
-from .client import Client
+from .client import Client, ConnectOptions
 from .connection import FetchResult
-from .credentials import Credentials
 from .publish_options import BatchOptions, MessageOptions
 from .putting import Putter
-from .reading import Message, Start
-from .routing import METADATA_MAX_AGE
+from .reading import FetchOptions, Message, Start, TailOptions
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -42,30 +40,13 @@ class SyncClient(AdminActions, BlockingFace):
     """Blocking client: the same calls as :class:`Client`, without ``await``; its admin calls
     (:class:`~.admin.AdminActions`) are :attr:`admin`'s."""
 
-    def __init__(
-        self,
-        *,
-        nats_urls: str | Sequence[str] = "nats://127.0.0.1:4222",
-        broker: str | None = None,
-        timeout: float = 10.0,
-        max_pending: int = 4000,
-        credentials: Credentials | None = None,
-        metadata_max_age: float = METADATA_MAX_AGE,
-    ) -> None:
+    def __init__(self, **options: Unpack[ConnectOptions]) -> None:
+        """Connected as :meth:`Client.connect` connects (the same keyword arguments)."""
         self._loop = _new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream-client", daemon=True)
         self._thread.start()
         try:
-            self._client = self._run(
-                Client.connect(
-                    nats_urls=nats_urls,
-                    broker=broker,
-                    timeout=timeout,
-                    max_pending=max_pending,
-                    credentials=credentials,
-                    metadata_max_age=metadata_max_age,
-                )
-            )
+            self._client = self._run(Client.connect(**options))
         except BaseException:
             self._stop_loop()
             raise
@@ -136,24 +117,14 @@ class SyncClient(AdminActions, BlockingFace):
         :mod:`.putting`); close it when done."""
         return Putter(self.admin.cluster, producer_id, producer_epoch, ack_policy)
 
-    def fetch(self, stream: str, partition: int = 0, **options: Any) -> FetchResult:
+    def fetch(self, stream: str, partition: int = 0, **options: Unpack[FetchOptions]) -> FetchResult:
         """See :meth:`Client.fetch`."""
         self._check_open()
         return self._reader.fetch_blocking(stream, partition, **options)
 
-    def subscribe(
-        self,
-        stream: str,
-        partition: int = 0,
-        *,
-        start: Start = "earliest",
-        follow: float = 30.0,
-        live: bool = True,
-    ) -> Iterator[Message]:
+    def subscribe(self, stream: str, partition: int = 0, **options: Unpack[TailOptions]) -> Iterator[Message]:
         """See :meth:`Client.subscribe`: a blocking iterator."""
-        return self._blocking(
-            self._client.subscribe(stream, partition, start=start, follow=follow, live=live)
-        )
+        return self._blocking(self._client.subscribe(stream, partition, **options))
 
     def subscribe_partitions(
         self, stream: str, partitions: Sequence[int], *, start: Start = "earliest", live: bool = True

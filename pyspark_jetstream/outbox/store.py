@@ -183,7 +183,36 @@ def _insert_values(row: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-class SQLiteStore:
+class _TableStore:
+    """What both databases' stores do alike, written once over each one's ``_query``."""
+
+    table: str
+    _db: Any
+    _FAILED_AT = "failed_at"
+    """The dead-letter time as seconds since the epoch, in this database's SQL."""
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        raise NotImplementedError
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The rows given up on, oldest first."""
+        rows = self._query(
+            "SELECT id, original_id, stream, subject, key, value, error, attempts, "
+            f"{self._FAILED_AT} FROM {self.table}_dead_letters ORDER BY id",
+            (),
+        )
+        return [_dead_letter(r) for r in rows]
+
+    def backlog(self) -> int:
+        """Rows waiting to be published (marked or not)."""
+        return int(self._query(f"SELECT count(*) FROM {self.table}", ())[0][0])
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+
+class SQLiteStore(_TableStore):
     """The outbox in a SQLite file (one connection; SQLite's own lock serialises writers)."""
 
     def __init__(self, path: str, table: str, *, timeout: float = 30.0) -> None:
@@ -273,15 +302,6 @@ class SQLiteStore:
             )
             self._db.execute(f"DELETE FROM {t} WHERE id = ?", (record_id,))
 
-    def dead_letters(self) -> list[DeadLetter]:
-        """The rows given up on, oldest first."""
-        rows = self._query(
-            "SELECT id, original_id, stream, subject, key, value, error, attempts, failed_at "
-            f"FROM {self.table}_dead_letters ORDER BY id",
-            (),
-        )
-        return [_dead_letter(r) for r in rows]
-
     def requeue(self, ids: Sequence[int]) -> int:
         """Put dead letters back into the outbox (as new rows, after those there now); returns how many."""
         if not ids:
@@ -298,10 +318,6 @@ class SQLiteStore:
             self._db.execute(f"DELETE FROM {t}_dead_letters WHERE id IN ({marks})", tuple(ids))
         return int(moved)
 
-    def backlog(self) -> int:
-        """Rows waiting to be published (marked or not)."""
-        return int(self._query(f"SELECT count(*) FROM {self.table}", ())[0][0])
-
     def insert(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Write rows in one transaction (applications write theirs with their own transaction)."""
         with self._transaction():
@@ -309,10 +325,6 @@ class SQLiteStore:
                 f"INSERT INTO {self.table} (stream, subject, key, value, headers) VALUES (?, ?, ?, ?, ?)",
                 [_insert_values(r) for r in rows],
             )
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._db.close()
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         try:
@@ -345,8 +357,10 @@ def _named(exc: Exception, store: Store) -> JetStreamError:
     return UnavailableDatabaseError(f"outbox database {store.address}: {text}")
 
 
-class PostgresStore:
+class PostgresStore(_TableStore):
     """The outbox in PostgreSQL, through psycopg 3 (autocommit; each query is its own transaction)."""
+
+    _FAILED_AT = "extract(epoch FROM failed_at)"
 
     def __init__(self, dsn: str, table: str, *, timeout: float = 30.0) -> None:
         import psycopg
@@ -475,15 +489,6 @@ class PostgresStore:
             fetch=False,
         )
 
-    def dead_letters(self) -> list[DeadLetter]:
-        """The rows given up on, oldest first."""
-        rows = self._query(
-            "SELECT id, original_id, stream, subject, key, value, error, attempts, "
-            f"extract(epoch FROM failed_at) FROM {self.table}_dead_letters ORDER BY id",
-            (),
-        )
-        return [_dead_letter(r) for r in rows]
-
     def requeue(self, ids: Sequence[int]) -> int:
         """Put dead letters back into the outbox (as new rows, after those there now); returns how many."""
         if not ids:
@@ -497,10 +502,6 @@ class PostgresStore:
         )
         return len(rows)
 
-    def backlog(self) -> int:
-        """Rows waiting to be published (marked or not)."""
-        return int(self._query(f"SELECT count(*) FROM {self.table}", ())[0][0])
-
     def insert(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Write rows in one transaction (applications write theirs with their own transaction)."""
         with self._db.transaction(), self._db.cursor() as cursor:
@@ -509,10 +510,6 @@ class PostgresStore:
                 "VALUES (%s, %s, %s, %s, %s)",
                 [_insert_values(r) for r in rows],
             )
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._db.close()
 
     def _query(self, sql: str, params: tuple[Any, ...], *, fetch: bool = True) -> list[Any]:
         import psycopg

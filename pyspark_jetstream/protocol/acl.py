@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidArgumentError
-from .streams import DISCOVERY_SUBJECT, shown
+from .errors import InvalidArgumentError, shown
+from .streams import DISCOVERY_SUBJECT
 from .tail import TAIL_PREFIX
 
 STREAM_ACTIONS = frozenset({"read", "write", "admin"})

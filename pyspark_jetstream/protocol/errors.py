@@ -12,6 +12,8 @@ the code back into the same class through :data:`ERRORS_BY_CODE`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+from typing import Any
 
 
 class ErrorCode(enum.Enum):
@@ -205,3 +207,29 @@ def error_from_code(code: str, message: str, fields: dict[str, object] | None = 
     except (ValueError, KeyError):
         cls = StorageError
     return cls(message, **(fields or {}))
+
+
+SHOWN_LENGTH = 60
+"""How much of a bad value an error message shows."""
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length for an error message."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr() refuses past 4300 digits
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    text = repr(value)
+    if len(text) <= SHOWN_LENGTH:
+        return text
+    closing = text[-1] if text[-1] in "'\")]}" else ""
+    return f"{text[: SHOWN_LENGTH - 4]}...{closing}"
+
+
+def known_fields(data: object, known: Iterable[str], *, what: str, fields: str) -> dict[str, Any]:
+    """``data``, a JSON object whose keys are all ``known``; else ``InvalidArgumentError`` saying
+    ``{what}, got <data>`` (not an object) or ``unknown {fields}: <the keys not known>``."""
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(f"{what}, got {shown(data)}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InvalidArgumentError(f"unknown {fields}: {', '.join(unknown)}")
+    return data

@@ -49,7 +49,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidArgumentError, JetStreamError, error_from_code
+from .errors import InvalidArgumentError, JetStreamError, error_from_code, shown
 from .read_shape import ColumnFilter, filters_from_json
 from .schema import LOG_SCHEMA
 from .streams import (
@@ -60,7 +60,6 @@ from .streams import (
     bounded_int,
     bounded_number,
     is_name_list,
-    shown,
 )
 
 RESPONSE_KEYS = ("next_offset", "high_watermark", "log_start_offset", "log_end_offset")

@@ -28,9 +28,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 from .schema import HEADER_TYPE
-from .streams import shown
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"

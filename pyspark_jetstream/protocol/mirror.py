@@ -30,16 +30,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, known_fields, shown
 from .mirror_source import MirrorSource
-from .streams import (
-    MAX_REPLICATION_FACTOR,
-    StreamConfig,
-    bounded_int,
-    shown,
-    validate_stream_name,
-    validate_subject,
-)
+from .streams import MAX_REPLICATION_FACTOR, StreamConfig, bounded_int, validate_stream_name, validate_subject
 
 __all__ = [
     "MirrorRequest",
@@ -94,19 +87,17 @@ class MirrorRequest:
     @classmethod
     def from_json(cls, data: object) -> MirrorRequest:
         """Parse the action body strictly."""
-        if not isinstance(data, dict):
-            raise InvalidArgumentError(f"create_mirror needs an object, got {shown(data)}")
-        known = {"name", "mirror", "replication_factor", "min_insync_replicas", "partitions", "subject"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidArgumentError(f"unknown create_mirror field(s): {', '.join(unknown)}")
+        known = ("name", "mirror", "replication_factor", "min_insync_replicas", "partitions", "subject")
+        body = known_fields(
+            data, known, what="create_mirror needs an object", fields="create_mirror field(s)"
+        )
         return cls(
-            name=data.get("name"),  # type: ignore[arg-type] # checked in __post_init__
-            source=MirrorSource.from_json(data.get("mirror")),
-            replication_factor=data.get("replication_factor", 1),
-            min_insync_replicas=data.get("min_insync_replicas", 1),
-            partitions=data.get("partitions"),
-            subject=data.get("subject"),
+            name=body.get("name"),  # type: ignore[arg-type] # checked in __post_init__
+            source=MirrorSource.from_json(body.get("mirror")),
+            replication_factor=body.get("replication_factor", 1),
+            min_insync_replicas=body.get("min_insync_replicas", 1),
+            partitions=body.get("partitions"),
+            subject=body.get("subject"),
         )
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, known_fields, shown
 
 SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 """What a source server's address may start with (a broker's Flight address)."""
@@ -24,7 +24,7 @@ def validate_servers(servers: object) -> tuple[str, ...]:
         servers = [s.strip() for s in servers.split(",") if s.strip()]
     if not isinstance(servers, list | tuple) or not servers:
         raise InvalidArgumentError(
-            f"source servers must be one or more Flight addresses (grpc://host:port), got {_shown(servers)}"
+            f"source servers must be one or more Flight addresses (grpc://host:port), got {shown(servers)}"
         )
     if len(servers) > MAX_SERVERS:
         raise InvalidArgumentError(f"give at most {MAX_SERVERS} source servers, got {len(servers)}")
@@ -35,7 +35,7 @@ def validate_servers(servers: object) -> tuple[str, ...]:
             or ":" not in server.split("//", 1)[1]
         ):
             raise InvalidArgumentError(
-                f"source server {_shown(server)} is not a Flight address: use grpc://host:port "
+                f"source server {shown(server)} is not a Flight address: use grpc://host:port "
                 "(or grpc+tls://host:port for a source over TLS)"
             )
     return tuple(servers)
@@ -56,14 +56,14 @@ class MirrorSource:
 
     def __post_init__(self) -> None:
         if not isinstance(self.stream, str) or not self.stream:
-            raise InvalidArgumentError(f"mirror stream must be a stream name, got {_shown(self.stream)}")
+            raise InvalidArgumentError(f"mirror stream must be a stream name, got {shown(self.stream)}")
         object.__setattr__(self, "servers", validate_servers(self.servers))
         if self.credentials is not None and (not isinstance(self.credentials, str) or not self.credentials):
             raise InvalidArgumentError(
-                f"mirror credentials must be the path of a credentials file, got {_shown(self.credentials)}"
+                f"mirror credentials must be the path of a credentials file, got {shown(self.credentials)}"
             )
         if not isinstance(self.promoted, bool):
-            raise InvalidArgumentError(f"mirror promoted must be true or false, got {_shown(self.promoted)}")
+            raise InvalidArgumentError(f"mirror promoted must be true or false, got {shown(self.promoted)}")
 
     @property
     def active(self) -> bool:
@@ -86,22 +86,13 @@ class MirrorSource:
     @classmethod
     def from_json(cls, data: object) -> MirrorSource:
         """Parse the JSON form strictly: unknown or missing fields are errors."""
-        if not isinstance(data, dict):
-            raise InvalidArgumentError(f"mirror must be an object, got {_shown(data)}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise InvalidArgumentError(f"unknown mirror field(s): {', '.join(unknown)}")
-        if "stream" not in data or "servers" not in data:
+        known = (f.name for f in dataclasses.fields(cls))
+        given = known_fields(data, known, what="mirror must be an object", fields="mirror field(s)")
+        if "stream" not in given or "servers" not in given:
             raise InvalidArgumentError("a mirror needs its source 'stream' and 'servers'")
         return cls(
-            stream=data["stream"],
-            servers=validate_servers(data["servers"]),
-            credentials=data.get("credentials"),
-            promoted=data.get("promoted", False),
+            stream=given["stream"],
+            servers=validate_servers(given["servers"]),
+            credentials=given.get("credentials"),
+            promoted=given.get("promoted", False),
         )
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:56] + "..."

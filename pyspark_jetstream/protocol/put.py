@@ -48,11 +48,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from .envelope import MAX_EPOCH, MAX_SEQUENCE, TYPED_COLUMN, AckPolicy, typed_version
-from .errors import InvalidArgumentError, MessageTooLargeError
+from .errors import InvalidArgumentError, MessageTooLargeError, shown
 from .flight import decode_json_object, validate_partition
 from .ipc import decoded_size
 from .schema import HEADER_TYPE
-from .streams import shown, validate_stream_name
+from .streams import validate_stream_name
 
 PUTS_FEATURE = "puts2"
 """The feature a broker registers when it takes puts of wire version 2 (an older one's ``puts``

@@ -40,9 +40,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 from .schema import LOG_SCHEMA
-from .streams import shown
 from .value_schema import StreamSchema
 
 COMPARISONS = {"eq": pc.equal, "lt": pc.less, "le": pc.less_equal, "gt": pc.greater, "ge": pc.greater_equal}

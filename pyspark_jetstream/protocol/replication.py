@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 from .flight import decode_json_object, validate_offset, validate_partition
-from .streams import bounded_int, shown
+from .streams import bounded_int
 
 FETCH_SCHEMA = pa.schema(
     [

@@ -64,10 +64,10 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from .errors import InvalidArgumentError, JetStreamError, error_from_code
+from .errors import InvalidArgumentError, JetStreamError, error_from_code, shown
 from .flight import decode_json_object, validate_offset, validate_partition
 from .replication import MAX_FETCH_BYTES, MAX_FETCH_WAIT, LeaderOffsets
-from .streams import bounded_int, shown
+from .streams import bounded_int
 
 VERSION = 2
 """The wire's version (the first, a Flight ``do_exchange``, is gone)."""

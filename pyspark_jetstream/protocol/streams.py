@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, known_fields, shown
 from .mirror_source import MirrorSource
 from .schema import COMPRESSIONS
 from .value_schema import SchemaDocument, StreamSchema
@@ -92,7 +92,6 @@ _RESERVED_FIRST_TOKENS = {
     "_GR_": "nats-server's replies across gateways",
     BROKER_SUBJECT_TOKEN: "the broker's own subjects (discovery, cursors)",
 }
-_SHOWN_LENGTH = 60
 
 
 def validate_stream_name(name: object, *, internal: bool = False) -> str:
@@ -334,12 +333,8 @@ class StreamConfig:
     @classmethod
     def from_json(cls, data: object) -> StreamConfig:
         """Parse the wire form strictly: unknown or missing fields are errors."""
-        if not isinstance(data, dict):
-            raise InvalidArgumentError(f"stream config must be an object, got {data!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidArgumentError(f"unknown stream option(s): {', '.join(unknown)}")
+        known = (f.name for f in dataclasses.fields(cls))
+        data = known_fields(data, known, what="stream config must be an object", fields="stream option(s)")
         if data.get("schema") is not None:
             data = {**data, "schema": StreamSchema.from_json(data["schema"])}
         if data.get("mirror") is not None:
@@ -477,17 +472,6 @@ def number_range(low: float, high: float, *, unit: str = "seconds") -> str:
 def is_name_list(value: object) -> TypeGuard[list[str]]:
     """Whether ``value`` is a non-empty list of non-empty strings (broker ids, column names)."""
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value)
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut to a readable length for an error message."""
-    if isinstance(value, int) and value.bit_length() > 256:  # repr() refuses past 4300 digits
-        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
-    text = repr(value)
-    if len(text) <= _SHOWN_LENGTH:
-        return text
-    closing = text[-1] if text[-1] in "'\")]}" else ""
-    return f"{text[: _SHOWN_LENGTH - 4]}...{closing}"
 
 
 def _limit(value: int, unit: str) -> str:

@@ -1,29 +1,5 @@
-"""Fixtures: a real nats-server and a real broker process per test."""
+"""Fixtures: a real nats-server and a real broker process per test (defined in harness.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from broker_node.nats_server import NatsServer
-from pyspark_jetstream.client import SyncClient
-
-from .harness import BrokerProcess
-
-
-@pytest.fixture
-def nats_server():
-    with NatsServer() as server:
-        yield server
-
-
-@pytest.fixture
-def broker(tmp_path, nats_server):
-    process = BrokerProcess(tmp_path / "broker", nats_url=nats_server.url).start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def client(broker):
-    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as client:
-        yield client
+from .harness import broker, client, nats_server  # noqa: F401 - the fixtures

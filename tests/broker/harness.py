@@ -1,4 +1,6 @@
-"""Real servers for broker tests: broker processes on free ports, and polling with deadlines."""
+"""Real servers for tests that need a broker: broker processes on free ports, the per-test
+``nats_server``, ``broker`` and ``client`` fixtures (each room's conftest.py imports them, so they are
+defined once), and polling with deadlines."""
 
 from __future__ import annotations
 
@@ -13,14 +15,39 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import nats
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker_node.nats_server import NatsServer
+from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # Retention and compaction run every 0.2 s in tests, so their effects show quickly.
 BrokerProcess = functools.partial(LocalBroker, maintenance_interval=0.2, log_level="DEBUG")
+
+
+@pytest.fixture
+def nats_server():
+    """A nats-server of the test's own."""
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture
+def broker(tmp_path, nats_server):
+    """A broker process of the test's own on ``nats_server``."""
+    process = BrokerProcess(tmp_path / "broker", nats_url=nats_server.url).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(broker):
+    """A client of the test's ``broker`` (this overrides the suite's module-wide ``client``)."""
+    with SyncClient(nats_urls=broker.nats_url, broker=broker.flight) as connected:
+        yield connected
 
 
 def wait_until(condition, timeout: float = 15.0, interval: float = 0.02, message: str = "condition"):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pyarrow as pa
 
 from pyspark_jetstream.client import BrokerConnection, SyncClient
@@ -23,13 +21,6 @@ COPIED_COLUMNS = [
     "sequence",
 ]
 """Every column a mirror keeps as the source has it (all but ``leader_epoch``, the cluster's own)."""
-
-
-def free_port() -> int:
-    """A TCP port free now (a broker restarted on it keeps its address: clients and mirrors follow)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def partition_table(address: str, stream: str, partition: int, *, from_replicas: bool = False) -> pa.Table:

@@ -29,7 +29,7 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
-from .harness import BrokerProcess, wait_until
+from .harness import BrokerProcess, scrape, wait_until
 
 
 def test_fetch_from_offsets_timestamps_and_limits(client):
@@ -37,7 +37,7 @@ def test_fetch_from_offsets_timestamps_and_limits(client):
     for i in range(10):
         client.publish("r", b"%d" % i)
     middle = datetime.now(UTC)
-    time.sleep(0.01)
+    time.sleep(0.01)  # the gap between two timestamps is what a start by time is tested on
     for i in range(10, 15):
         client.publish("r", b"%d" % i)
     assert [r["value"] for r in client.fetch("r", start=12).to_table().to_pylist()] == [b"12", b"13", b"14"]
@@ -60,22 +60,26 @@ def test_reads_can_ask_for_some_columns_only(client, broker):
     raw.close()
 
 
-def test_long_poll_wakes_on_new_data(client):
-    client.create_stream("lp", "lp")
+def test_long_poll_wakes_on_new_data(deployment):
+    """(The module's ``deployment`` serves metrics: they show when the reader is parked.)"""
+    waiting = ("jetstream_flight_waiting_readers", ())
     result: dict = {}
+    with SyncClient(nats_urls=deployment.nats_url, broker=deployment.flight) as client:
+        client.create_stream("lp", "lp")
 
-    def wait() -> None:
-        started = time.monotonic()
-        # From offset 0 (the empty stream's end), not "latest": that would be
-        # resolved when the request arrives, which may be after the publish.
-        result["fetch"] = client.fetch("lp", start=0, max_wait=60)
-        result["waited"] = time.monotonic() - started
+        def wait() -> None:
+            started = time.monotonic()
+            # From offset 0 (the empty stream's end), not "latest": that would be
+            # resolved when the request arrives, which may be after the publish.
+            result["fetch"] = client.fetch("lp", start=0, max_wait=60)
+            result["waited"] = time.monotonic() - started
 
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    time.sleep(0.3)  # let the reader park in the long poll
-    client.publish("lp", b"wake up")
-    waiter.join(60)
+        parked = scrape(deployment)[waiting] + 1
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        wait_until(lambda: scrape(deployment)[waiting] == parked, message="the reader to park")
+        client.publish("lp", b"wake up")
+        waiter.join(60)
     assert [r["value"] for r in result["fetch"].to_table().to_pylist()] == [b"wake up"]
     assert result["waited"] < 30  # woken by the commit, not by the 60 s deadline
 
@@ -115,7 +119,7 @@ def test_tail_survives_stream_renewals_without_gaps(client):
 
     future = asyncio.run_coroutine_threadsafe(consume(), client._loop)
     for i in range(5):
-        time.sleep(0.2)  # spans several follow windows
+        time.sleep(0.2)  # paced: each publish comes after the 0.3 s follow window closed and reopened
         client.publish("tail", b"%d" % i)
     future.result(30)
     assert got == [b"0", b"1", b"2", b"3", b"4"]

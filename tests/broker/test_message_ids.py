@@ -129,7 +129,7 @@ def test_plain_publishers_are_deduplicated_within_the_window_only(client, broker
         b"marker-1",
     ]
     stored_at = client.fetch("window").to_table().column("timestamp")[0].as_py().timestamp()
-    time.sleep(max(0.0, stored_at + 1.2 - time.time()))  # past the 1 s window of the first
+    time.sleep(max(0.0, stored_at + 1.2 - time.time()))  # the window's expiry is tested: past 1 s
     publish_plain(
         broker.nats_url,
         [("window", b"after the window", {"Nats-Msg-Id": "a"}), ("window", b"marker-2", None)],

@@ -9,13 +9,14 @@ import itertools
 import pyarrow as pa
 import pytest
 
+from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamError, UnknownStreamError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .harness import run_cli, scrape, wait_until
-from .mirror_harness import assert_identical, free_port, partition_table, wait_caught_up
+from .mirror_harness import assert_identical, partition_table, wait_caught_up
 
 _names = itertools.count()
 

@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.local import LocalBroker
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_second(tmp_path: Path, nats_port: int, flight_port: int, extra: str = "") -> str:
@@ -73,23 +68,13 @@ def test_a_second_broker_on_the_first_ones_flight_port_names_it(first, tmp_path)
     ), said
 
 
-def test_a_metrics_port_in_use_names_it(tmp_path):
+@pytest.mark.parametrize("section", ["metrics", "replication"])
+def test_a_port_in_use_names_its_option(tmp_path, section):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        said = start_second(tmp_path, free_port(), free_port(), f"[metrics]\nport = {taken}\n")
+        said = start_second(tmp_path, free_port(), free_port(), f"[{section}]\nport = {taken}\n")
     assert said.splitlines()[-1].startswith(
-        f"jetstream broker: port {taken} on 127.0.0.1 ([metrics] port) is in use"
-    ), said
-
-
-def test_a_replication_port_in_use_names_it(tmp_path):
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        taken = holder.getsockname()[1]
-        said = start_second(tmp_path, free_port(), free_port(), f"[replication]\nport = {taken}\n")
-    assert said.splitlines()[-1].startswith(
-        f"jetstream broker: port {taken} on 127.0.0.1 ([replication] port) is in use"
+        f"jetstream broker: port {taken} on 127.0.0.1 ([{section}] port) is in use"
     ), said

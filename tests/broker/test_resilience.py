@@ -10,21 +10,16 @@ from pathlib import Path
 import pytest
 
 from broker_node.broker import NATS_PID_FILE
+from broker_node.data_dir import pid_alive
 from broker_node.log import Log, Record
-from broker_node.nats_server import NatsServer, nats_server_binary, pid_alive
-from broker_node.zookeeper_server import port_is_free
+from broker_node.nats_server import NatsServer, nats_server_binary
+from broker_node.zookeeper_server import free_port, port_is_free
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.client.connection import BrokerConnection
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, UnavailableError
 from pyspark_jetstream.protocol.flight import ActionType, ReadRequest
 
 from .harness import BrokerProcess, wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def nats_servers_on(port: int) -> list[int]:

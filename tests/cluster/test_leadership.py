@@ -196,8 +196,12 @@ def _healthz(port: int) -> str:
         return ""
 
 
-def _waiting_broker(tmp_path, zookeeper_port: int, metrics_port: int) -> LocalBroker:
-    return LocalBroker(
+def _waiting_broker(
+    tmp_path, zookeeper_port: int, metrics_port: int
+) -> tuple[LocalBroker, threading.Thread, list[BaseException]]:
+    """A broker of a ZooKeeper that is not there yet, starting in a thread (it waits for it); the
+    thread, and what its start raised (it ends when the broker joins, or fails, or stops)."""
+    broker = LocalBroker(
         tmp_path / "b",
         extra_config=(
             f'[zookeeper]\nhosts = "127.0.0.1:{zookeeper_port}"\nconnect_timeout = 1.0\n'
@@ -205,13 +209,6 @@ def _waiting_broker(tmp_path, zookeeper_port: int, metrics_port: int) -> LocalBr
         ),
         start_timeout=180,
     )
-
-
-def test_a_broker_started_before_zookeeper_waits_for_it_then_joins_and_serves(tmp_path):
-    from broker_node.zookeeper_server import ZooKeeperServer, free_port
-
-    zookeeper_port, metrics_port = free_port(), free_port()
-    broker = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
     failed: list[BaseException] = []
 
     def start() -> None:
@@ -222,6 +219,14 @@ def test_a_broker_started_before_zookeeper_waits_for_it_then_joins_and_serves(tm
 
     starting = threading.Thread(target=start, daemon=True)
     starting.start()
+    return broker, starting, failed
+
+
+def test_a_broker_started_before_zookeeper_waits_for_it_then_joins_and_serves(tmp_path):
+    from broker_node.zookeeper_server import ZooKeeperServer, free_port
+
+    zookeeper_port, metrics_port = free_port(), free_port()
+    broker, starting, failed = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
     try:
         expected = f"waiting for ZooKeeper at 127.0.0.1:{zookeeper_port} for "
         wait_until(lambda: expected in _healthz(metrics_port), timeout=60, message="/healthz to say it waits")
@@ -247,17 +252,7 @@ def test_a_broker_waiting_for_zookeeper_stops_at_once_when_told(tmp_path):
     from broker_node.zookeeper_server import free_port
 
     zookeeper_port, metrics_port = free_port(), free_port()
-    broker = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
-    failed: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            broker.start()
-        except BaseException as exc:  # the start ends when the broker stops
-            failed.append(exc)
-
-    starting = threading.Thread(target=start, daemon=True)
-    starting.start()
+    broker, starting, failed = _waiting_broker(tmp_path, zookeeper_port, metrics_port)
     wait_until(lambda: "waiting for ZooKeeper at" in _healthz(metrics_port), timeout=60, message="it to wait")
     process = broker.process
     assert process is not None

@@ -12,12 +12,13 @@ import time
 import pyarrow as pa
 import pytest
 
+from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import SyncClient
-from pyspark_jetstream.local import FlightPlace, LocalCluster
+from pyspark_jetstream.local import FlightPlace, LocalBroker, LocalCluster
 from pyspark_jetstream.protocol.errors import JetStreamError
 
 from ..broker.harness import wait_until
-from ..broker.mirror_harness import COPIED_COLUMNS, free_port, wait_caught_up
+from ..broker.mirror_harness import COPIED_COLUMNS, wait_caught_up
 from .conftest import FAST
 
 pytestmark = pytest.mark.slow
@@ -116,6 +117,14 @@ def leader_of(client: SyncClient, stream: str, partition: int) -> str:
     )
 
 
+def kill_leader(cluster: LocalCluster, client: SyncClient, stream: str) -> LocalBroker:
+    """``kill -9`` of partition 0's leader, once another has taken over; the killed broker."""
+    victim = cluster.broker(leader_of(client, stream, 0))
+    victim.kill()
+    wait_until(lambda: leader_of(client, stream, 0) != victim.broker_id, timeout=30, message="a new leader")
+    return victim
+
+
 def test_the_mirror_stays_offset_identical_through_leader_kills_and_a_source_restart(
     cluster_a, cluster_b, client_a, client_b
 ):
@@ -129,25 +138,12 @@ def test_the_mirror_stays_offset_identical_through_leader_kills_and_a_source_res
 
         wait_until(lambda: copied_more(0), timeout=30, message="the mirror to copy")
         # kill -9 of the mirroring leader: its successor in cluster B carries on from its own end.
-        victim = cluster_b.broker(leader_of(client_b, name, 0))
-        victim.kill()
-        wait_until(
-            lambda: leader_of(client_b, name, 0) != victim.broker_id,
-            timeout=30,
-            message="a new mirror leader",
-        )
+        victim = kill_leader(cluster_b, client_b, name)
         ends = sum(s.mirror_end for s in client_b.mirror_status(name))
         wait_until(lambda: copied_more(ends), timeout=30, message="the new mirror leader to copy")
         victim.start()
         # kill -9 of the source's leader: the mirror finds the source's next leader.
-        victim = cluster_a.broker(leader_of(client_a, name, 0))
-        victim.kill()
-        wait_until(
-            lambda: leader_of(client_a, name, 0) != victim.broker_id,
-            timeout=30,
-            message="a new source leader",
-        )
-        victim.start()
+        kill_leader(cluster_a, client_a, name).start()
         ends = sum(s.mirror_end for s in client_b.mirror_status(name))
         wait_until(
             lambda: copied_more(ends), timeout=30, message="the mirror to copy from the new source leader"

@@ -177,21 +177,29 @@ def test_waiting_for_the_log_end_wakes_on_an_append_and_on_close(open_log):
     log = open_log("log")
     assert not log.wait_for_end(0, 0.05)  # nothing yet: times out
     woke = {}
+    # ``unless`` is first checked under the log's lock just before the wait: once it has been called
+    # the waiter is parked, and an append (which takes that lock) can only come after.
+    parked = threading.Event()
+
+    def park() -> bool:
+        parked.set()
+        return False
 
     def wait() -> None:
         started = time.monotonic()
-        woke["grew"] = log.wait_for_end(0, 30)
+        woke["grew"] = log.wait_for_end(0, 30, unless=park)
         woke["after"] = time.monotonic() - started
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.1)
+    assert parked.wait(10), "the waiter never waited"
     log.append(values(1))
     waiter.join(30)
     assert woke["grew"] and woke["after"] < 10
-    closer = threading.Thread(target=lambda: woke.update(closed=log.wait_for_end(5, 30)))
+    parked.clear()
+    closer = threading.Thread(target=lambda: woke.update(closed=log.wait_for_end(5, 30, unless=park)))
     closer.start()
-    time.sleep(0.1)
+    assert parked.wait(10), "the waiter never waited"
     log.close()
     closer.join(30)
     assert woke["closed"] is False

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 from dataclasses import replace
 
 import pytest
 
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, open_store
+
+from ..broker.harness import wait_until
 
 _names = itertools.count()
 
@@ -40,10 +41,13 @@ class Running:
 
     def wait_published(self, count: int, timeout: float = 60) -> None:
         """Poll until the harvester has published ``count`` rows (fail after ``timeout`` s, or if it died)."""
-        deadline = time.monotonic() + timeout
-        while self.harvester.status.published < count:
-            assert time.monotonic() < deadline and self.error is None
-            time.sleep(0.005)
+        wait_until(lambda: self.alive() and self.harvester.status.published >= count, timeout, 0.005, "rows")
+
+    def alive(self) -> bool:
+        """True while the harvester runs; raises what ended it."""
+        if self.error is not None:
+            raise self.error
+        return True
 
     def stop(self, timeout: float = 60) -> None:
         self._loop.call_soon_threadsafe(self.harvester.stop)
@@ -65,12 +69,12 @@ def wait_for_empty(config: HarvesterConfig, timeout: float = 60, running: Runnin
     """Poll the outbox until no row waits (fail after ``timeout`` s, or if the harvester died)."""
     store = open_store(config.database, config.table)
     try:
-        deadline = time.monotonic() + timeout
-        while store.backlog():
-            if running is not None and running.error is not None:
-                raise running.error
-            assert time.monotonic() < deadline, f"{store.backlog()} rows still in the outbox"
-            time.sleep(0.05)
+        wait_until(
+            lambda: (running is None or running.alive()) and not store.backlog(),
+            timeout,
+            0.05,
+            "an empty outbox",
+        )
     finally:
         store.close()
 

@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
+from ..broker.harness import wait_until
 from .conftest import Running, config_for, harvest_while_writing, read_all, wait_for_empty
 
 
@@ -134,9 +134,7 @@ def test_a_refused_row_is_retried_then_dead_lettered_and_its_key_moves_on(deploy
 def test_a_missing_table_and_bad_settings_are_named(deployment, tmp_path):
     database = f"sqlite:///{tmp_path / 'empty.db'}"
     running = Running(config_for(deployment, database))
-    deadline = time.monotonic() + 30
-    while running.error is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: running.error is not None, 30, message="the harvester to fail")
     with pytest.raises(InvalidArgumentError, match=r"no such table: outbox.*jetstream outbox init"):
         running.stop()
 
@@ -203,16 +201,16 @@ def fail_over_after_kill_9(deployment, client, name: str, database: str, tmp_pat
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     with logs[0].open("w") as out:
         leader = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while "leads" not in logs[0].read_text():
-        assert time.monotonic() < deadline and leader.poll() is None, logs[0].read_text()
-        time.sleep(0.02)
+
+    def leads() -> bool:
+        assert leader.poll() is None, logs[0].read_text()
+        return "leads" in logs[0].read_text()
+
+    wait_until(leads, 60, message="the first harvester to lead")
     with logs[1].open("w") as out:
         standby = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while store.backlog() > 3000:  # kill the leader mid-run
-            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
-            time.sleep(0.005)
+        wait_until(lambda: store.backlog() <= 3000, 60, 0.005, "the leader to be mid-run")  # then kill it
         assert "leads" not in logs[1].read_text()  # one leader at a time
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait(30)

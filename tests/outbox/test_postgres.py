@@ -8,7 +8,6 @@ import random
 import shutil
 import tempfile
 import threading
-import time
 
 import psycopg
 import pytest
@@ -19,6 +18,7 @@ from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import init_outbox, open_store
 
+from ..broker.harness import wait_until
 from .conftest import Running, config_for, harvest_while_writing, wait_for_empty
 from .test_harvester import check_exactly_once_in_order, fail_over_after_kill_9
 
@@ -160,7 +160,8 @@ def test_a_broker_that_stops_answering_is_retried_and_each_row_stored_once(name,
         try:
             running.wait_published(200)
             broker.pause()
-            time.sleep(3.0)  # three ack timeouts: the in-flight publishes fail for certain
+            # Until the ack timeouts have failed publishes that were in flight (they are then resent).
+            wait_until(lambda: running.harvester.status.failures > 0, 30, message="a publish to time out")
             broker.resume()
             wait_for_empty(config, running=running, timeout=90)
         finally:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from broker_node.zookeeper_server import ZooKeeperServer
 from pyspark_jetstream.outbox import init_outbox, open_store
 
+from ..broker.harness import wait_until
 from .conftest import Running, config_for, wait_for_empty
 from .test_harvester import check_exactly_once_in_order
 
@@ -20,13 +19,6 @@ def zookeeper():
     server.close()
 
 
-def wait_for(condition, timeout: float = 30.0, message: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.02)
-
-
 def test_one_leader_at_a_time_and_the_standby_takes_over(deployment, client, name, zookeeper, tmp_path):
     client.create_stream(name, name, partitions=2)
     database = f"sqlite:///{tmp_path / 'app.db'}"
@@ -35,7 +27,7 @@ def test_one_leader_at_a_time_and_the_standby_takes_over(deployment, client, nam
     store = open_store(database)
     store.insert({"stream": name, "key": f"k{i % 4}".encode(), "value": f"v{i}".encode()} for i in range(500))
     first = Running(config, identifier="first")
-    wait_for(lambda: first.harvester.status.role == "leader", message="a leader")
+    wait_until(lambda: first.harvester.status.role == "leader", message="a leader")
     second = Running(config, identifier="second")
     try:
         wait_for_empty(config, running=first)
@@ -45,7 +37,7 @@ def test_one_leader_at_a_time_and_the_standby_takes_over(deployment, client, nam
         store.insert(
             {"stream": name, "key": f"k{i % 4}".encode(), "value": f"v{i}".encode()} for i in range(500, 800)
         )
-        wait_for(lambda: second.harvester.status.role == "leader", message="the standby to lead")
+        wait_until(lambda: second.harvester.status.role == "leader", message="the standby to lead")
         wait_for_empty(config, running=second)
         assert second.harvester.status.published == 300
     finally:
@@ -64,15 +56,15 @@ def test_a_leader_that_loses_zookeeper_stops_publishing(deployment, client, name
     store = open_store(database)
     running = Running(config, identifier="only")
     try:
-        wait_for(lambda: running.harvester.status.role == "leader", message="a leader")
+        wait_until(lambda: running.harvester.status.role == "leader", message="a leader")
         zookeeper.pause()  # the session is suspended: the leader cannot confirm it leads
         try:
             status = running.harvester.status
-            wait_for(lambda: status.role == "standby", message="the leader to step down")
+            wait_until(lambda: status.role == "standby", message="the leader to step down")
             published = status.published
             store.insert([{"stream": name, "value": b"while ZooKeeper is away"}])
             # The harvester's own report counts the row waiting: it has seen it, and it does not lead.
-            wait_for(lambda: status.backlog == 1, message="the harvester to report the row as waiting")
+            wait_until(lambda: status.backlog == 1, message="the harvester to report the row as waiting")
             assert status.published == published
             assert status.role == "standby"
         finally:

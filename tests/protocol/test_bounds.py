@@ -1,6 +1,6 @@
 """Every number on the wire or in a stream config is bounded, finite and fits its Arrow/Spark type.
 
-Pure: no server (tests/broker/test_flight_validation.py sends the same over
+Pure: no server (tests/api/test_flight_validation.py sends the same over
 real Flight).
 """
 

@@ -25,6 +25,7 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.flight import ActionType, ReadRequest
 
+from ..broker.harness import wait_until
 from .conftest import TOKENS, Secured, acl_text
 
 
@@ -305,25 +306,22 @@ def test_the_acl_reloads_without_a_restart(secured: Secured, orders: str) -> Non
     secured.acl_file.write_text(
         acl_text('\n[[grants]]\nprincipal = "mallory"\nstreams = ["orders"]\nactions = ["read"]\n')
     )
+
+    def reads() -> bool:
+        try:
+            return bool(read(mallory, orders))
+        except PermissionDeniedError:
+            return False
+
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert read(mallory, orders)
-                break
-            except PermissionDeniedError:
-                assert time.monotonic() < deadline, "the new grant was not applied within 10 s"
-                time.sleep(0.1)
+        wait_until(reads, 10, 0.1, "the new grant to be applied")
         secured.acl_file.write_text("this is [not valid TOML")  # a broken edit keeps the last good ACL
-        time.sleep(1.5)  # past the once-a-second check, so the broken file has been seen
-        assert read(mallory, orders)
-        assert "keeping the ACL in force" in secured.broker.log_path.read_text()
+
+        def kept() -> bool:  # the file is checked at a request, at most once a second
+            assert read(mallory, orders)
+            return "keeping the ACL in force" in secured.broker.log_path.read_text()
+
+        wait_until(kept, 10, 0.1, "the broken ACL file to be seen")
     finally:
         secured.acl_file.write_text(acl_text())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                read(mallory, orders)
-            except PermissionDeniedError:
-                break
-            time.sleep(0.1)
+        wait_until(lambda: not reads(), 10, 0.1, "the grant to be taken back")

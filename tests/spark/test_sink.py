@@ -341,7 +341,7 @@ TYPED_ORDERS = {
 
 
 def test_typed_rows_are_written_as_typed_columns_and_read_back(spark, deployment, client, name):
-    from ..broker.test_typed_ingest import stored_typed
+    from ..ingest.test_typed_ingest import stored_typed
 
     client.create_stream(name, name, partitions=2, schema=TYPED_ORDERS)
     df = spark.sql(
@@ -380,7 +380,7 @@ def test_a_typed_stream_streams_into_another_as_typed_rows_exactly_once(
 ):
     # Typed columns in (the source's fields), typed rows out (the sink's): no JSON on the way,
     # and a second run from the checkpoint with new input stores only the new rows.
-    from ..broker.test_typed_ingest import stored_typed
+    from ..ingest.test_typed_ingest import stored_typed
 
     schema = {
         "fields": [{"name": "n", "type": "int64", "nullable": False}, {"name": "label", "type": "string"}]

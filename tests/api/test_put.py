@@ -38,7 +38,7 @@ from pyspark_jetstream.protocol.put import (
     parse_put_command,
 )
 
-from .harness import BrokerProcess, publish_plain, scrape, wait_until
+from ..broker.harness import BrokerProcess, publish_plain, scrape, wait_until
 
 
 def _chunk(*values: bytes) -> pa.RecordBatch:
@@ -265,7 +265,7 @@ def test_a_put_left_idle_is_closed_when_the_producer_sends_elsewhere(client, mon
     client.create_stream("idle", "idle", partitions=2)
     putter = _putter(client, "producer-i")
     assert putter.send("idle", 0, 0, _chunk(b"a")).result(10).ok
-    time.sleep(0.3)
+    time.sleep(0.3)  # idleness is what is tested: longer than IDLE_SECONDS without a chunk
     assert putter.send("idle", 1, 0, _chunk(b"b")).result(10).ok
     assert set(putter._puts) == {("idle", 1)}
     assert putter.send("idle", 0, 1, _chunk(b"c")).result(10).ok  # a new put, the same producer

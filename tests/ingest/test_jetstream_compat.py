@@ -8,7 +8,7 @@ import nats
 import nats.js.errors
 import pytest
 
-from .harness import wait_until, with_jetstream
+from ..broker.harness import wait_until, with_jetstream
 
 
 def _values(client, stream: str, partition: int = 0) -> list[bytes]:

@@ -20,7 +20,7 @@ from pyspark_jetstream.protocol.errors import (
     ProducerFencedError,
 )
 
-from .harness import publish_plain, wait_until
+from ..broker.harness import publish_plain, wait_until
 
 
 def _rows(client, stream: str, partition: int = 0, expect: int | None = None) -> list[dict]:

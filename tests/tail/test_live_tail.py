@@ -33,7 +33,7 @@ from pyspark_jetstream.client.live import LiveTail
 from pyspark_jetstream.protocol.flight import StartPosition
 from pyspark_jetstream.protocol.tail import _HEADER, HEADER_BYTES, decode_delivery, tail_subject
 
-from .harness import BrokerProcess, wait_until
+from ..broker.harness import BrokerProcess, wait_until
 
 
 def offsets_of(batches: list[pa.RecordBatch]) -> list[int]:

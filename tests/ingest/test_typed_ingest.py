@@ -19,7 +19,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import TypedValues
 
-from .harness import BrokerProcess, publish_plain, with_jetstream
+from ..broker.harness import BrokerProcess, publish_plain, with_jetstream
 
 ORDERS = {
     "fields": [

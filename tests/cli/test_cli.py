@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from .harness import run_cli
+from ..broker.harness import run_cli
 
 
 def jetstream(broker, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
