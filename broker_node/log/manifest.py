@@ -79,6 +79,7 @@ from .segment import (
     header_bytes,
     segment_name,
 )
+from .segment_recovery import missing_segment, open_segment
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def open_segments(directory: Path, labels: Labels = NO_LABELS) -> tuple[list[Seg
                 "adopting segment %d of %s, created by a roll interrupted by a crash", base, directory
             )
             segments[-1].seal()
-            segments.append(Segment.open(directory, base, active=True, labels=labels))
+            segments.append(open_segment(directory, base, active=True, labels=labels))
         else:
             _set_aside(directory, base, log)
         changed = True
@@ -169,13 +170,13 @@ def _open(directory: Path, bases: list[int], present: set[int], labels: Labels) 
     for i, base in enumerate(bases):
         if base in present:
             limit = bases[i + 1] if i + 1 < len(bases) else None
-            segments.append(Segment.open(directory, base, active=limit is None, limit=limit, labels=labels))
+            segments.append(open_segment(directory, base, active=limit is None, limit=limit, labels=labels))
         else:
             end = bases[i + 1]
             labels.bind(logger).error(
                 "segment %d of %s is missing: offsets %d to %d are lost", base, directory, base, end - 1
             )
-            segments.append(Segment.missing(directory, base, end, labels))
+            segments.append(missing_segment(directory, base, end, labels))
     return segments
 
 
