@@ -9,17 +9,16 @@ changes, and closes partitions no longer here, removing the directories of
 deleted streams and of partitions moved to other brokers (only those: see
 :mod:`.partition_record`).  It runs on whatever thread calls it, one call at a time.
 
-A thread of its own keeps the ISRs of the partitions led here: it drops
-followers that have not caught up for ``replica_max_lag`` seconds and adds
-back those that caught up (proposed by their fetches), each change a
-compare-and-set through the coordinator.
+A thread of its own keeps the ISRs of the partitions led here
+(:mod:`.isr_keeper`): it drops followers that have not caught up for
+``replica_max_lag`` seconds and adds back those that caught up (proposed by
+their fetches), each change a compare-and-set through the coordinator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import shutil
 import threading
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from pathlib import Path
 from pyarrow import flight
 
 from broker_node.coordination.base import Coordinator, PartitionState, StreamMetadata
-from broker_node.coordination.errors import CoordinationError, MetadataError
+from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
 from broker_node.log.logging_labels import Labels
@@ -41,6 +40,7 @@ from pyspark_jetstream.protocol.errors import (
 from pyspark_jetstream.protocol.streams import StreamConfig
 
 from .fetcher import Fetcher, PeerLink
+from .isr_keeper import IsrKeeper
 from .leader_repair import repair_leader
 from .partition import Partition, Role
 from .partition_record import partition_directories, partition_record, read_record, write_record
@@ -97,13 +97,13 @@ class ReplicaManager:
         self._lock = threading.RLock()
         self._apply_lock = threading.Lock()
         self._fenced = False
-        self._isr_requests: queue.Queue[tuple[Partition, str] | None] = queue.Queue()
         self._stopped = threading.Event()
-        self._isr_thread = threading.Thread(target=self._keep_isrs, name="isr", daemon=True)
+        self._isr = IsrKeeper(coordinator, config.replica_max_lag, self.leaders, self._stopped)
+        """The thread keeping the ISRs of the partitions led here (see :mod:`.isr_keeper`)."""
 
     def start(self) -> None:
         """Start keeping ISRs (call once the first :meth:`apply` is done)."""
-        self._isr_thread.start()
+        self._isr.start()
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -491,61 +491,14 @@ class ReplicaManager:
 
     def request_isr(self, partition: Partition, replica: str) -> None:
         """Ask for ``replica`` to join ``partition``'s ISR (it caught up); checked again when written."""
-        self._isr_requests.put((partition, replica))
-
-    def _keep_isrs(self) -> None:
-        interval = min(self.config.replica_max_lag / 2, 1.0)
-        while not self._stopped.is_set():
-            try:
-                item = self._isr_requests.get(timeout=interval)
-            except queue.Empty:
-                item = None
-            if self._stopped.is_set():
-                return
-            try:
-                if item is not None:
-                    partition, replica = item
-                    expanded = partition.expansion(replica)
-                    if expanded is not None:
-                        self._write_isr(partition, expanded)
-                for partition in list(self.leaders().values()):
-                    shrunk = partition.lagging_replicas(self.config.replica_max_lag)
-                    if shrunk is not None:
-                        self._write_isr(partition, shrunk)
-            except Exception:
-                logger.exception("keeping the ISRs failed")
-
-    def _write_isr(self, partition: Partition, isr: tuple[str, ...]) -> None:
-        if isr == partition.state.isr:
-            return
-        proposal = partition.propose_isr(isr)
-        if proposal is None:
-            return
-        try:
-            stored = self.coordinator.update_partition(
-                partition.stream, partition.number, proposal.version, proposal
-            )
-        except CoordinationError as exc:
-            Labels(partition.stream, partition.number).bind(logger).info(
-                "ISR change to %s not written (%s); reading the metadata again", isr, exc
-            )
-            partition.isr_written(None)
-            refresh = getattr(self.coordinator, "refresh", None)
-            if refresh is not None:
-                try:
-                    refresh()
-                except CoordinationError as again:  # the watches reload it once they can
-                    logger.info("reading the metadata again failed: %s", again)
-            return
-        partition.isr_written(stored)
+        self._isr.request(partition, replica)
 
     def close(self) -> list[str]:
         """Stop fetchers and the ISR thread, close every partition; return what could not be closed.
 
         Every partition is closed even when one fails (a full disk, say).
         """
-        self._stopped.set()
-        self._isr_requests.put(None)
+        self._isr.stop()
         # An apply under way finishes first (later ones do nothing), so none reopens a
         # partition being closed here (bounded: one stuck on the coordinator is not waited for).
         applying = self._apply_lock.acquire(timeout=APPLY_WAIT)
@@ -567,8 +520,7 @@ class ReplicaManager:
             except LogError as exc:
                 failures.append(str(exc))
                 Labels(partition.stream, partition.number).bind(logger).error("cannot close: %s", exc)
-        if self._isr_thread.is_alive():
-            self._isr_thread.join(5)
+        self._isr.join(5)
         if self._own_loop is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._own_loop.join(5)
