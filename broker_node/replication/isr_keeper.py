@@ -70,11 +70,11 @@ class IsrKeeper:
             try:
                 if item is not None:
                     partition, replica = item
-                    expanded = partition.expansion(replica)
+                    expanded = partition.followers.expansion(replica)
                     if expanded is not None:
                         self._write(partition, expanded)
                 for partition in list(self._leaders().values()):
-                    shrunk = partition.lagging_replicas(self._max_lag)
+                    shrunk = partition.followers.lagging_replicas(self._max_lag)
                     if shrunk is not None:
                         self._write(partition, shrunk)
             except Exception:
@@ -83,7 +83,7 @@ class IsrKeeper:
     def _write(self, partition: Partition, isr: tuple[str, ...]) -> None:
         if isr == partition.state.isr:
             return
-        proposal = partition.propose_isr(isr)
+        proposal = partition.followers.propose_isr(isr)
         if proposal is None:
             return
         try:
@@ -94,7 +94,7 @@ class IsrKeeper:
             Labels(partition.stream, partition.number).bind(logger).info(
                 "ISR change to %s not written (%s); reading the metadata again", isr, exc
             )
-            partition.isr_written(None)
+            partition.followers.isr_written(None)
             refresh = getattr(self._coordinator, "refresh", None)
             if refresh is not None:
                 try:
@@ -102,4 +102,4 @@ class IsrKeeper:
                 except CoordinationError as again:  # the watches reload it once they can
                     logger.info("reading the metadata again failed: %s", again)
             return
-        partition.isr_written(stored)
+        partition.followers.isr_written(stored)
