@@ -294,8 +294,8 @@ class Broker:
             refuse_if_taken(flight_config.host, self.config.replication.port, "[replication] port")
             raise
         self.runtime.replication = server
-        self.manager.loop = self._loop
-        self.manager.link = peer_link(self.credentials)
+        self.manager.fetching.loop = self._loop
+        self.manager.fetching.link = peer_link(self.credentials)
 
     def _serve_metrics(self) -> None:
         metrics_config = self.config.metrics

@@ -73,7 +73,7 @@ class BrokerStatus:
             "log_end_offset": log.log_end_offset,
             "size_bytes": log.size_bytes,
             "high_watermark": partition.high_watermark,
-            "followers": partition.follower_log_ends() if partition.role is Role.LEADER else {},
+            "followers": partition.followers.follower_log_ends() if partition.role is Role.LEADER else {},
             "fetch_error": fetcher.last_error if fetcher is not None else None,
             "damaged": [[d.first_offset, d.last_offset, d.detail] for d in log.damaged],
         }

@@ -1,13 +1,14 @@
 """What the file log and the memory log share: the logic of every method that does not depend
 on how batches are stored.
 
-:class:`LogBase` holds appends, replicated appends, reads, frames for replicas,
-scans, leader epochs, the high watermark, and the checks and bookkeeping of
-truncation and reset; :class:`~.log.Log` and :class:`~.memory.MemoryLog`
+:class:`LogBase` holds appends, replicated appends, leader epochs, the high
+watermark, and the checks and bookkeeping of truncation and reset; it derives
+the reads (batches, frames for replicas, scans, timestamps, waits for the log
+end) from :class:`~.reads.LogReads`; :class:`~.log.Log` and :class:`~.memory.MemoryLog`
 supply the storage beneath them through a few small methods (``_active``,
 ``_maybe_roll``, ``_cut``, ``_start_empty_at``, ...).  The hot paths
 (:meth:`LogBase.append`, :meth:`LogBase.append_replicated`,
-:meth:`LogBase.read_frames`) call the file log's segments directly, as
+:meth:`LogReads.read_frames <.reads.LogReads.read_frames>`) call the file log's segments directly, as
 before: the memory log's newest place answers the same few calls a segment
 does.  The contract of each method is :class:`~.store.LogStore`'s.
 """
@@ -15,12 +16,9 @@ does.  The contract of each method is :class:`~.store.LogStore`'s.
 from __future__ import annotations
 
 import abc
-import bisect
 import dataclasses
-import threading
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime
+from collections.abc import Callable, Iterable
 from typing import Literal, Protocol, Self, overload
 
 import pyarrow as pa
@@ -31,10 +29,9 @@ from pyspark_jetstream.protocol.schema import LOG_SCHEMA, TIMESTAMP_TYPE
 from pyspark_jetstream.protocol.typed_values import TypedValues
 
 from .append_input import Record, Records, record_size, to_input_columns
-from .arguments import check_limit, check_offset, check_offset_arg, to_micros
+from .arguments import check_offset, check_offset_arg
 from .epochs import EpochEndOffset, LeaderEpochCache
 from .errors import (
-    CorruptSegmentError,
     InvalidRecordsError,
     LogError,
     OffsetOutOfRangeError,
@@ -45,7 +42,7 @@ from .index import BatchEntry, crc32
 from .log_config import LogConfig
 from .logging_labels import Labels
 from .one_frame import OneFrames
-from .reads import ReplicaFrame, StoredBatches, TypedRead, read_batches, read_frames, with_typed
+from .reads import LogReads
 from .segment import COMPRESS_MIN_BYTES, encode_frame
 from .typed_frames import encode_typed_frame
 
@@ -63,14 +60,6 @@ class ActiveStore(Protocol):
 
     def append(self, frame: pa.Buffer, entry: BatchEntry, *, fsync: bool) -> None:
         """Store ``frame``, described by ``entry``; with ``fsync``, on stable storage before returning."""
-
-
-class Stored(StoredBatches, Protocol):
-    """What the shared reads walk: a file log's segment, or the memory log's run of batches."""
-
-    @property
-    def max_timestamp(self) -> int | None:
-        """The newest batch's timestamp, or ``None`` when empty."""
 
 
 class Unit(Protocol):
@@ -110,26 +99,17 @@ def retention_deletes(
     return deleted
 
 
-class LogBase(abc.ABC):
+class LogBase(LogReads):
     """The methods both logs run alike (see the module docstring); the storage is the subclass's."""
 
-    config: LogConfig
     labels: Labels
     _clock: Callable[[], float]
-    _lock: threading.RLock
-    _grown: threading.Condition
-    """Notified whenever the log end offset moves (appends, replicated appends, truncation)."""
-    _closed: bool
     _epochs: LeaderEpochCache
-    _high_watermark: int
     _last_timestamp: int
     """The newest stored timestamp (µs): the floor for the next append's."""
     _unsynced: bool = False
     """Appended data that no fsync has covered yet."""
     _iota: pa.Array = pa.array([], pa.int64())
-    _segments: Sequence[Stored]
-    """What the reads of :mod:`.reads` walk, oldest first, and their base offsets (``_bases``)."""
-    _bases: Sequence[int]
 
     # ---- what the storage supplies ---------------------------------------------
 
@@ -146,10 +126,6 @@ class LogBase(abc.ABC):
     @abc.abstractmethod
     def _fsync_due(self) -> bool:
         """Whether this append must reach stable storage before it counts."""
-
-    @abc.abstractmethod
-    def _check_open(self) -> None:
-        """``LogClosedError`` if the log is closed."""
 
     @abc.abstractmethod
     def _cut(self, offset: int) -> None:
@@ -460,223 +436,6 @@ class LogBase(abc.ABC):
             self._high_watermark = offset
             self._checkpoint_high_watermark()
             self._last_timestamp = 0
-            self._grown.notify_all()
-
-    # ---- reading ---------------------------------------------------------------
-
-    def read(
-        self,
-        start_offset: int,
-        *,
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-    ) -> list[pa.RecordBatch]:
-        """Return stored batches from ``start_offset`` on, in offset order.
-
-        The first row of the first batch is ``start_offset`` (or the next
-        stored offset after a compaction gap); batches are zero-copy slices of
-        the stored ones (a file log's memory-mapped segments; batches stored
-        compressed are decompressed).  Reading stops before ``upper_bound``
-        (default: the log end offset; pass the high watermark to read only
-        committed data), after ``max_records`` rows, or before the batch that
-        would take the bytes read past ``max_bytes`` (a batch counts its
-        stored size, or its decompressed size if larger) -- but at least one
-        batch is returned when any data is in range, however large.
-
-        ``start_offset`` equal to the log end offset (or at/after
-        ``upper_bound``) gives an empty list.  Outside
-        ``[log_start_offset, log_end_offset]`` it raises
-        ``OffsetOutOfRangeError`` with the valid range.  A damaged batch (one
-        that fails its checks, or offsets whose data is lost) ends the read
-        before it; a read that starts at it raises ``CorruptSegmentError``
-        naming the file and the unreadable range.
-        """
-        return self._checked_read(start_offset, max_records, max_bytes, upper_bound)
-
-    def read_typed(
-        self,
-        start_offset: int,
-        *,
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-    ) -> list[TypedRead]:
-        """:meth:`read`, each batch with the typed columns stored with its rows (see
-        :mod:`.typed_frames`; ``None`` for a batch stored without).  Typed columns that do not
-        decode raise ``CorruptSegmentError`` naming the batch's offsets."""
-        frames: list[tuple[pa.Buffer, int]] = []
-        batches = self._checked_read(start_offset, max_records, max_bytes, upper_bound, frames=frames)
-        try:
-            return with_typed(batches, frames)
-        except ValueError as exc:
-            first = batches[0].column(0)[0].as_py()
-            last = batches[-1].column(0)[-1].as_py()
-            raise CorruptSegmentError(repr(self), first, last, str(exc)) from exc
-
-    def _read_end(self, start_offset: int, upper_bound: int | None) -> int:
-        """Where a read from ``start_offset`` stops (the log end, or ``upper_bound`` if lower);
-        raises ``OffsetOutOfRangeError`` for a start outside the log.  Called holding the lock."""
-        self._check_open()
-        end = self.log_end_offset
-        if not self.log_start_offset <= start_offset <= end:
-            raise OffsetOutOfRangeError(
-                start_offset, log_start_offset=self.log_start_offset, log_end_offset=end
-            )
-        return end if upper_bound is None else min(end, upper_bound)
-
-    def _checked_read(
-        self,
-        start_offset: int,
-        max_records: int | None,
-        max_bytes: int | None,
-        upper_bound: int | None,
-        *,
-        frames: list[tuple[pa.Buffer, int]] | None = None,
-    ) -> list[pa.RecordBatch]:
-        """:meth:`read` (and :meth:`read_typed`, which also collects each batch's ``frames``)."""
-        check_offset_arg("start_offset", start_offset, allow_negative=True)
-        check_limit("max_records", max_records)
-        check_limit("max_bytes", max_bytes)
-        if upper_bound is not None:
-            check_offset_arg("upper_bound", upper_bound)
-        with self._lock:
-            end = self._read_end(start_offset, upper_bound)
-            return read_batches(
-                self._segments,
-                self._bases,
-                start_offset,
-                end,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                frames=frames,
-            )
-
-    def _committed(self, *, partial: bool = True) -> list[pa.RecordBatch]:
-        """Every stored batch below the high watermark, without ``read``'s checks (compaction's
-        input); with ``partial``, damage ends a read that has found batches."""
-        return read_batches(
-            self._segments,
-            self._bases,
-            self.log_start_offset,
-            self._high_watermark,
-            max_records=None,
-            max_bytes=None,
-            partial=partial,
-        )
-
-    @overload
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: Literal[True] = True,
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def read_frames(
-        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
-    ) -> list[ReplicaFrame] | None: ...
-
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: bool = True,
-    ) -> list[ReplicaFrame] | None:
-        """Stored batches from ``start_offset`` on, byte for byte as stored, for a replica.
-
-        Bounds and errors as :meth:`read` (a batch cut by the range is sliced
-        and encoded afresh); ``max_bytes`` counts stored bytes.  Each frame's
-        bytes are what :meth:`append_replicated` takes.  With ``wait=False``,
-        ``None`` if another thread holds the log (an event loop's caller reads
-        in a thread then).
-        """
-        check_offset("start_offset", start_offset)
-        if not self._lock.acquire(blocking=wait):
-            return None
-        try:
-            end = self._read_end(start_offset, upper_bound)
-            return read_frames(
-                self._segments,
-                self._bases,
-                start_offset,
-                end,
-                max_bytes=max_bytes,
-                compression=self.config.compression,
-            )
-        finally:
-            self._lock.release()
-
-    def scan(
-        self,
-        *,
-        max_bytes: int = 16 * 1024 * 1024,
-        on_damaged: Callable[[CorruptSegmentError], None] | None = None,
-        start_offset: int | None = None,
-    ) -> Iterator[pa.RecordBatch]:
-        """Every stored batch from the log start (or ``start_offset``, if later) to the log end
-        as of the call, in order.
-
-        Reads ``max_bytes`` at a time (see :meth:`read`); used to rebuild
-        state kept beside the log (producer sequences, cursors).  A damaged
-        range raises ``CorruptSegmentError``, unless ``on_damaged`` is given:
-        then it is called with that error and the scan goes on after the
-        range.  Rebuilds pass it, so that one bad batch costs what it held
-        rather than the whole partition (the range stays in ``damaged``
-        until repaired).
-        """
-        offset, end = max(self.log_start_offset, start_offset or 0), self.log_end_offset
-        while offset < end:
-            try:
-                batches = self.read(offset, max_bytes=max_bytes, upper_bound=end)
-            except CorruptSegmentError as exc:
-                if on_damaged is None:
-                    raise
-                on_damaged(exc)
-                offset = max(offset, exc.last_offset) + 1
-                continue
-            if not batches:
-                return  # the rest is a compaction gap
-            yield from batches
-            offset = batches[-1].column(0)[-1].as_py() + 1
-
-    def offset_for_timestamp(self, timestamp: datetime | float) -> int:
-        """The first offset whose timestamp is >= ``timestamp``, or the log end offset if none.
-
-        ``timestamp`` is a timezone-aware ``datetime`` or seconds since the
-        Unix epoch.  Only messages still stored are considered.
-        """
-        target = to_micros(timestamp)
-        with self._lock:
-            self._check_open()
-            for segment in self._segments:
-                newest = segment.max_timestamp
-                if newest is None or newest < target:
-                    continue
-                i = bisect.bisect_left(segment.index.max_timestamps, target)
-                batch = segment.batch(i)
-                earlier = pc.sum(pc.less(batch.column(1).cast(pa.int64()), target)).as_py() or 0
-                return int(batch.column(0)[earlier].as_py())
-            return self.log_end_offset
-
-    def wait_for_end(self, offset: int, timeout: float, *, unless: Callable[[], bool] | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for the log end offset to pass ``offset``, or until
-        ``unless()`` is true when checked (at each append and each :meth:`wake_waiters`); whether
-        the end passed ``offset``."""
-        with self._grown:
-            self._grown.wait_for(
-                lambda: self._closed or self.log_end_offset > offset or (unless is not None and unless()),
-                timeout,
-            )
-            return not self._closed and self.log_end_offset > offset
-
-    def wake_waiters(self) -> None:
-        """Have every :meth:`wait_for_end` check its ``unless`` now."""
-        with self._grown:
             self._grown.notify_all()
 
 

@@ -1,15 +1,23 @@
-"""Key compaction: which rows of a segment survive.
+"""Key compaction: which rows of a segment survive, and the file log's pass over its segments.
 
-Pure functions over Arrow batches in the log schema; the log decides which
-segments to compact and rewrites them.
+Pure functions over Arrow batches in the log schema (both logs use them); the
+log decides which segments to compact, and :class:`SegmentCompaction` rewrites
+them, or waits while damage hides which keys have newer values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .damage import DamagedRange
+from .errors import CorruptSegmentError
+from .segment import Segment
 
 
 def latest_offsets(batches: Iterable[pa.RecordBatch]) -> pa.Array:
@@ -62,3 +70,61 @@ def _merge_same_epoch(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
     if run:
         merged.append(pa.concat_batches(run))
     return merged
+
+
+class Compacted(NamedTuple):
+    """What a compaction pass did."""
+
+    removed: int
+    """Messages removed."""
+    rewritten: int
+    """Segments rewritten."""
+
+
+class SegmentCompaction:
+    """A file log's compaction passes over its closed segments, and the damage they wait for."""
+
+    def __init__(self, directory: Path, log: logging.LoggerAdapter[logging.Logger]) -> None:
+        self._directory = directory
+        self._log = log
+        self._blocked = ""
+        """The damage compaction last waited for (logged once, not on every pass)."""
+
+    def run(
+        self,
+        closed: Sequence[Segment],
+        damaged: Sequence[DamagedRange],
+        committed: Callable[[], list[pa.RecordBatch]],
+        tombstone_horizon: Callable[[], int],
+        compression: str,
+    ) -> Compacted | None:
+        """Compact ``closed`` (see ``Log.compact``); messages removed and segments rewritten, or
+        ``None`` while committed offsets are ``damaged`` or ``committed()`` (every batch below
+        the high watermark) finds damage.  ``tombstone_horizon()``: the timestamp (µs) before
+        which a key's newest tombstone goes too."""
+        # Damage hides which keys have newer values (a lost tombstone would let
+        # an older value come back): compact only a log that reads whole.
+        try:
+            if damaged:
+                raise CorruptSegmentError(*damaged[0])
+            # Newest per key among committed messages only: an uncommitted newer value
+            # may yet be truncated away by replication.
+            batches = committed()
+        except CorruptSegmentError as exc:
+            if str(exc) != self._blocked:  # once per damage, not every pass
+                self._log.warning("not compacting %s until its damage is repaired: %s", self._directory, exc)
+                self._blocked = str(exc)
+            return None
+        self._blocked = ""
+        latest = latest_offsets(batches)
+        horizon = tombstone_horizon()
+        removed = rewritten = 0
+        for segment in closed:
+            kept, gone = compact_batches(
+                (segment.batch(i) for i in range(len(segment.index))), latest, horizon
+            )
+            if gone:
+                segment.rewrite(kept, compression)
+                removed += gone
+                rewritten += 1
+        return Compacted(removed, rewritten)

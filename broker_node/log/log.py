@@ -17,7 +17,9 @@ thread-safe: one lock serialises appends, reads and maintenance.
 
 Besides the segments, the directory holds the segment manifest
 (:mod:`.manifest`, which segments make up the log), the high-watermark
-checkpoint and the leader-epoch checkpoint (:mod:`.epochs`).
+checkpoint (:mod:`.hw_checkpoint`) and the leader-epoch checkpoint
+(:mod:`.epochs`, aligned with the segments at open by :mod:`.epoch_recovery`).
+Key compaction's pass over the segments is :mod:`.compaction`'s.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .base import LogBase, retention_deletes
-from .checkpoint import read_checkpoint, write_checkpoint
-from .compaction import compact_batches, latest_offsets
+from .compaction import SegmentCompaction
 from .damage import DamagedRange, damaged_ranges, repair_segments
-from .deferred_sync import DeferredSync, background
+from .deferred_sync import DeferredSync
+from .epoch_recovery import LEADER_EPOCH_CHECKPOINT, reconcile_epochs
 from .epochs import LeaderEpochCache
 from .errors import (
     CorruptSegmentError,
@@ -48,20 +50,16 @@ from .errors import (
     LogError,
     LogStorageError,
 )
+from .hw_checkpoint import HighWatermarkCheckpoint
 from .index import MAX_RELATIVE_OFFSET
 from .log_config import FsyncPolicy, LogConfig
 from .logging_labels import NO_LABELS, Labels
-from .manifest import MANIFEST, open_segments, write_manifest
+from .manifest import MANIFEST, open_segments, record_segments, start_segment
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
 from .store import LogStore
 from .typed_frames import sliced_frame
 
 logger = logging.getLogger(__name__)
-
-HIGH_WATERMARK_CHECKPOINT = "high-watermark.checkpoint"
-
-
-LEADER_EPOCH_CHECKPOINT = "leader-epoch.checkpoint"
 
 
 class Log(LogBase):
@@ -93,26 +91,29 @@ class Log(LogBase):
         self._grown = threading.Condition(self._lock)
         """Notified whenever the log end offset moves (appends, replicated appends, truncation)."""
         self._closed = False
-        self._compaction_blocked = ""
-        """The damage compaction last waited for (logged once, not on every pass)."""
+        self._compaction = SegmentCompaction(directory, self._log)
         self._last_timestamp = self._newest_timestamp()
         self._last_fsync = clock()
         self._unsynced = False  # appended data that no fsync has covered yet
         self._deferred = DeferredSync(directory, directory / MANIFEST)
         """The fsyncs owed and paid on the background thread (see :mod:`.deferred_sync`)."""
-        self._last_hw_checkpoint = clock()
-        self._hw_write = threading.Lock()
-        """Held while the high-watermark checkpoint file is written, by whichever thread writes it."""
-        self._hw_checkpoint_queued = False
-        self._reconcile_epochs()
-        saved = read_checkpoint(directory / HIGH_WATERMARK_CHECKPOINT)
-        try:
-            hw = int(saved[0]) if saved else None
-        except ValueError:
-            hw = None
-        self._checkpointed_high_watermark = hw
-        """The value the checkpoint file holds: close() writes only a changed one."""
-        self._high_watermark = min(max(hw or 0, 0), self.log_end_offset)
+        self._hw = HighWatermarkCheckpoint(
+            directory,
+            config.high_watermark_checkpoint_interval,
+            clock,
+            lambda: None if self._closed else self._high_watermark,
+            self._log,
+        )
+        """The high watermark's checkpoint file (see :mod:`.hw_checkpoint`)."""
+        reconcile_epochs(
+            epochs,
+            segments,
+            self.log_start_offset,
+            self.log_end_offset,
+            log=self._log,
+            checkpoint=directory / LEADER_EPOCH_CHECKPOINT,
+        )
+        self._high_watermark = min(max(self._hw.saved or 0, 0), self.log_end_offset)
 
     # ---- opening and closing ---------------------------------------------------
 
@@ -190,9 +191,7 @@ class Log(LogBase):
                     self._active.fsync()
                 except OSError as exc:
                     failures.append(f"could not fsync {self._active.path}: {exc}")
-            with self._hw_write:  # a checkpoint written in the background is finished first
-                changed = self._high_watermark != self._checkpointed_high_watermark
-            if changed:
+            if self._hw.changed(self._high_watermark):  # after a background write in flight
                 try:
                     self._checkpoint_high_watermark()
                 except LogStorageError as exc:
@@ -297,25 +296,8 @@ class Log(LogBase):
         active = self._active
         policy = self.config.fsync
         sync = policy is FsyncPolicy.ALWAYS
-        try:
-            # The new segment first: if it cannot be made, the old one stays writable.
-            segment = Segment.create(
-                self.directory, active.next_offset if base_offset is None else base_offset, sync=sync
-            )
-            segment.labels = self.labels
-        except OSError as exc:
-            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
-        try:
-            # Listed before anything is appended to it: an unlisted segment with data is a stray.
-            write_manifest(self.directory, [*self._bases, segment.base_offset], sync=sync)
-            if sync:
-                active.fsync()
-        except OSError as exc:
-            try:
-                segment.delete()
-            except OSError:
-                self._log.exception("cannot remove %s after a failed roll", segment.path)
-            raise LogStorageError(f"cannot start a new segment in {self.directory}: {exc}") from exc
+        base = active.next_offset if base_offset is None else base_offset
+        segment = start_segment(self.directory, self._bases, active, base, sync=sync, labels=self.labels)
         active.seal()
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
@@ -455,35 +437,17 @@ class Log(LogBase):
             closed = self._closed_below_high_watermark()
             if not closed:
                 return 0
-            # Damage hides which keys have newer values (a lost tombstone would let
-            # an older value come back): compact only a log that reads whole.
-            damaged = [d for d in self.damaged if d.first_offset < self._high_watermark]
-            try:
-                if damaged:
-                    raise CorruptSegmentError(*damaged[0])
-                # Newest per key among committed messages only: an uncommitted newer value
-                # may yet be truncated away by replication.
-                committed = self._committed(partial=False)
-            except CorruptSegmentError as exc:
-                if str(exc) != self._compaction_blocked:  # once per damage, not every pass
-                    self._log.warning(
-                        "not compacting %s until its damage is repaired: %s", self.directory, exc
-                    )
-                    self._compaction_blocked = str(exc)
-                return 0
-            self._compaction_blocked = ""
-            latest = latest_offsets(committed)
-            horizon = int((self._clock() - self.config.tombstone_retention) * 1_000_000)
-            removed = rewritten = 0
             before = self.size_bytes
-            for segment in closed:
-                kept, gone = compact_batches(
-                    (segment.batch(i) for i in range(len(segment.index))), latest, horizon
-                )
-                if gone:
-                    segment.rewrite(kept, self.config.compression)
-                    removed += gone
-                    rewritten += 1
+            result = self._compaction.run(
+                closed,
+                [d for d in self.damaged if d.first_offset < self._high_watermark],
+                lambda: self._committed(partial=False),
+                lambda: int((self._clock() - self.config.tombstone_retention) * 1_000_000),
+                self.config.compression,
+            )
+            if result is None:
+                return 0
+            removed, rewritten = result
             self._last_timestamp = self._newest_timestamp()
             if removed:
                 self._log.info(
@@ -558,26 +522,8 @@ class Log(LogBase):
 
     def _high_watermark_moved(self) -> None:
         """Checkpoint the high watermark now and then, on the checkpoint thread: the caller is
-        the commit path (a broker's event loop), and a checkpoint's fsync can take a second
-        when the disk is busy writing back other data."""
-        interval = self.config.high_watermark_checkpoint_interval
-        if self._hw_checkpoint_queued or self._clock() - self._last_hw_checkpoint < interval:
-            return
-        self._hw_checkpoint_queued = True
-        self._last_hw_checkpoint = self._clock()
-        background().submit(self._checkpoint_in_background)
-
-    def _checkpoint_in_background(self) -> None:
-        """Write the high watermark as it is now (not as it was when queued: a truncation since
-        may have lowered it, and its own checkpoint waits for this one to finish)."""
-        try:
-            with self._hw_write:
-                if not self._closed:  # else close() wrote the checkpoint itself
-                    self._write_high_watermark()
-        except LogStorageError as exc:  # tried again at the next interval; close() reports a failure
-            self._log.warning("%s", exc)
-        finally:
-            self._hw_checkpoint_queued = False
+        the commit path (see :mod:`.hw_checkpoint`)."""
+        self._hw.moved()
 
     def _epochs_forgotten(self, newer: list[tuple[int, int]], epoch: int) -> None:
         self._log.warning(
@@ -596,92 +542,16 @@ class Log(LogBase):
         )
 
     def _checkpoint_high_watermark(self) -> None:
-        with self._hw_write:
-            self._write_high_watermark()
-        self._last_hw_checkpoint = self._clock()
-
-    def _write_high_watermark(self) -> None:
-        """Write the high watermark's checkpoint file; the caller holds ``_hw_write``."""
-        hw = self._high_watermark
-        try:
-            write_checkpoint(self.directory / HIGH_WATERMARK_CHECKPOINT, [str(hw)])
-        except OSError as exc:
-            raise LogStorageError(
-                f"could not checkpoint the high watermark of {self.directory}: {exc}"
-            ) from exc
-        self._checkpointed_high_watermark = hw
+        self._hw.write(self._high_watermark)
 
     def _record_segments(self, *, required: bool) -> None:
-        """Write the segment manifest; unless ``required``, a failure is only logged.
-
-        Not required after segments went away: until the next change writes
-        it, opening takes segments missing at either end of the log for the
-        deletions they were (see :mod:`.manifest`).
-        """
-        try:
-            write_manifest(self.directory, self._bases)
-        except OSError as exc:
-            if required:
-                raise LogStorageError(f"could not record the segments of {self.directory}: {exc}") from exc
-            self._log.warning(
-                "could not record the segments of %s: %s (the next change will)", self.directory, exc
-            )
+        record_segments(self.directory, self._bases, required=required, labels=self.labels)
 
     def _fsync_active(self) -> None:
         try:
             self._active.fsync()
         except OSError as exc:
             raise LogStorageError(f"could not fsync {self._active.path}: {exc}") from exc
-
-    def _reconcile_epochs(self) -> None:
-        """Align the epoch cache with the recovered data.
-
-        The stored batches are the truth: each carries the epoch it was
-        written in.  The checkpoint may lag them (a newer epoch's first batch
-        written, the file not yet) or hold epochs begun at the log end with no
-        data yet; both are kept and filled in.  A checkpoint that contradicts
-        them -- an epoch newer than a batch's own in force at its offset
-        (damage, an edit) -- would keep the partition from ever taking its
-        role: it is rebuilt from the batches, with one warning naming the file.
-        """
-        self._epochs.truncate_from_end(self.log_end_offset, inclusive=False)
-        stored: list[tuple[int, int]] = []  # (epoch, first offset), from the batches alone
-        contradiction = None
-        for segment in self._segments:
-            index = segment.index
-            for i in range(len(index)):
-                if i in segment.damage:
-                    continue  # a lost stretch's epoch is a guess
-                epoch, base = index.epochs[i], index.bases[i]
-                if not stored or epoch > stored[-1][0]:
-                    stored.append((epoch, base))
-                if contradiction is None:
-                    contradiction = self._contradiction(epoch, base, index.lasts[i])
-        if contradiction is not None:
-            self._log.warning(
-                "%s does not match the segments (%s); rebuilt it from them",
-                self.directory / LEADER_EPOCH_CHECKPOINT,
-                contradiction,
-            )
-            self._epochs.replace(stored)
-        else:
-            for epoch, base in stored:
-                latest = self._epochs.latest_epoch
-                if latest is None or epoch > latest:
-                    self._epochs.assign(epoch, base)
-        self._epochs.truncate_from_start(self.log_start_offset)
-
-    def _contradiction(self, epoch: int, base: int, last: int) -> str | None:
-        """How the epoch cache contradicts a stored batch of ``epoch`` from ``base`` to ``last``, if it
-        does: it must put that very epoch in force over the whole batch, unless it lags (knows
-        no epoch that new yet: the batch was written before its epoch reached the file)."""
-        latest = self._epochs.latest_epoch
-        at_base, at_last = self._epochs.epoch_at(base), self._epochs.epoch_at(last)
-        if at_last is not None and at_last > epoch:
-            return f"epoch {at_last} in force within the batch at offset {base}, written in epoch {epoch}"
-        if at_base != epoch and latest is not None and latest >= epoch:
-            return f"epoch {at_base} in force at offset {base}, whose batch was written in epoch {epoch}"
-        return None
 
 
 if TYPE_CHECKING:  # mypy checks here that the class has the whole interface

@@ -69,7 +69,7 @@ import logging
 from pathlib import Path
 
 from .checkpoint import read_int_pairs, write_int_pairs
-from .errors import LogError
+from .errors import LogError, LogStorageError
 from .logging_labels import NO_LABELS, Labels
 from .segment import (
     OFFSET_INDEX_SUFFIX,
@@ -79,6 +79,7 @@ from .segment import (
     header_bytes,
     segment_name,
 )
+from .segment_recovery import missing_segment, open_segment
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,52 @@ def write_manifest(directory: Path, bases: list[int], *, sync: bool = True) -> N
     without ``sync``, the caller owes the file's and the directory's fsyncs."""
     ends = [*bases[1:], _GROWING]
     write_int_pairs(directory / MANIFEST, list(zip(bases, ends, strict=True)), sync=sync)
+
+
+def start_segment(
+    directory: Path, bases: list[int], active: Segment, base_offset: int, *, sync: bool, labels: Labels
+) -> Segment:
+    """A roll's new segment at ``base_offset``, created and listed after ``bases`` (the log's, the
+    last ``active``'s); with ``sync``, it, the manifest and ``active`` are on disk when this returns.
+
+    The active segment stays writable (the caller seals it): when the new one cannot be made or
+    listed, ``LogStorageError`` is raised and nothing changed."""
+    try:
+        # The new segment first: if it cannot be made, the old one stays writable.
+        segment = Segment.create(directory, base_offset, sync=sync)
+        segment.labels = labels
+    except OSError as exc:
+        raise LogStorageError(f"cannot start a new segment in {directory}: {exc}") from exc
+    try:
+        # Listed before anything is appended to it: an unlisted segment with data is a stray.
+        write_manifest(directory, [*bases, segment.base_offset], sync=sync)
+        if sync:
+            active.fsync()
+    except OSError as exc:
+        try:
+            segment.delete()
+        except OSError:
+            labels.bind(logger).exception("cannot remove %s after a failed roll", segment.path)
+        raise LogStorageError(f"cannot start a new segment in {directory}: {exc}") from exc
+    return segment
+
+
+def record_segments(directory: Path, bases: list[int], *, required: bool, labels: Labels) -> None:
+    """Write the manifest of the segments starting at ``bases``; unless ``required``, a failure is
+    only logged.
+
+    Not required after segments went away: until the next change writes
+    it, opening takes segments missing at either end of the log for the
+    deletions they were (see the module docstring).
+    """
+    try:
+        write_manifest(directory, bases)
+    except OSError as exc:
+        if required:
+            raise LogStorageError(f"could not record the segments of {directory}: {exc}") from exc
+        labels.bind(logger).warning(
+            "could not record the segments of %s: %s (the next change will)", directory, exc
+        )
 
 
 def read_manifest(directory: Path, labels: Labels = NO_LABELS) -> list[int] | None:
@@ -156,7 +203,7 @@ def open_segments(directory: Path, labels: Labels = NO_LABELS) -> tuple[list[Seg
                 "adopting segment %d of %s, created by a roll interrupted by a crash", base, directory
             )
             segments[-1].seal()
-            segments.append(Segment.open(directory, base, active=True, labels=labels))
+            segments.append(open_segment(directory, base, active=True, labels=labels))
         else:
             _set_aside(directory, base, log)
         changed = True
@@ -169,13 +216,13 @@ def _open(directory: Path, bases: list[int], present: set[int], labels: Labels) 
     for i, base in enumerate(bases):
         if base in present:
             limit = bases[i + 1] if i + 1 < len(bases) else None
-            segments.append(Segment.open(directory, base, active=limit is None, limit=limit, labels=labels))
+            segments.append(open_segment(directory, base, active=limit is None, limit=limit, labels=labels))
         else:
             end = bases[i + 1]
             labels.bind(logger).error(
                 "segment %d of %s is missing: offsets %d to %d are lost", base, directory, base, end - 1
             )
-            segments.append(Segment.missing(directory, base, end, labels))
+            segments.append(missing_segment(directory, base, end, labels))
     return segments
 
 

@@ -41,7 +41,8 @@ corrupt tail is cut back to the last good frame.  Closed segments are not read
 at open -- that would cost reading every byte of the log -- only checked for
 structure: their index must describe the whole file, and their offsets must stay
 below the next segment's base.  A closed segment that fails this is re-indexed
-by parsing its frames, resynchronising past damaged bytes.
+by parsing its frames, resynchronising past damaged bytes.  Opening a segment
+from disk, with these checks and repairs, is :mod:`.segment_recovery`'s.
 
 Damage is kept per batch (:attr:`Segment.damage`) and never makes more than the
 damaged batch unreadable: a read of it raises
@@ -76,8 +77,8 @@ from broker_node.durable import fsync_dir
 from pyspark_jetstream.protocol.schema import COMPRESSIONS, FORMAT_VERSION, LOG_SCHEMA
 
 from .errors import CorruptSegmentError, LogStorageError
-from .frames import add_damaged, batch_bounds, decode, mismatch, scan
-from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32, decode_index
+from .frames import batch_bounds, decode, mismatch
+from .index import OFFSET_ENTRY, TIME_ENTRY, BatchEntry, SegmentIndex, crc32
 from .logging_labels import NO_LABELS, Labels
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class Segment:
         self._view: pa.Buffer | None = None
         self._files: tuple[BinaryIO, BinaryIO, BinaryIO] | None = None
 
-    # ---- creation and recovery -------------------------------------------------
+    # ---- creation (opening one from disk: :mod:`.segment_recovery`) ----------------
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, *, sync: bool = True) -> Segment:
@@ -186,205 +187,6 @@ class Segment:
             fsync_dir(directory)
         segment.open_for_append()
         return segment
-
-    @classmethod
-    def missing(
-        cls, directory: Path, base_offset: int, end_offset: int, labels: Labels = NO_LABELS
-    ) -> Segment:
-        """A closed segment whose file is lost: offsets ``base_offset`` to ``end_offset - 1`` read as
-        damaged until :meth:`rewrite` (a repair) brings the file back."""
-        segment = cls(directory, base_offset, SegmentIndex(base_offset), 0, labels)
-        index = SegmentIndex(base_offset)
-        damage: dict[int, str] = {}
-        position = len(header_bytes(base_offset))
-        detail = f"the segment file {segment.path.name} is missing"
-        add_damaged(index, damage, base_offset, end_offset - 1, position=position, size=0, detail=detail)
-        segment._set_index(index, 0, damage=damage)
-        return segment
-
-    @classmethod
-    def open(
-        cls,
-        directory: Path,
-        base_offset: int,
-        *,
-        active: bool,
-        limit: int | None = None,
-        labels: Labels = NO_LABELS,
-    ) -> Segment:
-        """Open an existing segment, repairing what a crash may have left behind.
-
-        ``active`` marks the last segment of the log: it is verified frame by
-        frame and cut back to its longest valid prefix, and left writable.
-        A closed segment is checked for structure only (see the module
-        docstring); ``limit`` is the offset its offsets must stay below (the
-        next segment's base).
-        """
-        header = header_bytes(base_offset)
-        segment = cls(directory, base_offset, SegmentIndex(base_offset), len(header), labels)
-        if not active:
-            if limit is None:
-                raise ValueError(f"closed segment {base_offset} needs the offset its offsets stay below")
-            if segment.path.stat().st_size < len(header):
-                # Cut short of its header: the data is lost.  Left as found (the evidence,
-                # for the next open too) and read as damaged until a repair rewrites it.
-                segment._lost_whole(limit, segment._read_claims())
-                return segment
-        segment._repair_header(header)
-        file_size = segment.path.stat().st_size
-        segment._adopt_pending_index(len(header), file_size)
-        index, consistent, whole = segment._read_index()
-        index_end = index.end(len(header))
-        if active or limit is None:  # (a closed segment without a limit was refused above)
-            segment._recover_active(index, consistent, whole, file_size)
-            segment.open_for_append()
-        elif consistent and index_end == file_size and segment.next_offset_of(index) <= limit:
-            segment._set_index(index, file_size)
-        else:
-            segment._log.warning("index of closed segment %s disagrees with it; re-indexing it", segment.path)
-            segment._rebuild_closed(file_size, limit, index if consistent and whole else None)
-        return segment
-
-    def _read_index(self) -> tuple[SegmentIndex, bool, bool]:
-        """The index files' longest consistent prefix, whether they are consistent (see
-        :func:`decode_index`), and whether they hold exactly that prefix."""
-        if not (self.offset_index_path.exists() and self.time_index_path.exists()):
-            return SegmentIndex(self.base_offset), False, False  # lost: rebuild from the data
-        offset_bytes = self.offset_index_path.read_bytes()
-        time_bytes = self.time_index_path.read_bytes()
-        index, consistent = decode_index(self.base_offset, offset_bytes, time_bytes, self.size)
-        # Entries beyond the decoded ones (torn, or one file ahead) must go from the files.
-        whole = (len(offset_bytes), len(time_bytes)) == (
-            len(index) * OFFSET_ENTRY.size,
-            len(index) * TIME_ENTRY.size,
-        )
-        return index, consistent, whole
-
-    def _read_claims(self) -> SegmentIndex | None:
-        """The index, if it is whole and consistent: what the segment should hold."""
-        index, consistent, whole = self._read_index()
-        return index if consistent and whole and len(index) else None
-
-    def _lost_whole(self, limit: int, claims: SegmentIndex | None) -> None:
-        """Mark every offset the segment held (by its index, else up to ``limit``) as lost."""
-        index = SegmentIndex(self.base_offset)
-        damage: dict[int, str] = {}
-        last = min(claims.lasts[-1], limit - 1) if claims is not None else limit - 1
-        detail = f"{self.path.name} is cut short of its header: its data is lost"
-        add_damaged(index, damage, self.base_offset, last, position=self.size, size=0, detail=detail)
-        self._set_index(index, 0, damage=damage)
-        self._log.error(
-            "closed segment %s: offsets %d to %d cannot be read: %s",
-            self.path,
-            self.base_offset,
-            last,
-            detail,
-        )
-
-    def _repair_header(self, header: bytes) -> None:
-        with open(self.path, "r+b") as f:
-            found = f.read(len(header))
-            if found == header:
-                return
-            self._log.warning("segment %s has a damaged header; rewriting it", self.path)
-            if len(found) < len(header):
-                f.truncate(0)
-            f.seek(0)
-            f.write(header)
-
-    def _recover_active(self, index: SegmentIndex, consistent: bool, whole: bool, file_size: int) -> None:
-        """Cut the segment back to its longest valid prefix; write only what that changes.
-
-        ``whole``: the index files hold exactly the decoded entries.  A segment
-        and index already whole are left untouched, so a clean log opens on a
-        full disk.
-        """
-        if not consistent:
-            self._log.warning("index of active segment %s is damaged; rebuilding", self.path)
-            index, _ = scan(self._buffer(file_size), self.size, file_size, self.base_offset)
-        else:
-            # Keep the prefix of batches that lie wholly in the file and pass their checksum.
-            view = self._buffer(file_size)
-            good = 0
-            for i in range(len(index)):
-                end = index.positions[i] + index.sizes[i]
-                if end > file_size:
-                    break
-                if crc32(view.slice(index.positions[i], index.sizes[i])) != index.crcs[i]:
-                    break
-                good += 1
-            whole = whole and good == len(index)
-            index.truncate(good)
-            if good and self._last_frame_disagrees(view, index):
-                self._log.warning(
-                    "index of active segment %s misstates its last batch; rebuilding", self.path
-                )
-                index, _ = scan(view, self.size, file_size, self.base_offset)
-                consistent = False
-        end = index.end(self.size)
-        if end != file_size:
-            self._log.warning(
-                "truncating active segment %s from %d to %d bytes (%d bytes of torn or unacknowledged tail)",
-                self.path,
-                file_size,
-                end,
-                file_size - end,
-            )
-            self._drop_map()
-            with open(self.path, "r+b") as f:
-                f.truncate(end)
-        self._set_index(index, end, verified=True)
-        if not (consistent and whole):
-            self._write_index_files()
-
-    @staticmethod
-    def _last_frame_disagrees(view: pa.Buffer, index: SegmentIndex) -> bool:
-        """Whether the last batch's decoded offsets differ from its entry (it sets the log end)."""
-        i = len(index) - 1
-        try:
-            batch = decode(view.slice(index.positions[i], index.sizes[i]))
-        except (pa.ArrowException, ValueError):
-            return True
-        return mismatch(batch, index.bases[i], index.lasts[i], index.counts[i]) is not None
-
-    def _rebuild_closed(self, file_size: int, limit: int, claims: SegmentIndex | None) -> None:
-        """Re-index a closed segment from its frames, recording what cannot be read.
-
-        ``claims``: the old index, if it is self-consistent.  Offsets after
-        the last frame found are a compaction gap, unless the file is known
-        to have lost its end: the frames found are exactly the first ones the
-        old index lists, and it lists more.  (A header-only file with an old
-        index that lists batches is taken as compacted to nothing, as left
-        by a crash in the middle of a compaction's rewrite.)
-        """
-        view = self._buffer(file_size)
-        index, damage = scan(view, self.size, file_size, self.base_offset, limit=limit)
-        lost_until = None
-        if claims is not None and 0 < len(index) < len(claims) and not damage:
-            prefix = all(
-                (index.positions[i], index.sizes[i], index.crcs[i])
-                == (claims.positions[i], claims.sizes[i], claims.crcs[i])
-                for i in range(len(index))
-            )
-            lost_until = claims.lasts[-1] if prefix else None
-        first_lost = self.next_offset_of(index)
-        if lost_until is not None and lost_until >= first_lost:
-            detail = (
-                f"the file ends at byte {file_size}, before offsets its index listed (up to {lost_until})"
-            )
-            last = min(lost_until, limit - 1)
-            add_damaged(index, damage, first_lost, last, position=file_size, size=0, detail=detail)
-        self._set_index(index, file_size, verified=True, damage=damage)
-        for i, detail in damage.items():
-            self._log.error(
-                "closed segment %s: offsets %d to %d cannot be read: %s",
-                self.path,
-                index.bases[i],
-                index.lasts[i],
-                detail,
-            )
-        if not damage:
-            self._write_index_files()
 
     def _set_index(
         self, index: SegmentIndex, size: int, *, verified: bool = False, damage: dict[int, str] | None = None
@@ -432,34 +234,6 @@ class Segment:
         ):
             os.replace(tmp, path)
         fsync_dir(self.directory)
-
-    def _adopt_pending_index(self, header_size: int, file_size: int) -> None:
-        """Finish a rewrite that crashed after renaming its data file, or discard its leftovers."""
-        offset_tmp, time_tmp = self._index_temps()
-        if not (offset_tmp.exists() and time_tmp.exists()):
-            offset_tmp.unlink(missing_ok=True)
-            time_tmp.unlink(missing_ok=True)
-            return
-        index, consistent = decode_index(
-            self.base_offset, offset_tmp.read_bytes(), time_tmp.read_bytes(), header_size
-        )
-        end = index.end(header_size)
-        view = self._buffer(file_size) if file_size > header_size else None
-        matches = (
-            consistent
-            and end == file_size
-            and all(
-                view is not None and crc32(view.slice(index.positions[i], index.sizes[i])) == index.crcs[i]
-                for i in range(len(index))
-            )
-        )
-        self._drop_map()
-        if matches:
-            self._log.warning("completing an interrupted rewrite of %s", self.path)
-            self._install_index_temps()
-        else:
-            offset_tmp.unlink()
-            time_tmp.unlink()
 
     # ---- properties ------------------------------------------------------------
 
@@ -638,7 +412,8 @@ class Segment:
         Crash-safe: the new data file and both new index files are written
         and fsynced under temporary names, then the data file is renamed over
         the old one, then the index files.  A crash after the data rename
-        leaves the new index files beside it, and :meth:`open` adopts them.
+        leaves the new index files beside it, and opening it adopts them
+        (:func:`.segment_recovery.open_segment`).
         Empty batches are skipped.
         """
         writable = self.writable

@@ -15,7 +15,8 @@ compaction removes messages but never renumbers them, so reads may skip gaps.
 Every method is thread-safe.  This Protocol names what a caller may rely on
 of any implementation; each method's full contract is stated once, where it is
 written: in :class:`~.base.LogBase` for the methods both logs share (appends,
-replicated appends, reads, frames, epochs, truncation), in :class:`~.log.Log`
+replicated appends, epochs, truncation) and in :class:`~.reads.LogReads` for
+the reads they share (batches, frames, scans), in :class:`~.log.Log`
 for the rest, and :class:`~.memory.MemoryLog` says only where it differs.
 """
 

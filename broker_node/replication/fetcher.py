@@ -294,7 +294,7 @@ class Fetcher:
                 epoch = steps.send(EpochEndOffset(*parse_epoch_end(body)))
         except StopIteration as done:
             cut: int = done.value
-        await asyncio.to_thread(self.partition.truncate_to, cut, self.leader_epoch)
+        await asyncio.to_thread(self.partition.replica.truncate_to, cut, self.leader_epoch)
 
     def _rate(self) -> int:
         """Bytes/s this partition may fetch: its reassignment's throttle while it is being added
@@ -329,7 +329,7 @@ class Fetcher:
         start = exc.fields.get("log_start_offset")
         end = exc.fields.get("log_end_offset")
         if isinstance(start, int) and log.log_end_offset < start:
-            await asyncio.to_thread(self.partition.reset_to, start, self.leader_epoch)
+            await asyncio.to_thread(self.partition.replica.reset_to, start, self.leader_epoch)
             return True
         if isinstance(end, int) and log.log_end_offset > end:
             return False  # we are ahead of the leader: truncate by epoch again
@@ -502,7 +502,7 @@ class _Connection(asyncio.Protocol):
         size = sum(f.size for f in frames)
         if size <= INLINE_BYTES and not partition.appends_sync:
             try:
-                partition.append_replicated(frames, high_watermark, fetcher.leader_epoch)
+                partition.replica.append_replicated(frames, high_watermark, fetcher.leader_epoch)
             except Exception as exc:  # noqa: BLE001 - the fetcher's loop sorts it out
                 self._end(exc)
                 return
@@ -512,7 +512,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.pause_reading()
         appending = self.loop.run_in_executor(
-            None, partition.append_replicated, frames, high_watermark, fetcher.leader_epoch
+            None, partition.replica.append_replicated, frames, high_watermark, fetcher.leader_epoch
         )
 
         def done(future: asyncio.Future[range]) -> None:

@@ -4,22 +4,20 @@
 broker's partitions fit it: it opens the partitions assigned here (checking
 each directory belongs to that very stream), makes them leaders or followers
 (starting a :class:`~.fetcher.Fetcher` for each follower, a task on the
-event loop given as :attr:`ReplicaManager.loop`), applies ISR
+broker's event loop: :mod:`.follower_fetchers`), applies ISR
 changes, and closes partitions no longer here, removing the directories of
 deleted streams and of partitions moved to other brokers (only those: see
 :mod:`.partition_record`).  It runs on whatever thread calls it, one call at a time.
 
-A thread of its own keeps the ISRs of the partitions led here: it drops
-followers that have not caught up for ``replica_max_lag`` seconds and adds
-back those that caught up (proposed by their fetches), each change a
-compare-and-set through the coordinator.
+A thread of its own keeps the ISRs of the partitions led here
+(:mod:`.isr_keeper`): it drops followers that have not caught up for
+``replica_max_lag`` seconds and adds back those that caught up (proposed by
+their fetches), each change a compare-and-set through the coordinator.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import queue
 import shutil
 import threading
 from collections.abc import Callable
@@ -28,7 +26,7 @@ from pathlib import Path
 from pyarrow import flight
 
 from broker_node.coordination.base import Coordinator, PartitionState, StreamMetadata
-from broker_node.coordination.errors import CoordinationError, MetadataError
+from broker_node.coordination.errors import MetadataError
 from broker_node.coordination.local import RECOVERY_HINT
 from broker_node.log import Log, LogConfig, LogError
 from broker_node.log.logging_labels import Labels
@@ -40,7 +38,9 @@ from pyspark_jetstream.protocol.errors import (
 )
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from .fetcher import Fetcher, PeerLink
+from .fetcher import Fetcher
+from .follower_fetchers import FollowerFetchers
+from .isr_keeper import IsrKeeper
 from .leader_repair import repair_leader
 from .partition import Partition, Role
 from .partition_record import partition_directories, partition_record, read_record, write_record
@@ -76,15 +76,8 @@ class ReplicaManager:
         self._partitions: dict[Key, Partition] = {}
         self._stream_ids: dict[Key, str] = {}
         """Which incarnation of its stream each open partition belongs to."""
-        self._fetchers: dict[Key, Fetcher] = {}
         self.connect_peer: Callable[[str], flight.FlightClient] = flight.connect
         """Opens a Flight client to another broker (the broker sets its TLS and credentials)."""
-        self.link = PeerLink()
-        """How fetchers present themselves to leaders (the broker sets its TLS and credentials)."""
-        self.loop: asyncio.AbstractEventLoop | None = None
-        """The event loop fetchers run on (the broker's); without one, a loop of the manager's own
-        in a thread of its own is started at the first fetcher."""
-        self._own_loop: threading.Thread | None = None
         self._released: dict[Key, int] = {}
         """The last partition state version each partition closed here held: a moved copy is
         deleted only on a newer state that leaves this broker out (not on a stale snapshot)."""
@@ -95,15 +88,25 @@ class ReplicaManager:
         self.strays: dict[str, str] = {}
         """Partition directories the metadata does not know, and why they are kept."""
         self._lock = threading.RLock()
+        self.fetching = FollowerFetchers(
+            config,
+            self._lock,
+            replication_address_of=self.replication_address_of,
+            peer_address_of=self.peer_address_of,
+            connect=lambda address: self.connect_peer(address),  # noqa: PLW0108 - set after this
+            throttle=self.throttle,
+        )
+        """The fetchers of the partitions followed here (see :mod:`.follower_fetchers`); the broker
+        sets their ``loop`` and ``link``."""
         self._apply_lock = threading.Lock()
         self._fenced = False
-        self._isr_requests: queue.Queue[tuple[Partition, str] | None] = queue.Queue()
         self._stopped = threading.Event()
-        self._isr_thread = threading.Thread(target=self._keep_isrs, name="isr", daemon=True)
+        self._isr = IsrKeeper(coordinator, config.replica_max_lag, self.leaders, self._stopped)
+        """The thread keeping the ISRs of the partitions led here (see :mod:`.isr_keeper`)."""
 
     def start(self) -> None:
         """Start keeping ISRs (call once the first :meth:`apply` is done)."""
-        self._isr_thread.start()
+        self._isr.start()
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -124,8 +127,7 @@ class ReplicaManager:
 
     def fetchers(self) -> dict[Key, Fetcher]:
         """The running fetchers, by partition."""
-        with self._lock:
-            return dict(self._fetchers)
+        return self.fetching.running()
 
     def require(self, stream: str, number: int, *, leader: bool, from_replicas: bool = False) -> Partition:
         """The partition to serve a request, or the error that names who can.
@@ -285,7 +287,7 @@ class ReplicaManager:
             partition = self._partitions.pop(key)
             self._stream_ids.pop(key, None)
             self._released[key] = partition.state.version
-        self._stop_fetcher(key)
+        self.fetching.stop(key)
         partition.close()
         logger.info("%s/%d: closed here", *key, extra=Labels(*key).fields)
 
@@ -296,7 +298,7 @@ class ReplicaManager:
             return  # a snapshot read before a newer write this partition already took
         if state.leader == self.broker_id:
             if partition.role is not Role.LEADER or current.leader_epoch != state.leader_epoch:
-                self._stop_fetcher(key)
+                self.fetching.stop(key)
                 partition.become_leader(state)
                 partition.fence(self._fenced)
             elif state.version != current.version:
@@ -304,45 +306,12 @@ class ReplicaManager:
             return
         new_leader = partition.role is not Role.FOLLOWER or current.leader_epoch != state.leader_epoch
         if new_leader or current.leader != state.leader:
-            self._stop_fetcher(key)
+            self.fetching.stop(key)
             partition.become_follower(state)
             if state.leader:
-                fetcher = Fetcher(
-                    partition,
-                    state.leader,
-                    state.leader_epoch,
-                    self.replication_address_of,
-                    self.peer_address_of,
-                    loop=self._fetch_loop(),
-                    link=self.link,
-                    connect=self.connect_peer,
-                    max_bytes=self.config.fetch_max_bytes,
-                    max_wait=self.config.fetch_max_wait,
-                    throttle=self.throttle,
-                )
-                with self._lock:
-                    self._fetchers[key] = fetcher
-                fetcher.start()
+                self.fetching.start(key, partition, state)
         elif state.version != current.version:
             partition.update_state(state)
-
-    def _fetch_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop fetchers run on: the broker's, else one of the manager's own."""
-        if self.loop is None:
-            loop = asyncio.new_event_loop()
-            self._own_loop = threading.Thread(target=loop.run_forever, name="fetchers", daemon=True)
-            self._own_loop.start()
-            self.loop = loop
-        return self.loop
-
-    def _stop_fetcher(self, key: Key) -> None:
-        """Stop a partition's fetcher without waiting for it: one blocked on a hung leader must not
-        hold up the other partitions' changes, and whatever it still tries is refused (it names
-        a leader epoch the partition no longer follows)."""
-        with self._lock:
-            fetcher = self._fetchers.pop(key, None)
-        if fetcher is not None:
-            fetcher.stop(wait=False)
 
     def _open(self, metadata: StreamMetadata, number: int, state: PartitionState) -> Partition | None:
         key = (metadata.config.name, number)
@@ -491,67 +460,20 @@ class ReplicaManager:
 
     def request_isr(self, partition: Partition, replica: str) -> None:
         """Ask for ``replica`` to join ``partition``'s ISR (it caught up); checked again when written."""
-        self._isr_requests.put((partition, replica))
-
-    def _keep_isrs(self) -> None:
-        interval = min(self.config.replica_max_lag / 2, 1.0)
-        while not self._stopped.is_set():
-            try:
-                item = self._isr_requests.get(timeout=interval)
-            except queue.Empty:
-                item = None
-            if self._stopped.is_set():
-                return
-            try:
-                if item is not None:
-                    partition, replica = item
-                    expanded = partition.expansion(replica)
-                    if expanded is not None:
-                        self._write_isr(partition, expanded)
-                for partition in list(self.leaders().values()):
-                    shrunk = partition.lagging_replicas(self.config.replica_max_lag)
-                    if shrunk is not None:
-                        self._write_isr(partition, shrunk)
-            except Exception:
-                logger.exception("keeping the ISRs failed")
-
-    def _write_isr(self, partition: Partition, isr: tuple[str, ...]) -> None:
-        if isr == partition.state.isr:
-            return
-        proposal = partition.propose_isr(isr)
-        if proposal is None:
-            return
-        try:
-            stored = self.coordinator.update_partition(
-                partition.stream, partition.number, proposal.version, proposal
-            )
-        except CoordinationError as exc:
-            Labels(partition.stream, partition.number).bind(logger).info(
-                "ISR change to %s not written (%s); reading the metadata again", isr, exc
-            )
-            partition.isr_written(None)
-            refresh = getattr(self.coordinator, "refresh", None)
-            if refresh is not None:
-                try:
-                    refresh()
-                except CoordinationError as again:  # the watches reload it once they can
-                    logger.info("reading the metadata again failed: %s", again)
-            return
-        partition.isr_written(stored)
+        self._isr.request(partition, replica)
 
     def close(self) -> list[str]:
         """Stop fetchers and the ISR thread, close every partition; return what could not be closed.
 
         Every partition is closed even when one fails (a full disk, say).
         """
-        self._stopped.set()
-        self._isr_requests.put(None)
+        self._isr.stop()
         # An apply under way finishes first (later ones do nothing), so none reopens a
         # partition being closed here (bounded: one stuck on the coordinator is not waited for).
         applying = self._apply_lock.acquire(timeout=APPLY_WAIT)
         try:
             with self._lock:
-                fetchers, self._fetchers = list(self._fetchers.values()), {}
+                fetchers = self.fetching.take_all()
                 partitions, self._partitions = list(self._partitions.values()), {}
         finally:
             if applying:
@@ -567,14 +489,8 @@ class ReplicaManager:
             except LogError as exc:
                 failures.append(str(exc))
                 Labels(partition.stream, partition.number).bind(logger).error("cannot close: %s", exc)
-        if self._isr_thread.is_alive():
-            self._isr_thread.join(5)
-        if self._own_loop is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._own_loop.join(5)
-            self._own_loop = None
-            self.loop.close()
-            self.loop = None
+        self._isr.join(5)
+        self.fetching.close_loop()
         return failures
 
 

@@ -1,8 +1,9 @@
 """One partition as this broker holds it: its log, its role, and what commits a message.
 
 A partition is either the *leader* (it appends, tracks its followers and moves
-the high watermark) or a *follower* (it appends what it fetched from the
-leader and takes the leader's high watermark).  ``become_leader`` and
+the high watermark: what the followers ask of it is :mod:`.leader_followers`'s)
+or a *follower* (it appends what it fetched from the leader and takes the
+leader's high watermark: :mod:`.replica_writes`).  ``become_leader`` and
 ``become_follower`` switch roles; the replica manager calls them when the
 coordinator's state for the partition changes.
 
@@ -40,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, overload
 
 import pyarrow as pa
@@ -63,11 +64,13 @@ from pyspark_jetstream.protocol.typed_rows import typed_input
 
 from .commit_waiters import Committed, CommitWaiters
 from .cursors import CursorTable
-from .in_sync import InSyncReplicas, UnknownReplicaError
+from .in_sync import InSyncReplicas
+from .leader_followers import LeaderFollowers
 from .listeners import Listeners
 from .message_ids import MessageIdTable
 from .partition_tables import PartitionTables
 from .producers import ProducerTable, Verdict
+from .replica_writes import ReplicaWrites
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +141,30 @@ class Partition:
         """Held from a write's role check to the end of the write, and by role changes: a write
         checked under one role never lands under the next (taken before ``_lock``)."""
         self._advanced = threading.Condition(self._lock)
+        self.followers = LeaderFollowers(
+            self.stream,
+            number,
+            log,
+            self._in_sync,
+            lock=self._lock,
+            leading=lambda: self.role is Role.LEADER,
+            not_leader=self._not_leader,
+            advance=self._advance_high_watermark,
+            clock=clock,
+            log=self._log,
+        )
+        """What the followers ask of this partition as their leader (see :mod:`.leader_followers`)."""
+        self.replica = ReplicaWrites(
+            log,
+            self.tables,
+            role_lock=self._role_lock,
+            lock=self._lock,
+            advanced=self._advanced,
+            check_following=self._check_following,
+            config=lambda: self.config,
+            log=self._log,
+        )
+        """What its fetcher writes to this partition as a follower (see :mod:`.replica_writes`)."""
         self._waiters = CommitWaiters()
         self._committed = Listeners()
         self._grew = Listeners()
@@ -367,130 +394,6 @@ class Partition:
         """The largest batch the log takes, as stored."""
         return self.log.config.max_batch_bytes
 
-    # ---- leader: followers -----------------------------------------------------------------
-
-    def record_fetch(self, replica: str, fetch_offset: int) -> bool:
-        """A follower fetched from ``fetch_offset`` (so it holds everything before it).
-
-        Returns whether it caught up while out of the ISR (see :meth:`expansion`).
-        ``NotLeaderError`` if this broker does not lead or ``replica`` does not follow it.
-        """
-        with self._lock:
-            if self.role is not Role.LEADER:
-                raise self._not_leader()
-            high_watermark = self.log.high_watermark
-            try:
-                lost = self._in_sync.fetched(
-                    replica, fetch_offset, self.log.log_end_offset, high_watermark, self._clock()
-                )
-            except UnknownReplicaError:
-                raise NotLeaderError(
-                    f"{replica} is not a replica of {self.stream}/{self.number} in epoch "
-                    f"{self.state.leader_epoch}",
-                    stream=self.stream,
-                    partition=self.number,
-                ) from None
-            if lost:
-                # A crash cut its unsynced tail and it restarted quick enough to stay in the ISR.
-                self._log.warning(
-                    "%s fetched from %d, below the high watermark %d: it lost committed data and "
-                    "leaves the ISR",
-                    replica,
-                    fetch_offset,
-                    high_watermark,
-                )
-            self._advance_high_watermark()
-            return self.expansion(replica) is not None
-
-    def expansion(self, replica: str) -> tuple[str, ...] | None:
-        """The ISR with ``replica`` added, if it is out of the ISR and caught up (it had the high
-        watermark and this leader's whole epoch, and the high watermark has waited for it since);
-        else ``None``.  Asked again when the change is about to be written, so a queued request
-        never revives a stale view (a replica dropped meanwhile, another leadership)."""
-        with self._lock:
-            if self.role is not Role.LEADER:
-                return None
-            return self._in_sync.expansion(
-                replica,
-                self.log.high_watermark,
-                lambda: self.log.end_offset_for_epoch(self.state.leader_epoch - 1).end_offset,
-            )
-
-    def lagging_replicas(self, max_lag: float) -> tuple[str, ...] | None:
-        """A proposed ISR without the followers not caught up for ``max_lag`` seconds, or ``None``."""
-        with self._lock:
-            if self.role is not Role.LEADER:
-                return None
-            proposal, shrank = self._in_sync.lagging(max_lag, self._clock())
-            if shrank:
-                self._advance_high_watermark()
-            return proposal
-
-    def propose_isr(self, isr: tuple[str, ...]) -> PartitionState | None:
-        """Mark ``isr`` as being written; the state to write, or ``None`` if not leader any more."""
-        with self._lock:
-            if self.role is not Role.LEADER:
-                return None
-            return self._in_sync.propose(isr)
-
-    def isr_written(self, state: PartitionState | None) -> None:
-        """The coordinator stored ``state`` (or refused the proposal: ``None``)."""
-        with self._lock:
-            change = self._in_sync.written(state, self.role is Role.LEADER)
-            if change is not None:
-                self._log.info("%s", change)
-            self._advance_high_watermark()
-
-    def follower_log_ends(self) -> dict[str, int]:
-        """Each follower's last fetch offset as this leader knows it (-1: not heard from)."""
-        with self._lock:
-            return self._in_sync.log_ends()
-
-    # ---- follower ----------------------------------------------------------------------------
-
-    def append_replicated(
-        self, frames: Iterable[pa.Buffer], leader_high_watermark: int, leader_epoch: int | None = None
-    ) -> range:
-        """Append frames fetched from the leader and take its high watermark (up to our log end).
-
-        ``leader_epoch`` is the leadership the frames come from: ``NotLeaderError``
-        if this replica follows another one by now (a fetcher that outlived its leader).
-        """
-        frames = list(frames)
-        with self._role_lock:
-            self._check_following(leader_epoch)
-            offsets = self.log.append_replicated(frames)
-            with self._lock:
-                self.tables.learn_frames(frames)
-                hw = min(leader_high_watermark, self.log.log_end_offset)
-                if hw > self.log.high_watermark:
-                    self.log.high_watermark = hw
-                    self._advanced.notify_all()
-        return offsets
-
-    def truncate_to(self, offset: int, leader_epoch: int | None = None) -> None:
-        """Drop everything from ``offset`` on (a diverged tail); the tables are rebuilt.
-        ``leader_epoch`` as for :meth:`append_replicated`."""
-        with self._role_lock, self._lock:
-            self._check_following(leader_epoch)
-            if offset < self.log.log_end_offset:
-                self._log.warning("truncating from %d to %d", self.log.log_end_offset, offset)
-                self.tables.forget_snapshot()
-                self.log.truncate_to(offset)
-                self.tables.rebuild(self.config)
-            else:
-                self.log.truncate_to(offset)  # forgets epochs begun at the end without data
-
-    def reset_to(self, offset: int, leader_epoch: int | None = None) -> None:
-        """Start over empty at ``offset`` (the leader no longer has what lies before).
-        ``leader_epoch`` as for :meth:`append_replicated`."""
-        with self._role_lock, self._lock:
-            self._check_following(leader_epoch)
-            self._log.warning("starting over at offset %d", offset)
-            self.tables.forget_snapshot()
-            self.log.reset_to(offset)
-            self.tables.rebuild(self.config)
-
     # ---- mirror leader (see .mirror): appends that come from another cluster's stream ------------
 
     def _refuse_if_mirror(self) -> None:
@@ -589,12 +492,8 @@ class Partition:
 
     def snapshot_producers(self) -> None:
         """Write the producer table with the log offset it covers (see :mod:`.partition_tables`), so
-        that the next open reads only the log after that offset instead of all of it.
-
-        Beside it, ``message_ids_from``: the offset of the oldest message id
-        remembered (the end offset when there is none), so that an open reads
-        message ids back from there at the earliest: a stream that stores no
-        ids reads nothing more than the producers need.
+        that the next open reads only the log after that offset instead of all of it (what the
+        snapshot holds: ``PartitionTables.snapshot_data``).
 
         Written atomically; a failure (a full disk) is logged and costs only
         the next open a longer read.  Internal streams (the cursor table is

@@ -155,7 +155,11 @@ class PartitionTables:
         return self.cursors is None and self._snapshot_path is not None
 
     def snapshot_data(self) -> dict[str, object]:
-        """What the snapshot holds now (the caller holds the partition's locks)."""
+        """What the snapshot holds now (the caller holds the partition's locks): the producer table
+        with the log offset it covers and, beside it, ``message_ids_from``: the offset of the
+        oldest message id remembered (the end offset when there is none), so that an open reads
+        message ids back from there at the earliest: a stream that stores no ids reads nothing
+        more than the producers need."""
         end = self.log.log_end_offset
         return {
             "version": SNAPSHOT_VERSION,

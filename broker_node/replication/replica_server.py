@@ -297,7 +297,7 @@ class _Session(asyncio.Protocol):
                 log_start_offset=start,
                 log_end_offset=end,
             )
-        if partition.record_fetch(hello.replica, offset):
+        if partition.followers.record_fetch(hello.replica, offset):
             self.server.leading.request_isr(partition, hello.replica)
 
     def _led(self) -> Partition:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from broker_node.log import CorruptSegmentError, Log, LogConfig, LogStorageError, Record
-from broker_node.log import log as log_module
+from broker_node.log import manifest as manifest_module
 from broker_node.log.index import OFFSET_ENTRY
 
 from .helpers import rows, values
@@ -166,7 +166,7 @@ def _crash_on_manifest_write(monkeypatch, live, snapshot):
             shutil.copytree(live, snapshot)
         raise OSError(errno.EIO, "the process died here")
 
-    monkeypatch.setattr(log_module, "write_manifest", crash)
+    monkeypatch.setattr(manifest_module, "write_manifest", crash)
 
 
 def test_a_roll_interrupted_before_recording_its_segment(tmp_path, monkeypatch):

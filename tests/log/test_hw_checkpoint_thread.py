@@ -8,7 +8,7 @@ import threading
 
 import pyarrow as pa
 
-from broker_node.log import log as log_module
+from broker_node.log import hw_checkpoint as checkpoint_module
 from broker_node.log.log import Log
 from broker_node.log.log_config import LogConfig
 
@@ -20,16 +20,16 @@ def _values(n: int) -> pa.Table:
 def test_a_slow_checkpoint_does_not_hold_up_the_commit_and_a_truncation_waits_for_it(tmp_path, monkeypatch):
     gate, writing = threading.Event(), threading.Event()
     written: list[str] = []
-    real = log_module.write_checkpoint
+    real = checkpoint_module.write_checkpoint
 
     def slow(path, lines):
-        if path.name == log_module.HIGH_WATERMARK_CHECKPOINT:
+        if path.name == checkpoint_module.HIGH_WATERMARK_CHECKPOINT:
             writing.set()
             assert gate.wait(30), "the test never let the checkpoint finish"
             written.extend(lines)
         real(path, lines)
 
-    monkeypatch.setattr(log_module, "write_checkpoint", slow)
+    monkeypatch.setattr(checkpoint_module, "write_checkpoint", slow)
     log = Log.open(tmp_path, LogConfig(high_watermark_checkpoint_interval=0))
     log.append(_values(10))
 

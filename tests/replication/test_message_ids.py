@@ -171,12 +171,12 @@ def test_a_follower_keeps_the_ids_it_replicates_and_uses_them_when_it_leads(tmp_
     follower = _open(tmp_path, clock, "b", in_memory=True)
     try:
         follower.become_follower(PartitionState("a", REPLICAS, REPLICAS, 1, version=1))
-        follower.append_replicated(frames, 2, leader_epoch=1)
+        follower.replica.append_replicated(frames, 2, leader_epoch=1)
         follower.become_leader(PartitionState("b", REPLICAS, ("b",), 2, version=2))
         assert (follower.message_id_offset("m-1"), follower.message_id_offset("m-2")) == (0, 1)
         # After a truncation the ids are read back from what is left.
         follower.become_follower(PartitionState("a", REPLICAS, REPLICAS, 3, version=3))
-        follower.truncate_to(1, leader_epoch=3)
+        follower.replica.truncate_to(1, leader_epoch=3)
         assert (follower.message_id_offset("m-1"), follower.message_id_offset("m-2")) == (0, None)
     finally:
         follower.close()

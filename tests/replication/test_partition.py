@@ -60,9 +60,9 @@ def test_an_ack_waits_for_every_in_sync_follower(open_partition):
     leader = leading(open_partition)
     offsets = leader.append(values(1))
     seen = committed(leader, offsets[-1])
-    leader.record_fetch("b", 1)
+    leader.followers.record_fetch("b", 1)
     assert seen == []  # c has not fetched past it
-    leader.record_fetch("c", 1)
+    leader.followers.record_fetch("c", 1)
     assert seen == [None] and leader.high_watermark == 1
 
 
@@ -74,24 +74,24 @@ def test_a_duplicate_too_old_to_know_its_offsets_is_acked_only_once_committed(op
     assert ack.error is ErrorCode.DUPLICATE and ack.last_offset == -1
     seen = committed(leader, ack.last_offset)
     assert seen == []  # acked at once before the fix, with nothing replicated
-    leader.record_fetch("b", WINDOW + 2)
-    leader.record_fetch("c", WINDOW + 2)
+    leader.followers.record_fetch("b", WINDOW + 2)
+    leader.followers.record_fetch("c", WINDOW + 2)
     assert seen == [None]
 
 
 def test_a_replica_being_added_to_the_isr_counts_before_the_change_is_stored(open_partition):
     leader = leading(open_partition, isr=("a", "b"))
     leader.append(values(1))
-    leader.record_fetch("b", 1)
-    assert leader.record_fetch("c", 1)  # c caught up: it asks to join
-    proposal = leader.propose_isr(leader.expansion("c"))
+    leader.followers.record_fetch("b", 1)
+    assert leader.followers.record_fetch("c", 1)  # c caught up: it asks to join
+    proposal = leader.followers.propose_isr(leader.followers.expansion("c"))
     assert proposal.isr == REPLICAS
     offsets = leader.append(values(1, start=1))
     seen = committed(leader, offsets[-1])
-    leader.record_fetch("b", 2)
+    leader.followers.record_fetch("b", 2)
     # The coordinator may already list c in sync (and elect it): c must have the message too.
     assert seen == []
-    leader.record_fetch("c", 2)
+    leader.followers.record_fetch("c", 2)
     assert seen == [None]
 
 
@@ -101,13 +101,13 @@ def test_a_follower_that_caught_up_holds_the_high_watermark_until_written_into_t
     # it and turning the write down (it could then never join while writes go on).
     leader = leading(open_partition, isr=("a", "b"))
     leader.append(values(1))
-    leader.record_fetch("b", 1)
-    assert leader.record_fetch("c", 1)
+    leader.followers.record_fetch("b", 1)
+    assert leader.followers.record_fetch("c", 1)
     leader.append(values(3, start=1))
-    leader.record_fetch("b", 4)
+    leader.followers.record_fetch("b", 4)
     assert leader.log.high_watermark == 1  # c has not fetched past 1
-    assert leader.expansion("c") == REPLICAS
-    leader.record_fetch("c", 4)
+    assert leader.followers.expansion("c") == REPLICAS
+    leader.followers.record_fetch("c", 4)
     assert leader.log.high_watermark == 4
 
 
@@ -118,18 +118,18 @@ def test_a_joining_follower_that_falls_behind_is_judged_again():
     try:
         leader.become_leader(state)
         leader.append(values(1))
-        leader.record_fetch("b", 1)
-        assert leader.record_fetch("c", 1)
+        leader.followers.record_fetch("b", 1)
+        assert leader.followers.record_fetch("c", 1)
         leader.append(values(3, start=1))
         now[0] = 10.0
-        leader.record_fetch("b", 4)
+        leader.followers.record_fetch("b", 4)
         assert leader.log.high_watermark == 1
         # c stalls past replica_max_lag: it stops holding the high watermark, and must catch up again.
-        assert leader.lagging_replicas(max_lag=2.0) is None  # nothing stored to shrink
+        assert leader.followers.lagging_replicas(max_lag=2.0) is None  # nothing stored to shrink
         assert leader.log.high_watermark == 4
-        assert leader.expansion("c") is None
-        leader.record_fetch("c", 4)
-        assert leader.expansion("c") == REPLICAS
+        assert leader.followers.expansion("c") is None
+        leader.followers.record_fetch("c", 4)
+        assert leader.followers.expansion("c") == REPLICAS
     finally:
         leader.close()
 
@@ -149,14 +149,14 @@ def test_a_fetcher_of_an_earlier_leadership_cannot_write(open_partition):
     follower.become_follower(PartitionState("a", REPLICAS, REPLICAS, 1, version=1))
     follower.become_follower(PartitionState("c", REPLICAS, REPLICAS, 2, version=2))  # a new leader
     for write in (
-        lambda: follower.append_replicated(frames, 2, leader_epoch=1),
-        lambda: follower.truncate_to(0, leader_epoch=1),
-        lambda: follower.reset_to(5, leader_epoch=1),
+        lambda: follower.replica.append_replicated(frames, 2, leader_epoch=1),
+        lambda: follower.replica.truncate_to(0, leader_epoch=1),
+        lambda: follower.replica.reset_to(5, leader_epoch=1),
     ):
         with pytest.raises(NotLeaderError, match="no longer follows"):
             write()
     assert follower.log.log_end_offset == 0
-    follower.append_replicated(frames, 2, leader_epoch=2)
+    follower.replica.append_replicated(frames, 2, leader_epoch=2)
     assert follower.log.log_end_offset == 2
 
 
@@ -195,14 +195,14 @@ def test_the_answer_to_an_isr_write_does_not_roll_back_a_newer_state(open_partit
     leader = open_partition("a", moving)
     leader.become_leader(moving)
     leader.append(values(2))
-    proposal = leader.propose_isr(("a", "b", "c", "d"))
+    proposal = leader.followers.propose_isr(("a", "b", "c", "d"))
     assert proposal is not None
     done = PartitionState("a", ("a", "b", "d"), ("a", "b", "d"), 1, 7)
     leader.update_state(done)
-    leader.isr_written(replace(proposal, version=6))
+    leader.followers.isr_written(replace(proposal, version=6))
     assert leader.state == done
-    leader.record_fetch("b", 2)
-    leader.record_fetch("d", 2)
+    leader.followers.record_fetch("b", 2)
+    leader.followers.record_fetch("d", 2)
     assert leader.log.high_watermark == 2  # c, gone, is not waited for
 
 
@@ -211,9 +211,9 @@ def test_an_in_sync_follower_that_fetches_below_the_high_watermark_leaves_the_is
     # acknowledged messages and must not stay electable.
     leader = leading(open_partition)
     leader.append(values(4))
-    leader.record_fetch("b", 4)
-    leader.record_fetch("c", 4)
+    leader.followers.record_fetch("b", 4)
+    leader.followers.record_fetch("c", 4)
     assert leader.log.high_watermark == 4
-    leader.record_fetch("c", 2)
-    assert leader.lagging_replicas(max_lag=60.0) == ("a", "b")
+    leader.followers.record_fetch("c", 2)
+    assert leader.followers.lagging_replicas(max_lag=60.0) == ("a", "b")
     assert leader.log.high_watermark == 4  # never backwards

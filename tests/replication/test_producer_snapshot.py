@@ -160,7 +160,7 @@ def test_a_truncation_removes_the_snapshot_first(tmp_path):
     partition.snapshot_producers()
     follower_state = PartitionState("b", ("a", "b"), ("a", "b"), 2, version=2)
     partition.become_follower(follower_state)
-    partition.truncate_to(4, leader_epoch=2)
+    partition.replica.truncate_to(4, leader_epoch=2)
     assert not (tmp_path / "p" / PRODUCER_SNAPSHOT).exists()
     partition.log.close()
     partition = open_leader(tmp_path / "p")
@@ -224,7 +224,7 @@ def test_a_partition_on_a_log_without_files_keeps_its_producers_in_memory_only()
         assert send(partition, "p", 2).error is ErrorCode.DUPLICATE
         replicas = ("a", "b")
         partition.become_follower(PartitionState("b", replicas, replicas, 2, version=2))
-        partition.truncate_to(2, leader_epoch=2)  # the table is rebuilt from what is left
+        partition.replica.truncate_to(2, leader_epoch=2)  # the table is rebuilt from what is left
         partition.become_leader(PartitionState("a", replicas, ("a",), 3, version=3))
         assert send(partition, "p", 2).error is ErrorCode.OK
     finally:

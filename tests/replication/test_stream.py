@@ -232,7 +232,7 @@ def test_the_leader_pushes_heartbeats_so_an_idle_follower_stays_caught_up(pair):
     commit(p.leader, 1)
     before = fetcher.fetches
     assert wait_until(lambda: fetcher.fetches >= before + 3)  # a heartbeat every max_wait (0.2 s)
-    assert p.leader.lagging_replicas(max_lag=1.0) is None
+    assert p.leader.followers.lagging_replicas(max_lag=1.0) is None
     # A heartbeat carries the high watermark: the follower learns the commit it made.
     assert wait_until(lambda: p.follower.high_watermark == 1)
 
@@ -290,7 +290,7 @@ def test_refused_credentials_are_reported_and_retried_with_a_growing_backoff(pai
     assert "wrong user or token" in (fetcher.last_error or "")
     assert p.pauses[:3] == [BACKOFF[0] * 2**n for n in range(3)]  # no tight loop
     assert p.access.checked[0] == ("Basic d3Jvbmc6dG9rZW4=", "")
-    assert p.follower.log.log_end_offset == 0 and p.leader.follower_log_ends() == {"b": -1}
+    assert p.follower.log.log_end_offset == 0 and p.leader.followers.follower_log_ends() == {"b": -1}
 
 
 def test_a_leader_of_the_old_transport_is_refused_with_one_line(pair, caplog):
@@ -481,4 +481,4 @@ def test_what_the_log_took_without_telling_its_listeners_goes_at_the_next_heartb
     commit(p.leader, 1)
     p.leader.log.append(values(2))  # straight into the log: no append listener hears of it
     assert wait_until(lambda: p.follower.log.log_end_offset == 3, timeout=5)
-    assert wait_until(lambda: p.leader.follower_log_ends() == {"b": 3})
+    assert wait_until(lambda: p.leader.followers.follower_log_ends() == {"b": 3})
