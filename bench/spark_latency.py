@@ -16,7 +16,12 @@ The floor is a do-nothing Python streaming source (``noopstream``, defined
 here) in the same pipeline: its offsets advance with the clock at the same
 rate, over the same number of partitions, and its rows (same columns as
 ours) are made in the read from the offsets alone.  What its micro-batch's
-read job (``addBatch``) costs is what PySpark costs any Python source.
+read job (``addBatch``) costs is what PySpark costs any Python source that
+reads in Spark tasks (a ``DataSourceStreamReader``).  Beside it, the same
+source as a ``SimpleDataSourceStreamReader`` (``noopsimple``, side
+``noop_simple``): PySpark calls its ``read`` in the driver's Python process
+when it asks for the next offsets and hands the rows to the micro-batch's
+task in the JVM, so no task runs Python.
 
 A measure's rows are those published in ``seconds``, from ``warm_up``
 seconds after the first rows came (the first micro-batches of a query start
@@ -43,7 +48,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
@@ -53,7 +63,8 @@ PARTITIONS = 4
 RATES = (2_000, 10_000)
 TRIGGERS = {"default": None, "1s": "1 second"}
 """Trigger names in the figures' keys, and ``processingTime`` (``None``: Spark's default trigger)."""
-SIDES = ("jetstream", "kafka", "noop")
+SIDES = ("jetstream", "kafka", "noop", "noop_simple")
+"""The sides of a measure, in the order of the first turn (the next turn reverses it)."""
 PROGRESS = {
     "latestOffset": "latest_offset_ms",
     "addBatch": "add_batch_ms",
@@ -120,22 +131,57 @@ class NoopStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         _, lo, hi = partition.value
-        n = hi - lo
-        if not n:
-            return
-        offsets = np.arange(lo, hi, dtype=np.int64)
-        published = (self.start * 1e6 + offsets * 1e6 / self.rate).astype(np.int64)
-        target = to_arrow_schema(self.schema, timezone="UTC")
-        columns = {
-            "key": pa.nulls(n, pa.binary()),
-            "value": padded_times(published),
-            "stream": pa.array(["noop"] * n),
-            "subject": pa.array(["noop"] * n),
-            "partition": pa.array(np.zeros(n, np.int32)),  # one sequence of offsets, split in tasks
-            "offset": pa.array(offsets),
-            "timestamp": pa.array(published).cast(pa.timestamp("us", tz="UTC")),
-        }
-        yield pa.RecordBatch.from_arrays([columns[f.name] for f in target], schema=target)
+        if hi > lo:
+            yield noop_rows(lo, hi, self.start, self.rate, self.schema)
+
+
+def noop_rows(lo: int, hi: int, start: float, rate: float, schema) -> pa.RecordBatch:
+    """The do-nothing sources' rows of offsets ``[lo, hi)``, in Spark's Arrow form of ``schema``."""
+    n = hi - lo
+    offsets = np.arange(lo, hi, dtype=np.int64)
+    published = (start * 1e6 + offsets * 1e6 / rate).astype(np.int64)
+    target = to_arrow_schema(schema, timezone="UTC")
+    columns = {
+        "key": pa.nulls(n, pa.binary()),
+        "value": padded_times(published),
+        "stream": pa.array(["noop"] * n),
+        "subject": pa.array(["noop"] * n),
+        "partition": pa.array(np.zeros(n, np.int32)),  # one sequence of offsets, split in tasks
+        "offset": pa.array(offsets),
+        "timestamp": pa.array(published).cast(pa.timestamp("us", tz="UTC")),
+    }
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in target], schema=target)
+
+
+class NoopSimpleSource(NoopStreamSource):
+    """:class:`NoopStreamSource` as a ``SimpleDataSourceStreamReader``: rows made in the driver."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noopsimple"
+
+    def streamReader(self, schema):  # noqa: N802 - Spark's API
+        return DataSource.streamReader(self, schema)  # not implemented: PySpark takes the simple one
+
+    def simpleStreamReader(self, schema):  # noqa: N802 - Spark's API
+        return NoopSimpleReader(self.options, schema)
+
+
+class NoopSimpleReader(SimpleDataSourceStreamReader):
+    def __init__(self, options: dict[str, str], schema) -> None:
+        self.noop = NoopStreamReader(options, schema)
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return {"n": 0}
+
+    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
+        end = self.noop.latestOffset()
+        return self.readBetweenOffsets(start, end), end
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:  # noqa: N802
+        noop = self.noop
+        lo, hi = start["n"], end["n"]
+        return iter([noop_rows(lo, hi, noop.start, noop.rate, noop.schema)] if hi > lo else [])
 
 
 @dataclass
@@ -409,6 +455,7 @@ def measure_latency(
     # Executors load the noop source from this module, sent with it (bench/ is not on their path).
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(NoopStreamSource)
+    spark.dataSource.register(NoopSimpleSource)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
     checkpoints = work / "latency-checkpoints"
     counter = iter(range(1_000_000))
@@ -427,7 +474,8 @@ def measure_latency(
             publisher = kafka_publisher(kafka_jars, servers["kafka"], name, rate, PUBLISH_LIMIT)
         else:
             options = {"rate": str(rate), "start": str(time.time()), "rows": str(int(rate * PUBLISH_LIMIT))}
-            frame, publisher = rows.format("noopstream").options(**options).load(), None
+            source = "noopsimple" if side == "noop_simple" else "noopstream"
+            frame, publisher = rows.format(source).options(**options).load(), None
         what = f"{side} at {rate}/s, trigger {trigger or 'default'}"
         return Measure(
             frame,
@@ -471,7 +519,7 @@ def measure_latency(
     turn = 0
     for rate in RATES:
         for trigger_name, trigger in TRIGGERS.items():
-            sides = SIDES if turn % 2 == 0 else ("kafka", "jetstream", "noop")
+            sides = SIDES if turn % 2 == 0 else SIDES[::-1]
             turn += 1
             measured = run(sides, rate, trigger, seconds, warm_up)
             for side in sides:
@@ -485,6 +533,7 @@ def measure_latency(
     results["e2e_p99_ratio_to_kafka"] = results[f"{head}_e2e_p99_ratio_to_kafka"]
     results["read_job_ms"] = results[f"{head}_jetstream_add_batch_ms"]
     results["noop_python_source_read_job_ms"] = results[f"{head}_noop_add_batch_ms"]
+    results["noop_simple_python_source_read_job_ms"] = results[f"{head}_noop_simple_add_batch_ms"]
     return results
 
 
@@ -509,6 +558,7 @@ def print_latency(results: dict[str, float]) -> None:
         "e2e_p99_ratio_to_kafka",
         "read_job_ms",
         "noop_python_source_read_job_ms",
+        "noop_simple_python_source_read_job_ms",
     )
     print("latency: " + json.dumps({k: round(results[k], 3) for k in keys}))
 
