@@ -21,7 +21,8 @@ reads in Spark tasks (a ``DataSourceStreamReader``).  Beside it, the same
 source as a ``SimpleDataSourceStreamReader`` (``noopsimple``, side
 ``noop_simple``): PySpark calls its ``read`` in the driver's Python process
 when it asks for the next offsets and hands the rows to the micro-batch's
-task in the JVM, so no task runs Python.
+task in the JVM, so no task runs Python.  Ours on that path is the side
+``jetstream_driver`` (the option ``readMode=driver``).
 
 A measure's rows are those published in ``seconds``, from ``warm_up``
 seconds after the first rows came (the first micro-batches of a query start
@@ -63,7 +64,7 @@ PARTITIONS = 4
 RATES = (2_000, 10_000)
 TRIGGERS = {"default": None, "1s": "1 second"}
 """Trigger names in the figures' keys, and ``processingTime`` (``None``: Spark's default trigger)."""
-SIDES = ("jetstream", "kafka", "noop", "noop_simple")
+SIDES = ("jetstream", "jetstream_driver", "kafka", "noop", "noop_simple")
 """The sides of a measure, in the order of the first turn (the next turn reverses it)."""
 PROGRESS = {
     "latestOffset": "latest_offset_ms",
@@ -96,7 +97,8 @@ def padded_times(times_us: np.ndarray) -> pa.Array:
 
 class NoopStreamSource(DataSource):
     """A Python streaming source that does nothing but make rows (options ``rate``, ``start``,
-    ``rows``): offset ``i`` is "published" at ``start + i / rate``, up to ``rows``."""
+    ``rows``): offset ``i`` is "published" at ``start + i / rate``, up to ``rows``; a query starts
+    at the offset of its start's time."""
 
     @classmethod
     def name(cls) -> str:
@@ -119,7 +121,9 @@ class NoopStreamReader(DataSourceStreamReader):
         self.schema = schema
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return {"n": 0}
+        # Where the clock is when the query starts (as ours starts at the latest offset): the
+        # offsets "published" while the other sides ran are not read in one first micro-batch.
+        return self.latestOffset()
 
     def latestOffset(self) -> dict:  # noqa: N802
         return {"n": min(max(int((time.time() - self.start) * self.rate), 0), self.rows)}
@@ -172,7 +176,7 @@ class NoopSimpleReader(SimpleDataSourceStreamReader):
         self.noop = NoopStreamReader(options, schema)
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return {"n": 0}
+        return self.noop.initialOffset()
 
     def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
         end = self.noop.latestOffset()
@@ -463,9 +467,12 @@ def measure_latency(
     def measure(side: str, rate: int, trigger: str | None, length: float, pause: float) -> Measure:
         name = f"latency-{next(counter)}"
         rows = spark.readStream
-        if side == "jetstream":
+        if side in ("jetstream", "jetstream_driver"):
             create_stream(name)
-            frame = rows.format("jetstream").options(servers=servers["flight"], stream=name).load()
+            mode = "driver" if side == "jetstream_driver" else "tasks"
+            frame = (
+                rows.format("jetstream").options(servers=servers["flight"], stream=name, readMode=mode).load()
+            )
             publisher = nats_publisher(servers["nats"], name, rate, PUBLISH_LIMIT)
         elif side == "kafka":
             create_topic(name)
@@ -525,13 +532,17 @@ def measure_latency(
             for side in sides:
                 results |= measured[side].figures(f"latency_{rate}_{trigger_name}_{side}")
             prefix = f"latency_{rate}_{trigger_name}"
-            ours, theirs = measured["jetstream"], measured["kafka"]
-            results[f"{prefix}_e2e_p50_ratio_to_kafka"] = ours.e2e_p50_ms / theirs.e2e_p50_ms
-            results[f"{prefix}_e2e_p99_ratio_to_kafka"] = ours.e2e_p99_ms / theirs.e2e_p99_ms
+            theirs = measured["kafka"]
+            for side, suffix in (("jetstream", ""), ("jetstream_driver", "_driver_mode")):
+                ours = measured[side]
+                results[f"{prefix}_e2e_p50_ratio_to_kafka{suffix}"] = ours.e2e_p50_ms / theirs.e2e_p50_ms
+                results[f"{prefix}_e2e_p99_ratio_to_kafka{suffix}"] = ours.e2e_p99_ms / theirs.e2e_p99_ms
     head = f"latency_{RATES[0]}_default"
-    results["e2e_p50_ratio_to_kafka"] = results[f"{head}_e2e_p50_ratio_to_kafka"]
-    results["e2e_p99_ratio_to_kafka"] = results[f"{head}_e2e_p99_ratio_to_kafka"]
+    for suffix in ("", "_driver_mode"):
+        for key in ("e2e_p50_ratio_to_kafka", "e2e_p99_ratio_to_kafka"):
+            results[key + suffix] = results[f"{head}_{key}{suffix}"]
     results["read_job_ms"] = results[f"{head}_jetstream_add_batch_ms"]
+    results["read_job_ms_driver_mode"] = results[f"{head}_jetstream_driver_add_batch_ms"]
     results["noop_python_source_read_job_ms"] = results[f"{head}_noop_add_batch_ms"]
     results["noop_simple_python_source_read_job_ms"] = results[f"{head}_noop_simple_add_batch_ms"]
     return results
@@ -541,7 +552,7 @@ def print_latency(results: dict[str, float]) -> None:
     """The latency figures as a table."""
     print("latency: publish -> rows in the driver (ms), and the mean micro-batch's parts (ms)")
     header = ["p50", "p99", "rows/batch", *PROGRESS.values()]
-    print(f"{'rate, trigger, side':<30}" + "".join(f"{h.removesuffix('_ms'):>16}" for h in header))
+    print(f"{'rate, trigger, side':<36}" + "".join(f"{h.removesuffix('_ms'):>16}" for h in header))
     for rate in RATES:
         for trigger in TRIGGERS:
             for side in SIDES:
@@ -552,11 +563,14 @@ def print_latency(results: dict[str, float]) -> None:
                     results[f"{prefix}_rows_per_batch"],
                     *(results[f"{prefix}_{name}"] for name in PROGRESS.values()),
                 ]
-                print(f"{f'{rate}/s, {trigger}, {side}':<30}" + "".join(f"{c:>16,.0f}" for c in cells))
+                print(f"{f'{rate}/s, {trigger}, {side}':<36}" + "".join(f"{c:>16,.0f}" for c in cells))
     keys = (
         "e2e_p50_ratio_to_kafka",
         "e2e_p99_ratio_to_kafka",
+        "e2e_p50_ratio_to_kafka_driver_mode",
+        "e2e_p99_ratio_to_kafka_driver_mode",
         "read_job_ms",
+        "read_job_ms_driver_mode",
         "noop_python_source_read_job_ms",
         "noop_simple_python_source_read_job_ms",
     )
