@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,7 +21,12 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.consumers import CONSUMER_KEY
-from pyspark_jetstream.spark.driver_reader import DRIVER_MAX_ROWS, DriverStreamReader, driver_cap
+from pyspark_jetstream.spark.driver_reader import (
+    DRIVER_MAX_ROWS,
+    DriverReadWrapper,
+    DriverStreamReader,
+    driver_cap,
+)
 from pyspark_jetstream.spark.options import parse_source_options
 from pyspark_jetstream.spark.planning import plan_source
 from pyspark_jetstream.spark.source import JetStreamStreamReader
@@ -59,6 +65,7 @@ def test_read_returns_the_rows_from_start_in_sparks_arrow_schema_and_where_they_
     plan = plan_source(parse_source_options({**options, "maxRecordsPerTrigger": "40"}, streaming=True))
     schema = spark_struct(False, None)
     reader = DriverStreamReader(JetStreamStreamReader(plan, schema))
+    wrapper = DriverReadWrapper(reader)  # what Spark's runner calls
     try:
         start = reader.initialOffset()
         assert start[CONSUMER_KEY].startswith("spark-") and start[name] == {"0": 0, "1": 0}
@@ -76,9 +83,9 @@ def test_read_returns_the_rows_from_start_in_sparks_arrow_schema_and_where_they_
         assert last[name] == {"0": 30, "1": 30} and sum(b.num_rows for b in rest) == 20
         nothing, same = reader.read(last)
         assert same == last and list(nothing) == []
-        reader.commit(last)
+        wrapper.commit(last)
     finally:
-        reader.stop()
+        wrapper.stop()  # stores the last position before it returns
     assert client.fetch_cursor(start[CONSUMER_KEY], name, 1) == 30
 
 
@@ -138,7 +145,7 @@ def test_the_cap_bounds_a_catch_up_micro_batch(spark, deployment, client, name, 
         deployment,
         stream=name,
         readMode="driver",
-        startingOffsets=json.dumps({name: {"0": per_partition - 50, "1": per_partition - 20}}),
+        startingOffsets=json.dumps({name: {"0": per_partition - 35, "1": per_partition - 35}}),
         maxRecordsPerTrigger="30",
     )
     assert sizes(drained(spark, limited, tmp_path / "limited")) == [30, 30, 10]
@@ -209,30 +216,30 @@ def test_data_removed_by_retention_fails_clearly_or_is_skipped_in_driver_mode(
     assert offsets and offsets == list(range(offsets[0], 40)) and offsets[0] > 0
 
 
-def test_a_running_query_stores_its_cursors_and_they_are_there_after_stop(
-    spark, deployment, client, name, tmp_path
-):
+def test_a_running_query_stores_its_cursors_as_it_goes(spark, deployment, client, name, tmp_path):
     client.create_stream(name, name)
     seen: list[int] = []
+    consumer = f"driver-{name}"
     query = (
-        read_stream(spark, deployment, stream=name, readMode="driver", consumerId=f"driver-{name}")
+        read_stream(spark, deployment, stream=name, readMode="driver", consumerId=consumer)
         .writeStream.foreachBatch(lambda frame, _: seen.extend(r.offset for r in frame.collect()))
         .option("checkpointLocation", str(tmp_path / "ck"))
         .start()
     )
+    stored = partial(client.fetch_cursor, consumer, name, 0)
     try:
         wait_until(
             lambda: query.lastProgress is not None, timeout=120, message="the query's first micro-batch"
         )
-        client.publish_batch(name, pa.table({"value": [b"%d" % i for i in range(25)]}))
-        wait_until(lambda: len(seen) == 25, timeout=60, message="the 25 rows")
-        wait_until(lambda: client.fetch_cursor(f"driver-{name}", name, 0) == 25, message="the cursor at 25")
-        client.publish_batch(name, pa.table({"value": [b"x"] * 5}))
-        wait_until(lambda: len(seen) == 30, timeout=60, message="5 more rows")
+        for total in (25, 30):
+            client.publish_batch(name, pa.table({"value": [b"v"] * (total - len(seen))}))
+            wait_until(lambda n=total: len(seen) == n, timeout=60, message=f"{total} rows")
+            # Caught up: the next micro-batch's start is stored, and waited for.
+            wait_until(lambda n=total: stored() == n, message=f"the cursor at {total}")
     finally:
         query.stop()
+    assert query.exception() is None
     assert sorted(seen) == list(range(30))
-    wait_until(lambda: client.fetch_cursor(f"driver-{name}", name, 0) == 30, message="the cursor at 30")
 
 
 # ---- options ---------------------------------------------------------------------------------------
@@ -278,8 +285,7 @@ def test_a_bad_read_mode_or_what_driver_mode_refuses_is_one_line(options, stream
     assert "\n" not in str(refused.value)
 
 
-def test_a_refused_combination_fails_the_query_naming_it(spark, deployment, client, name, tmp_path):
+def test_a_refused_combination_fails_the_query_at_load_naming_it(spark, deployment, client, name):
     client.create_stream(name, name)
-    frame = read_stream(spark, deployment, stream=name, readMode="driver", minOffsetsPerTrigger="10")
     with pytest.raises(PySparkException, match="minOffsetsPerTrigger cannot hold it back there"):
-        drained(spark, frame, tmp_path / "ck")
+        read_stream(spark, deployment, stream=name, readMode="driver", minOffsetsPerTrigger="10")
