@@ -48,13 +48,19 @@ With N messages (5,000,000; ``--quick``: 1,000,000), local[2]:
 7. latency (``bench/spark_latency.py``): publish -> rows in the driver at a
    steady 2,000 and 10,000 messages/s, ours (NATS core publishes) against
    Kafka (a producer with ``linger.ms=0``) and a do-nothing Python streaming
-   source, with Spark's default trigger and ``processingTime="1 second"``;
+   source (read in Spark tasks, and as a ``SimpleDataSourceStreamReader``
+   read in the driver), ours also with ``readMode=driver``, with Spark's
+   default trigger and ``processingTime="1 second"``;
    60 s a measure after 10 s of warm-up (``--smoke``: 2 s after 1 s, the
-   three sides at once), Kafka warmed up for 20 s first.  ``e2e_p50_ratio_to_kafka`` and
+   sides at once), Kafka warmed up for 20 s first.  ``e2e_p50_ratio_to_kafka`` and
    ``e2e_p99_ratio_to_kafka`` (2,000/s, default trigger) are ours over
    Kafka's: below 1, ours is faster; ``read_job_ms`` and
    ``noop_python_source_read_job_ms`` are the mean ``addBatch`` of ours and
-   of the do-nothing source there.  ``--only latency`` runs these alone,
+   of the do-nothing source there; ``e2e_p50_ratio_to_kafka_driver_mode``,
+   ``e2e_p99_ratio_to_kafka_driver_mode`` and ``read_job_ms_driver_mode`` the
+   same of ours with ``readMode=driver``, and
+   ``noop_simple_python_source_read_job_ms`` the driver-read do-nothing
+   source's.  ``--only latency`` runs these alone,
    ``--only throughput`` the others.
 
 The messages are JSON orders of ~250 bytes generated from a fixed seed (the

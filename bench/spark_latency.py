@@ -16,7 +16,13 @@ The floor is a do-nothing Python streaming source (``noopstream``, defined
 here) in the same pipeline: its offsets advance with the clock at the same
 rate, over the same number of partitions, and its rows (same columns as
 ours) are made in the read from the offsets alone.  What its micro-batch's
-read job (``addBatch``) costs is what PySpark costs any Python source.
+read job (``addBatch``) costs is what PySpark costs any Python source that
+reads in Spark tasks (a ``DataSourceStreamReader``).  Beside it, the same
+source as a ``SimpleDataSourceStreamReader`` (``noopsimple``, side
+``noop_simple``): PySpark calls its ``read`` in the driver's Python process
+when it asks for the next offsets and hands the rows to the micro-batch's
+task in the JVM, so no task runs Python.  Ours on that path is the side
+``jetstream_driver`` (the option ``readMode=driver``).
 
 A measure's rows are those published in ``seconds``, from ``warm_up``
 seconds after the first rows came (the first micro-batches of a query start
@@ -43,7 +49,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
@@ -53,7 +64,8 @@ PARTITIONS = 4
 RATES = (2_000, 10_000)
 TRIGGERS = {"default": None, "1s": "1 second"}
 """Trigger names in the figures' keys, and ``processingTime`` (``None``: Spark's default trigger)."""
-SIDES = ("jetstream", "kafka", "noop")
+SIDES = ("jetstream", "jetstream_driver", "kafka", "noop", "noop_simple")
+"""The sides of a measure, in the order of the first turn (the next turn reverses it)."""
 PROGRESS = {
     "latestOffset": "latest_offset_ms",
     "addBatch": "add_batch_ms",
@@ -85,7 +97,8 @@ def padded_times(times_us: np.ndarray) -> pa.Array:
 
 class NoopStreamSource(DataSource):
     """A Python streaming source that does nothing but make rows (options ``rate``, ``start``,
-    ``rows``): offset ``i`` is "published" at ``start + i / rate``, up to ``rows``."""
+    ``rows``): offset ``i`` is "published" at ``start + i / rate``, up to ``rows``; a query starts
+    at the offset of its start's time."""
 
     @classmethod
     def name(cls) -> str:
@@ -108,7 +121,9 @@ class NoopStreamReader(DataSourceStreamReader):
         self.schema = schema
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return {"n": 0}
+        # Where the clock is when the query starts (as ours starts at the latest offset): the
+        # offsets "published" while the other sides ran are not read in one first micro-batch.
+        return self.latestOffset()
 
     def latestOffset(self) -> dict:  # noqa: N802
         return {"n": min(max(int((time.time() - self.start) * self.rate), 0), self.rows)}
@@ -120,22 +135,57 @@ class NoopStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         _, lo, hi = partition.value
-        n = hi - lo
-        if not n:
-            return
-        offsets = np.arange(lo, hi, dtype=np.int64)
-        published = (self.start * 1e6 + offsets * 1e6 / self.rate).astype(np.int64)
-        target = to_arrow_schema(self.schema, timezone="UTC")
-        columns = {
-            "key": pa.nulls(n, pa.binary()),
-            "value": padded_times(published),
-            "stream": pa.array(["noop"] * n),
-            "subject": pa.array(["noop"] * n),
-            "partition": pa.array(np.zeros(n, np.int32)),  # one sequence of offsets, split in tasks
-            "offset": pa.array(offsets),
-            "timestamp": pa.array(published).cast(pa.timestamp("us", tz="UTC")),
-        }
-        yield pa.RecordBatch.from_arrays([columns[f.name] for f in target], schema=target)
+        if hi > lo:
+            yield noop_rows(lo, hi, self.start, self.rate, self.schema)
+
+
+def noop_rows(lo: int, hi: int, start: float, rate: float, schema) -> pa.RecordBatch:
+    """The do-nothing sources' rows of offsets ``[lo, hi)``, in Spark's Arrow form of ``schema``."""
+    n = hi - lo
+    offsets = np.arange(lo, hi, dtype=np.int64)
+    published = (start * 1e6 + offsets * 1e6 / rate).astype(np.int64)
+    target = to_arrow_schema(schema, timezone="UTC")
+    columns = {
+        "key": pa.nulls(n, pa.binary()),
+        "value": padded_times(published),
+        "stream": pa.array(["noop"] * n),
+        "subject": pa.array(["noop"] * n),
+        "partition": pa.array(np.zeros(n, np.int32)),  # one sequence of offsets, split in tasks
+        "offset": pa.array(offsets),
+        "timestamp": pa.array(published).cast(pa.timestamp("us", tz="UTC")),
+    }
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in target], schema=target)
+
+
+class NoopSimpleSource(NoopStreamSource):
+    """:class:`NoopStreamSource` as a ``SimpleDataSourceStreamReader``: rows made in the driver."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "noopsimple"
+
+    def streamReader(self, schema):  # noqa: N802 - Spark's API
+        return DataSource.streamReader(self, schema)  # not implemented: PySpark takes the simple one
+
+    def simpleStreamReader(self, schema):  # noqa: N802 - Spark's API
+        return NoopSimpleReader(self.options, schema)
+
+
+class NoopSimpleReader(SimpleDataSourceStreamReader):
+    def __init__(self, options: dict[str, str], schema) -> None:
+        self.noop = NoopStreamReader(options, schema)
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return self.noop.initialOffset()
+
+    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
+        end = self.noop.latestOffset()
+        return self.readBetweenOffsets(start, end), end
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:  # noqa: N802
+        noop = self.noop
+        lo, hi = start["n"], end["n"]
+        return iter([noop_rows(lo, hi, noop.start, noop.rate, noop.schema)] if hi > lo else [])
 
 
 @dataclass
@@ -409,6 +459,7 @@ def measure_latency(
     # Executors load the noop source from this module, sent with it (bench/ is not on their path).
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(NoopStreamSource)
+    spark.dataSource.register(NoopSimpleSource)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
     checkpoints = work / "latency-checkpoints"
     counter = iter(range(1_000_000))
@@ -416,9 +467,12 @@ def measure_latency(
     def measure(side: str, rate: int, trigger: str | None, length: float, pause: float) -> Measure:
         name = f"latency-{next(counter)}"
         rows = spark.readStream
-        if side == "jetstream":
+        if side in ("jetstream", "jetstream_driver"):
             create_stream(name)
-            frame = rows.format("jetstream").options(servers=servers["flight"], stream=name).load()
+            mode = "driver" if side == "jetstream_driver" else "tasks"
+            frame = (
+                rows.format("jetstream").options(servers=servers["flight"], stream=name, readMode=mode).load()
+            )
             publisher = nats_publisher(servers["nats"], name, rate, PUBLISH_LIMIT)
         elif side == "kafka":
             create_topic(name)
@@ -427,7 +481,8 @@ def measure_latency(
             publisher = kafka_publisher(kafka_jars, servers["kafka"], name, rate, PUBLISH_LIMIT)
         else:
             options = {"rate": str(rate), "start": str(time.time()), "rows": str(int(rate * PUBLISH_LIMIT))}
-            frame, publisher = rows.format("noopstream").options(**options).load(), None
+            source = "noopsimple" if side == "noop_simple" else "noopstream"
+            frame, publisher = rows.format(source).options(**options).load(), None
         what = f"{side} at {rate}/s, trigger {trigger or 'default'}"
         return Measure(
             frame,
@@ -471,20 +526,25 @@ def measure_latency(
     turn = 0
     for rate in RATES:
         for trigger_name, trigger in TRIGGERS.items():
-            sides = SIDES if turn % 2 == 0 else ("kafka", "jetstream", "noop")
+            sides = SIDES if turn % 2 == 0 else SIDES[::-1]
             turn += 1
             measured = run(sides, rate, trigger, seconds, warm_up)
             for side in sides:
                 results |= measured[side].figures(f"latency_{rate}_{trigger_name}_{side}")
             prefix = f"latency_{rate}_{trigger_name}"
-            ours, theirs = measured["jetstream"], measured["kafka"]
-            results[f"{prefix}_e2e_p50_ratio_to_kafka"] = ours.e2e_p50_ms / theirs.e2e_p50_ms
-            results[f"{prefix}_e2e_p99_ratio_to_kafka"] = ours.e2e_p99_ms / theirs.e2e_p99_ms
+            theirs = measured["kafka"]
+            for side, suffix in (("jetstream", ""), ("jetstream_driver", "_driver_mode")):
+                ours = measured[side]
+                results[f"{prefix}_e2e_p50_ratio_to_kafka{suffix}"] = ours.e2e_p50_ms / theirs.e2e_p50_ms
+                results[f"{prefix}_e2e_p99_ratio_to_kafka{suffix}"] = ours.e2e_p99_ms / theirs.e2e_p99_ms
     head = f"latency_{RATES[0]}_default"
-    results["e2e_p50_ratio_to_kafka"] = results[f"{head}_e2e_p50_ratio_to_kafka"]
-    results["e2e_p99_ratio_to_kafka"] = results[f"{head}_e2e_p99_ratio_to_kafka"]
+    for suffix in ("", "_driver_mode"):
+        for key in ("e2e_p50_ratio_to_kafka", "e2e_p99_ratio_to_kafka"):
+            results[key + suffix] = results[f"{head}_{key}{suffix}"]
     results["read_job_ms"] = results[f"{head}_jetstream_add_batch_ms"]
+    results["read_job_ms_driver_mode"] = results[f"{head}_jetstream_driver_add_batch_ms"]
     results["noop_python_source_read_job_ms"] = results[f"{head}_noop_add_batch_ms"]
+    results["noop_simple_python_source_read_job_ms"] = results[f"{head}_noop_simple_add_batch_ms"]
     return results
 
 
@@ -492,7 +552,7 @@ def print_latency(results: dict[str, float]) -> None:
     """The latency figures as a table."""
     print("latency: publish -> rows in the driver (ms), and the mean micro-batch's parts (ms)")
     header = ["p50", "p99", "rows/batch", *PROGRESS.values()]
-    print(f"{'rate, trigger, side':<30}" + "".join(f"{h.removesuffix('_ms'):>16}" for h in header))
+    print(f"{'rate, trigger, side':<36}" + "".join(f"{h.removesuffix('_ms'):>16}" for h in header))
     for rate in RATES:
         for trigger in TRIGGERS:
             for side in SIDES:
@@ -503,12 +563,16 @@ def print_latency(results: dict[str, float]) -> None:
                     results[f"{prefix}_rows_per_batch"],
                     *(results[f"{prefix}_{name}"] for name in PROGRESS.values()),
                 ]
-                print(f"{f'{rate}/s, {trigger}, {side}':<30}" + "".join(f"{c:>16,.0f}" for c in cells))
+                print(f"{f'{rate}/s, {trigger}, {side}':<36}" + "".join(f"{c:>16,.0f}" for c in cells))
     keys = (
         "e2e_p50_ratio_to_kafka",
         "e2e_p99_ratio_to_kafka",
+        "e2e_p50_ratio_to_kafka_driver_mode",
+        "e2e_p99_ratio_to_kafka_driver_mode",
         "read_job_ms",
+        "read_job_ms_driver_mode",
         "noop_python_source_read_job_ms",
+        "noop_simple_python_source_read_job_ms",
     )
     print("latency: " + json.dumps({k: round(results[k], 3) for k in keys}))
 

@@ -160,6 +160,7 @@ def test_the_spark_tables_defaults_are_the_parsers():
     assert rows["maxRecordsPerPartition"][0] == f"`{streaming.max_records_per_partition}`"
     assert rows["maxBatchBytes"][0].startswith(f"`{sink.max_batch_bytes}`")
     assert streaming.fail_on_data_loss and rows["failOnDataLoss"][0] == "`true`"
+    assert streaming.read_mode == "tasks" and rows["readMode"][0] == "`tasks`"
     for flag in ("includeHeaders", "readFromReplicas", "pushFilters"):
         assert rows[flag][0] == "`false`"
     assert not (streaming.include_headers or streaming.read_from_replicas or batch.push_filters)

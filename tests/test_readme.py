@@ -350,6 +350,7 @@ def _orders_to_read(checkout: Checkout) -> None:
 
 BEFORE: dict[str, tuple[Callable[[Checkout], None], ...]] = {
     "docs/spark.md": (_start_the_broker, _orders_stream, _orders_to_read),
+    "docs/spark-latency.md": (_start_the_broker, _orders_stream, _orders_to_read),
     "docs/client.md": (_start_the_broker,),
     "docs/databricks.md": (_start_the_broker, _orders_stream, _orders_to_read),
     "docs/cli.md": (_start_the_broker,),
@@ -368,6 +369,7 @@ RUN = {
     "docs/operations.md": 1,
     "docs/outbox.md": 3,
     "docs/spark.md": 1,
+    "docs/spark-latency.md": 1,
     "conf/secure/README.md": 5,
 }
 """How many blocks each document runs here: a block lost from a document fails its test."""

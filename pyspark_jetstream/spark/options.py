@@ -49,6 +49,9 @@ from pyspark_jetstream.protocol.streams import (
 
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 """Offset ranges longer than this are split over several Spark tasks."""
+READ_MODES = ("tasks", "driver")
+"""``readMode``: micro-batches read in Spark tasks (the default), or in the driver (see
+:mod:`.driver_reader`)."""
 DEFAULT_MAX_TRIGGER_DELAY = 15 * 60.0
 """``maxTriggerDelay``'s default, as in Spark's Kafka source: 15 minutes."""
 MAX_MIN_PARTITIONS = 100_000
@@ -92,6 +95,7 @@ SOURCE_OPTIONS = (
     "valueFormat",
     "columns",
     "pushFilters",
+    "readMode",
 )
 SINK_OPTIONS = (*COMMON_OPTIONS, "stream", "maxBatchBytes")
 SPARK_OPTIONS = ("path", "checkpointLocation")
@@ -251,6 +255,8 @@ class SourceOptions:
     """``columns``: the typed fields to read (all of them if ``None``)."""
     push_filters: bool = False
     """``pushFilters``: hand Spark's filters on typed fields to the broker (batch reads)."""
+    read_mode: str = "tasks"
+    """``readMode``: one of :data:`READ_MODES` (streaming reads)."""
     credentials: Credentials = field(default_factory=Credentials)
     options: dict[str, str] = field(default_factory=dict)
     """The options as given, but the credentials' (see :func:`without_credentials`)."""
@@ -316,7 +322,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         )
     max_per_trigger = _positive_int(opts, "maxRecordsPerTrigger")
     min_per_trigger = _positive_int(opts, "minOffsetsPerTrigger")
-    for given in ("maxRecordsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
+    for given in ("maxRecordsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "readMode"):
         if given.lower() in opts and not streaming:
             raise InvalidArgumentError(f"{given} applies to streaming reads only")
     if "maxtriggerdelay" in opts and min_per_trigger is None:
@@ -325,6 +331,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise InvalidArgumentError(
             f"minOffsetsPerTrigger ({min_per_trigger}) is more than maxRecordsPerTrigger ({max_per_trigger})"
         )
+    read_mode = _read_mode(opts, min_per_trigger)
     starting_by_time = _timestamps_option(opts, "startingOffsetsByTimestamp")
     ending_by_time = _timestamps_option(opts, "endingOffsetsByTimestamp")
     if starting_by_time is not None and ("startingtimestamp" in opts or "startingoffsets" in opts):
@@ -375,9 +382,32 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         value_format=_value_format(opts),
         columns=_columns(opts),
         push_filters=_boolean(opts, "pushFilters", False),
+        read_mode=read_mode,
         credentials=credentials,
         options=without_credentials(options),
     )
+
+
+def _read_mode(opts: Mapping[str, str], min_per_trigger: int | None) -> str:
+    """``readMode``, with what ``driver`` cannot take refused."""
+    given = opts.get("readmode", "tasks")
+    mode = given.strip().lower()
+    if mode not in READ_MODES:
+        raise InvalidArgumentError(
+            f"option 'readMode' must be tasks (micro-batches read in Spark tasks) or driver (read in the "
+            f"driver, for low rates), got {shown(given)}"
+        )
+    if mode == "driver" and min_per_trigger is not None:
+        raise InvalidArgumentError(
+            "readMode=driver reads a micro-batch as soon as Spark asks for one: minOffsetsPerTrigger "
+            "cannot hold it back there; leave minOffsetsPerTrigger out, or use readMode=tasks"
+        )
+    if mode == "driver" and "minpartitions" in opts:
+        raise InvalidArgumentError(
+            "readMode=driver reads each micro-batch in the driver, in no Spark task of its own: "
+            "minPartitions does not apply; leave it out, or use readMode=tasks"
+        )
+    return mode
 
 
 def _value_format(opts: Mapping[str, str]) -> str | None:

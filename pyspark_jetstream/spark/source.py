@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     Filter,
     InputPartition,
+    SimpleDataSourceStreamReader,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -43,6 +44,7 @@ from . import unpickle
 from .connections import shared_connection
 from .consumers import new_consumer, split_consumer, with_consumer
 from .cursors import CursorWriter
+from .driver_reader import DriverReadWrapper, DriverStreamReader
 from .options import (
     Offsets,
     check_option_names,
@@ -112,7 +114,9 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         return JetStreamBatchReader(plan, schema, fields)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """A streaming reader (``spark.readStream.format("jetstream")``).
+        """A streaming reader (``spark.readStream.format("jetstream")``): with ``readMode=driver``,
+        :meth:`simpleStreamReader`'s in PySpark's wrapper (which keeps the rows it reads in the
+        driver and hands them to the JVM: see :mod:`.driver_reader`).
 
         Never raises: PySpark 4.2's stream-reader runner calls ``stop()`` on
         the reader it failed to make, so an error here would end the query
@@ -120,10 +124,19 @@ class JetStreamDataSource(unpickle.ByName, DataSource):
         used give a reader that raises their error at Spark's first call.
         """
         try:
-            plan = plan_source(parse_source_options(self.options, streaming=True))
+            options = parse_source_options(self.options, streaming=True)
+            if options.read_mode == "driver":
+                return DriverReadWrapper(self.simpleStreamReader(schema))
+            plan = plan_source(options)
             return JetStreamStreamReader(plan, schema, _checked_fields(plan, schema))
         except Exception as exc:  # noqa: BLE001 -- raised again by the reader's first method
             return RefusedStreamReader(exc)
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        """The streaming reader of ``readMode=driver`` (PySpark asks :meth:`streamReader` first,
+        which hands this one over in that mode)."""
+        plan = plan_source(parse_source_options(self.options, streaming=True))
+        return DriverStreamReader(JetStreamStreamReader(plan, schema, _checked_fields(plan, schema)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer (``df.write.format("jetstream")``); ``mode("append")`` only."""
@@ -395,6 +408,11 @@ class JetStreamStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAva
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """The micro-batch's tasks."""
         return self._ranges(self._own(start), self._own(end))
+
+    def read_offsets(self, start: Offsets, end: Offsets) -> Iterator[pa.RecordBatch]:
+        """The rows of ``[start, end)`` read here, as one task would (``readMode=driver``)."""
+        ranges = plan_ranges(self.plan.broker, self.options, self._own(start), self._own(end), self._layout)
+        return self.read(InputPartition(tuple(ranges)))
 
     def commit(self, end: Offsets) -> None:
         """Store the query's position as cursors in the log (named by ``consumerId``)."""
