@@ -336,8 +336,13 @@ class Measure:
             time.sleep(0.05)
 
     def start(self) -> None:
-        """Start the query, wait for its first (empty) micro-batch -- it fixes the start offsets and
-        starts the query's workers -- and start the publisher."""
+        """:meth:`start_query`, then :meth:`start_publishing`."""
+        self.start_query()
+        self.start_publishing()
+
+    def start_query(self) -> None:
+        """Start the query and wait for its first (empty) micro-batch: it fixes the start offsets
+        and starts the query's workers."""
         writer = self.frame.writeStream.foreachBatch(self.probe)
         writer = writer.option("checkpointLocation", str(self.checkpoint))
         if self.trigger is not None:
@@ -345,6 +350,9 @@ class Measure:
         self.query = writer.start()
         query = self.query
         self._wait(lambda: query.lastProgress is not None, START_TIMEOUT, "the query did not start")
+
+    def start_publishing(self) -> None:
+        """Start the publisher (a source that makes its own rows has none)."""
         if self.publisher is not None:
             self.running = subprocess.Popen(self.publisher, cwd=ROOT, stdout=subprocess.DEVNULL)
 
@@ -504,8 +512,13 @@ def measure_latency(
         done: dict[str, Measured] = {}
         try:
             if together:
+                # Every query starts before any publishing: a query's start spawns its source's
+                # Python process in the driver, which Spark (hard-coded) gives 10 s to connect
+                # back, and the other sides' live pipelines on a busy machine can starve it.
                 for each in measures.values():
-                    each.start()
+                    each.start_query()
+                for each in measures.values():
+                    each.start_publishing()
             for side, each in measures.items():
                 if not together:
                     each.start()
