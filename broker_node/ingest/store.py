@@ -188,6 +188,21 @@ class PartitionStore:
         try:
             async with self._writing:
                 if producer is not None and sequence is not None:
+                    # One producer's message at a time: a small one on the loop when the log is
+                    # free, as ``_append_once`` writes plain messages (an idempotent producer's
+                    # pipeline paid a thread hop per message, and ran at 1/40 of a plain one's).
+                    if table.nbytes <= INLINE_BYTES and not partition.appends_sync:
+                        ack = partition.append_idempotent(
+                            table,
+                            producer,
+                            epoch,
+                            sequence,
+                            target=whole.targeted,
+                            message_ids=ids,
+                            wait=False,
+                        )
+                        if ack is not None:
+                            return ack
                     return await asyncio.to_thread(
                         partition.append_idempotent,
                         table,

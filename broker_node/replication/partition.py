@@ -14,13 +14,8 @@ not yet heard from since this broker became leader holds the high watermark
 back.  Messages below the high watermark are committed: consumers see only
 them, and ``when_committed`` callbacks fire as it passes their offsets.
 
-In-sync replicas: a follower whose fetch offset reached the leader's log end
-offset within the last ``replica_max_lag`` seconds is caught up (Kafka's
-rule: caught up to the log end as of its previous fetch counts too).  The
-leader proposes ISR changes; the replica manager writes them through the
-coordinator and applies the result.  While a removal is being written the
-follower still counts (a larger ISR only holds the high watermark back);
-an addition counts once it is written.
+In-sync replicas: which followers count towards the high watermark, and how
+the leader proposes changes to them, is :mod:`.in_sync`'s.
 
 Fencing: a partition whose broker lost touch with the coordinator (or whose
 lease lapsed) refuses appends and holds back acknowledgements, because
@@ -307,6 +302,7 @@ class Partition:
                 self._advance_high_watermark()
         return offsets
 
+    @overload
     def append_idempotent(
         self,
         records: Records,
@@ -316,28 +312,60 @@ class Partition:
         *,
         target: bool = True,
         message_ids: MessageIds = (),
-    ) -> Ack:
+        wait: Literal[True] = True,
+    ) -> Ack: ...
+    @overload
+    def append_idempotent(
+        self,
+        records: Records,
+        producer_id: str,
+        epoch: int,
+        sequence: int,
+        *,
+        target: bool = True,
+        message_ids: MessageIds = (),
+        wait: bool,
+    ) -> Ack | None: ...
+
+    def append_idempotent(
+        self,
+        records: Records,
+        producer_id: str,
+        epoch: int,
+        sequence: int,
+        *,
+        target: bool = True,
+        message_ids: MessageIds = (),
+        wait: bool = True,
+    ) -> Ack | None:
         """Append one producer's message(s) unless the sequence says not to (see ``producers``).
 
         ``target`` is whether this partition is the one the producer named;
         ``message_ids`` as for :meth:`append` (remembered, not checked).
         Returns the ack: ``ok`` with the offsets, ``duplicate`` with the
         original ones, or a refusal (out of order, fenced) that stored nothing.
+        With ``wait=False``, ``None`` when another append (or the log) is busy:
+        nothing was checked or stored, and the producer's state is unchanged.
         """
         self._refuse_if_mirror()
-        with self._append_lock:
+        if not self._append_lock.acquire(blocking=wait):
+            return None
+        try:
             check = self.producers.check(producer_id, epoch, sequence, target=target)
-            if check.verdict is not Verdict.STORE:
-                self.producer_not_stored[check.verdict] += 1
+            if check.verdict is Verdict.STORE:
+                offsets = self.append(records, wait=wait, message_ids=message_ids)
+                if offsets is None:
+                    return None
+                self.producers.record(producer_id, epoch, sequence, offsets.start, offsets[-1])
+                return self._ack(offsets.start, offsets[-1])
+            self.producer_not_stored[check.verdict] += 1
             if check.verdict is Verdict.DUPLICATE:
                 return self._ack(check.first, check.last, ErrorCode.DUPLICATE)
             if check.verdict is Verdict.OUT_OF_ORDER:
                 return self._ack(-1, -1, ErrorCode.OUT_OF_ORDER_SEQUENCE, check.reason)
-            if check.verdict is Verdict.FENCED:
-                return self._ack(-1, -1, ErrorCode.PRODUCER_FENCED, check.reason)
-            offsets = self.append(records, message_ids=message_ids)
-            self.producers.record(producer_id, epoch, sequence, offsets.start, offsets[-1])
-            return self._ack(offsets.start, offsets[-1])
+            return self._ack(-1, -1, ErrorCode.PRODUCER_FENCED, check.reason)
+        finally:
+            self._append_lock.release()
 
     def message_id_offset(self, message_id: str) -> int | None:
         """The offset of the message stored with ``message_id`` within the stream's

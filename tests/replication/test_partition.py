@@ -8,6 +8,7 @@ test of partitions the replica manager opens runs on file logs.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -217,3 +218,29 @@ def test_an_in_sync_follower_that_fetches_below_the_high_watermark_leaves_the_is
     leader.followers.record_fetch("c", 2)
     assert leader.followers.lagging_replicas(max_lag=60.0) == ("a", "b")
     assert leader.log.high_watermark == 4  # never backwards
+
+
+def test_an_idempotent_append_that_may_not_wait_stores_nothing_while_another_append_runs(open_partition):
+    leader = leading(open_partition)
+    leader.append_idempotent(values(1), "p", 0, 0)
+    held = threading.Event()
+    release = threading.Event()
+
+    def another_append() -> None:
+        with leader._append_lock:  # an append in a worker thread, taking its time
+            held.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=another_append)
+    worker.start()
+    try:
+        assert held.wait(10)
+        assert leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False) is None
+        assert leader.log.log_end_offset == 1  # nothing stored, and the sequence still expected:
+    finally:
+        release.set()
+        worker.join(10)
+    ack = leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False)
+    assert ack is not None and ack.ok and (ack.first_offset, ack.last_offset) == (1, 1)
+    again = leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False)
+    assert again is not None and again.error is ErrorCode.DUPLICATE and again.last_offset == 1
