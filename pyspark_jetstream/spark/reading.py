@@ -279,30 +279,29 @@ def _fetcher(
     return fetch
 
 
-def start_read(
-    spec: RangeSpec,
-    target: pa.Schema,
-    *,
-    timeout: float,
-    from_replicas: bool = False,
-    credentials: Credentials | None = None,
-    filters: tuple[ColumnFilter, ...] = (),
-) -> Future[FetchResult]:
+@dataclass(frozen=True, slots=True)
+class ReadSettings:
+    """How a task reads its ranges (the query's options, and its filters)."""
+
+    fail_on_data_loss: bool
+    timeout: float
+    from_replicas: bool = False
+    credentials: Credentials | None = None
+    filters: tuple[ColumnFilter, ...] = ()
+
+
+def start_read(spec: RangeSpec, target: pa.Schema, settings: ReadSettings) -> Future[FetchResult]:
     """The first read of ``spec``, asked for now in the process's read pool (for
     :func:`read_range`'s ``first``)."""
-    connection = shared_connection(spec.broker, credentials, timeout)
-    return read_pool().submit(_fetcher(connection, spec, target, filters), spec.start, from_replicas)
+    connection = shared_connection(spec.broker, settings.credentials, settings.timeout)
+    fetch = _fetcher(connection, spec, target, settings.filters)
+    return read_pool().submit(fetch, spec.start, settings.from_replicas)
 
 
 def read_range(
     spec: RangeSpec,
     target: pa.Schema,
-    *,
-    fail_on_data_loss: bool,
-    timeout: float,
-    from_replicas: bool = False,
-    credentials: Credentials | None = None,
-    filters: tuple[ColumnFilter, ...] = (),
+    settings: ReadSettings,
     first: Future[FetchResult] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Fetch ``[spec.start, spec.end)`` and yield batches in exactly ``target``'s Arrow schema.
@@ -318,13 +317,13 @@ def read_range(
     for.  ``credentials`` are presented to every broker asked.  A typed stream's fields in
     ``target`` are fetched with the log's columns; ``filters`` are applied by the broker.
     """
-    connection = shared_connection(spec.broker, credentials, timeout)
-    fetch = _fetcher(connection, spec, target, filters)
-    replicas = from_replicas
+    connection = shared_connection(spec.broker, settings.credentials, settings.timeout)
+    fetch = _fetcher(connection, spec, target, settings.filters)
+    replicas = settings.from_replicas
     ahead: tuple[int, bool, Future[FetchResult]] | None = None
     """The read of the next offset, asked for before the current batches were yielded."""
     if first is not None:
-        ahead = (spec.start, from_replicas, first)
+        ahead = (spec.start, replicas, first)
     try:
         offset = spec.start
         while offset < spec.end:
@@ -334,7 +333,7 @@ def read_range(
                 result = fetch(offset, replicas) if pending is None else pending.result()
             except OffsetOutOfRangeError as exc:
                 offset = _after_data_loss(
-                    connection, spec, offset, exc, fail_on_data_loss, from_leader=not replicas
+                    connection, spec, offset, exc, settings.fail_on_data_loss, from_leader=not replicas
                 )
                 continue
             if offset < result.next_offset < spec.end:

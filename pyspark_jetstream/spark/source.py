@@ -55,6 +55,7 @@ from .planning import SinkPlan, SourcePlan, plan_sink, plan_source
 from .reading import (
     PartitionState,
     RangeSpec,
+    ReadSettings,
     describe,
     describe_configs,
     limit_rows,
@@ -252,15 +253,14 @@ class _Reading(unpickle.ByName):
         if not specs:  # Spark runs one empty task when the plan has no range
             return
         target = to_arrow_schema(self.schema, timezone="UTC")
-        yield from read_ranges(
-            specs,
-            target,
+        settings = ReadSettings(
             fail_on_data_loss=self.options.fail_on_data_loss,
             timeout=self.options.timeout,
             from_replicas=self.options.read_from_replicas,
             credentials=self.options.credentials,
             filters=self.filters,
         )
+        yield from read_ranges(specs, target, settings)
 
 
 class JetStreamBatchReader(_Reading, DataSourceReader):

@@ -20,11 +20,9 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from pyspark_jetstream.client.connection import FetchResult
-from pyspark_jetstream.client.credentials import Credentials
-from pyspark_jetstream.protocol.read_shape import ColumnFilter
 
 from .options import SourceOptions
-from .reading import RangeSpec, read_range, start_read
+from .reading import RangeSpec, ReadSettings, read_range, start_read
 
 SMALL_BATCH_ROWS = 20_000
 """Offsets of a micro-batch read by one task (more: a task per range)."""
@@ -41,42 +39,16 @@ def group_ranges(ranges: Sequence[RangeSpec], options: SourceOptions) -> list[tu
 
 
 def read_ranges(
-    specs: Sequence[RangeSpec],
-    target: pa.Schema,
-    *,
-    fail_on_data_loss: bool,
-    timeout: float,
-    from_replicas: bool = False,
-    credentials: Credentials | None = None,
-    filters: tuple[ColumnFilter, ...] = (),
+    specs: Sequence[RangeSpec], target: pa.Schema, settings: ReadSettings
 ) -> Iterator[pa.RecordBatch]:
     """One task's ranges, one after the other (see :func:`.reading.read_range`); with several, the
     first read of each is asked for at once."""
     firsts: list[Future[FetchResult] | None] = [None] * len(specs)
     if len(specs) > 1:
-        firsts = [
-            start_read(
-                spec,
-                target,
-                timeout=timeout,
-                from_replicas=from_replicas,
-                credentials=credentials,
-                filters=filters,
-            )
-            for spec in specs
-        ]
+        firsts = [start_read(spec, target, settings) for spec in specs]
     try:
         for spec, first in zip(specs, firsts, strict=True):
-            yield from read_range(
-                spec,
-                target,
-                fail_on_data_loss=fail_on_data_loss,
-                timeout=timeout,
-                from_replicas=from_replicas,
-                credentials=credentials,
-                filters=filters,
-                first=first,
-            )
+            yield from read_range(spec, target, settings, first)
     finally:
         for pending in firsts:  # the task ended early: reads not started yet are not needed
             if pending is not None:
