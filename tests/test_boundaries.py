@@ -73,25 +73,17 @@ def test_checker_reads_the_documented_known_circles():
         ("pyspark_jetstream/client/x.py", "import broker_node\n", "must not import broker_node"),
         (
             "broker_node/x.py",
-            "from pyspark_jetstream.client.credentials import Credentials\n",
-            "must not import pyspark_jetstream.client",
+            "from pyspark_jetstream.client.credentials import C\n",
+            "pyspark_jetstream.client",
         ),
         ("pyspark_jetstream/spark/x.py", "import nats\n", "must not import nats"),
-        (
-            "broker_node/coordination/x.py",
-            "from broker_node.log.checkpoint import atomic_write\n",
-            "log.checkpoint",
-        ),
+        ("broker_node/coordination/x.py", "from broker_node.log.checkpoint import w\n", "log.checkpoint"),
         ("broker_node/durable.py", "from broker_node.log import Log\n", "must not import broker_node.log"),
         ("broker_node/metrics.py", "from .broker import Broker\n", "must not import broker_node.broker"),
         ("broker_node/coordination/zookeeper/x.py", "from broker_node.log import Log\n", "must not import"),
         ("broker_node/coordination/zookeeper_config.py", "import kazoo\n", "must not import kazoo"),
         ("broker_node/api/x.py", "import psycopg\n", "must not import psycopg"),
-        (
-            "broker_node/broker.py",
-            "from prometheus_client import Counter\n",
-            "must not import prometheus_client",
-        ),
+        ("broker_node/broker.py", "from prometheus_client import Counter\n", "prometheus_client"),
         ("broker_node/ingest/x.py", "import prometheus_client\n", "must not import prometheus_client"),
         (
             "broker_node/ingest/x.py",
@@ -106,7 +98,7 @@ def test_checker_reads_the_documented_known_circles():
         (
             "broker_node/log/x.py",
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import nats\n",
-            "must not import nats",
+            "nats",
         ),
     ],
 )

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyspark
 
+from pyspark_jetstream.lifecycle import StartStop
 from pyspark_jetstream.protocol.errors import UnavailableError
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _STARTED = re.compile(r"Spark Connect server started at: (\S+):(\d+)")
 
 
-class LocalConnectServer:
+class LocalConnectServer(StartStop):
     """A Spark Connect server child process on 127.0.0.1 and a port it picks; ``start()`` and
     ``stop()``, or a ``with`` block.
 
@@ -149,13 +150,3 @@ class LocalConnectServer:
         except OSError:
             return "(no log)"
         return text if chars is None else text[-chars:]
-
-    def __enter__(self) -> LocalConnectServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
