@@ -274,7 +274,7 @@ def put_whole(reader: Reader, envelope: Envelope) -> Whole | Refused:
     :mod:`pyspark_jetstream.protocol.put`) as this partition stores it: as the same envelope on the
     partition's subject would be -- or refused if it is over the partition's batch limit."""
     assert envelope.batch is not None
-    size = envelope.batch.nbytes
+    size = envelope.batch.get_total_buffer_size()  # its buffers (nbytes: the same, 50x slower)
     if size > reader.max_batch_bytes:
         text = f"the chunk is {size} bytes, over the limit of {reader.max_batch_bytes} for {reader.name}"
         return _refused(reader, None, ErrorCode.TOO_LARGE, text)

@@ -24,6 +24,7 @@ it is refused whole, naming its first bad row, whatever ``on_invalid`` says.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -188,22 +189,7 @@ class PartitionStore:
         try:
             async with self._writing:
                 if producer is not None and sequence is not None:
-                    # One producer's message at a time: a small one on the loop when the log is
-                    # free, as ``_append_once`` writes plain messages (an idempotent producer's
-                    # pipeline paid a thread hop per message, and ran at 1/40 of a plain one's).
-                    if table.nbytes <= INLINE_BYTES and not partition.appends_sync:
-                        ack = partition.append_idempotent(
-                            table,
-                            producer,
-                            epoch,
-                            sequence,
-                            target=whole.targeted,
-                            message_ids=ids,
-                            wait=False,
-                        )
-                        if ack is not None:
-                            return ack
-                    return await asyncio.to_thread(
+                    append = functools.partial(
                         partition.append_idempotent,
                         table,
                         producer,
@@ -212,6 +198,15 @@ class PartitionStore:
                         target=whole.targeted,
                         message_ids=ids,
                     )
+                    # One producer's message at a time: a small one on the loop when the log is
+                    # free, as ``_append_once`` writes plain messages (an idempotent producer's
+                    # pipeline paid a thread hop per message, and ran at 1/40 of a plain one's).
+                    inline = table.get_total_buffer_size() <= INLINE_BYTES and not partition.appends_sync
+                    ack = append(wait=False) if inline else None
+                    if ack is None:
+                        ack = await asyncio.to_thread(append)
+                    assert ack is not None  # an append that may wait always answers
+                    return ack
                 offsets = await asyncio.to_thread(partition.append, table, message_ids=ids)
                 return Ack(partition.config.name, partition.number, offsets.start, offsets[-1])
         except self._errors as exc:

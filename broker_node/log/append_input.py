@@ -174,7 +174,8 @@ def check_message_sizes(columns: list[pa.Array], limit: int) -> None:
     ``columns`` are in input-schema order (key, value, headers first).
     """
     key, value, headers = columns[:3]
-    if key.nbytes + value.nbytes + headers.nbytes <= limit:
+    # Their buffers' sizes, at least their messages' (nbytes is exact but ~20x slower).
+    if key.get_total_buffer_size() + value.get_total_buffer_size() + headers.get_total_buffer_size() <= limit:
         return  # no single message can be larger than all of them together
     sizes = message_sizes(key, value, headers)
     largest = pc.max(sizes).as_py() or 0

@@ -109,7 +109,7 @@ def encode_frame(batch: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
 
     ``compression`` is ``none``, ``lz4`` or ``zstd``; small batches stay plain.
     """
-    if compression == "none" or batch.nbytes < COMPRESS_MIN_BYTES:
+    if compression == "none" or batch.get_total_buffer_size() < COMPRESS_MIN_BYTES:
         return batch.serialize()
     # RecordBatch.serialize takes no IPC options: write a one-batch stream and
     # keep its record-batch message, which follows the schema message.

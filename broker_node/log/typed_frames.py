@@ -63,7 +63,7 @@ def encode_typed_frame(
         raise InvalidRecordsError(
             f"typed columns of {typed.batch.num_rows} rows cannot be stored with a batch of {batch.num_rows}"
         )
-    codec = compression if batch.nbytes >= COMPRESS_MIN_BYTES else "none"
+    codec = compression if batch.get_total_buffer_size() >= COMPRESS_MIN_BYTES else "none"
     if codec == "none":  # the stream's two messages, without a writer's set-up
         inner = _schema_message(typed.batch.schema) + typed.batch.serialize().to_pybytes()
     else:
