@@ -49,7 +49,6 @@ class IngestPartition(Protocol):
     def append(self, records: Any, *, wait: Literal[True] = True, message_ids: MessageIds = ()) -> range: ...
     @overload
     def append(self, records: Any, *, wait: bool, message_ids: MessageIds = ()) -> range | None: ...
-    @overload
     def append_idempotent(
         self,
         records: Any,
@@ -59,19 +58,7 @@ class IngestPartition(Protocol):
         *,
         target: bool = True,
         message_ids: MessageIds = (),
-        wait: Literal[True] = True,
-    ) -> Ack: ...
-    @overload
-    def append_idempotent(
-        self,
-        records: Any,
-        producer_id: str,
-        epoch: int,
-        sequence: int,
-        *,
-        target: bool = True,
-        message_ids: MessageIds = (),
-        wait: bool,
+        wait: bool = True,
     ) -> Ack | None: ...
     def check_min_insync(self) -> None: ...
     def when_committed(self, last_offset: int, callback: Callable[[JetStreamError | None], None]) -> None: ...

@@ -302,31 +302,6 @@ class Partition:
                 self._advance_high_watermark()
         return offsets
 
-    @overload
-    def append_idempotent(
-        self,
-        records: Records,
-        producer_id: str,
-        epoch: int,
-        sequence: int,
-        *,
-        target: bool = True,
-        message_ids: MessageIds = (),
-        wait: Literal[True] = True,
-    ) -> Ack: ...
-    @overload
-    def append_idempotent(
-        self,
-        records: Records,
-        producer_id: str,
-        epoch: int,
-        sequence: int,
-        *,
-        target: bool = True,
-        message_ids: MessageIds = (),
-        wait: bool,
-    ) -> Ack | None: ...
-
     def append_idempotent(
         self,
         records: Records,
