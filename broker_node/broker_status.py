@@ -9,6 +9,7 @@ Read at request time from the broker's parts; nothing is kept here.  ``jetstream
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from broker_node.coordination.base import Coordinator
@@ -21,47 +22,38 @@ from broker_node.runtime import Runtime
 from pyspark_jetstream.protocol.flight import StreamInfo
 
 
+@dataclass(eq=False, repr=False)
 class BrokerStatus:
     """A broker's status and health, read from its parts (any thread)."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        manager: ReplicaManager,
-        coordinator: Coordinator,
-        *,
-        list_streams: Callable[[], list[StreamInfo]],
-        reachability: Reachability | None = None,
-    ) -> None:
-        self._runtime = runtime
-        self._manager = manager
-        self._coordinator = coordinator
-        self._list_streams = list_streams
-        self._reachability = reachability
-        self.mirrors: MirrorService | None = None
-        """The mirror actions, whose copies and problems are reported too (set by the wiring)."""
+    runtime: Runtime
+    manager: ReplicaManager
+    coordinator: Coordinator
+    _: KW_ONLY
+    list_streams: Callable[[], list[StreamInfo]]
+    reachability: Reachability | None = None
+    mirrors: MirrorService | None = field(default=None, init=False)
+    """The mirror actions, whose copies and problems are reported too (set by the wiring)."""
 
     def status(self) -> dict[str, Any]:
         """Identity, health, streams, the partitions held here, and cursors with their lag."""
         return {
-            "broker_id": self._runtime.broker_id,
-            "flight": self._runtime.flight_address,
-            "nats": self._runtime.advertised_nats,
-            "controller": self._coordinator.controller(),
-            "event_loop": self._runtime.event_loop,
+            "broker_id": self.runtime.broker_id,
+            "flight": self.runtime.flight_address,
+            "nats": self.runtime.advertised_nats,
+            "controller": self.coordinator.controller(),
+            "event_loop": self.runtime.event_loop,
             "health": self.health(),
-            "reachability": (
-                [p.to_json() for p in self._reachability.results()] if self._reachability else []
-            ),
-            "streams": [info.to_json() for info in self._list_streams()],
-            "partitions": [self._partition_status(p) for p in self._manager.held()],
+            "reachability": ([p.to_json() for p in self.reachability.results()] if self.reachability else []),
+            "streams": [info.to_json() for info in self.list_streams()],
+            "partitions": [self._partition_status(p) for p in self.manager.held()],
             "cursors": self._cursors(),
             "mirrors": self.mirrors.local_statuses() if self.mirrors is not None else [],
         }
 
     def _partition_status(self, partition: Partition) -> dict[str, Any]:
         log = partition.log
-        fetcher = self._manager.fetchers().get((partition.stream, partition.number))
+        fetcher = self.manager.fetchers().get((partition.stream, partition.number))
         return {
             "stream": partition.stream,
             "partition": partition.number,
@@ -79,7 +71,7 @@ class BrokerStatus:
         }
 
     def _cursors(self) -> list[dict[str, Any]]:
-        manager = self._manager
+        manager = self.manager
         holder = manager.get(CURSOR_STREAM, 0)
         if holder is None or holder.role is not Role.LEADER or holder.cursors is None:
             return []
@@ -110,35 +102,35 @@ class BrokerStatus:
         not know.
         """
         problems = []
-        if self._runtime.nats is not None and not self._runtime.nats.running:
+        if self.runtime.nats is not None and not self.runtime.nats.running:
             problems.append("the embedded nats-server is not running (restarting it)")
-        if self._runtime.ingestor is None or not self._runtime.ingestor.connected:
+        if self.runtime.ingestor is None or not self.runtime.ingestor.connected:
             problems.append(
-                f"not connected to NATS at {', '.join(self._runtime.nats_urls)}: nothing is ingested"
+                f"not connected to NATS at {', '.join(self.runtime.nats_urls)}: nothing is ingested"
             )
-        lease = getattr(self._coordinator, "lease_valid", None)
-        waiting = getattr(self._coordinator, "waiting", None)
+        lease = getattr(self.coordinator, "lease_valid", None)
+        waiting = getattr(self.coordinator, "waiting", None)
         if waiting:
             problems.append(waiting)
         elif callable(lease) and not lease():
-            problems.append(f"out of touch with {self._coordinator.describe()}: not leading anything")
-        if self._reachability is not None:
-            problems += self._reachability.problems()
-        offline = {**self._manager.offline, **self._runtime.ingest_failures()}
+            problems.append(f"out of touch with {self.coordinator.describe()}: not leading anything")
+        if self.reachability is not None:
+            problems += self.reachability.problems()
+        offline = {**self.manager.offline, **self.runtime.ingest_failures()}
         for (stream, number), reason in sorted(offline.items()):
             problems.append(f"{stream}/{number}: {reason}")
-        for key, fetcher in sorted(self._manager.fetchers().items()):
+        for key, fetcher in sorted(self.manager.fetchers().items()):
             if fetcher.last_error:
                 problems.append(
                     f"{key[0]}/{key[1]}: cannot fetch from leader {fetcher.leader}: {fetcher.last_error}"
                 )
         if self.mirrors is not None:
             problems += self.mirrors.problems()
-        for partition in self._manager.held():
+        for partition in self.manager.held():
             for damaged in partition.log.damaged:
                 problems.append(
                     f"{partition.stream}/{partition.number}: offsets {damaged.first_offset} to "
                     f"{damaged.last_offset} are damaged ({damaged.detail})"
                 )
-        problems += [f"{directory}: {reason}" for directory, reason in sorted(self._manager.strays.items())]
+        problems += [f"{directory}: {reason}" for directory, reason in sorted(self.manager.strays.items())]
         return {"ok": not problems, "problems": problems}

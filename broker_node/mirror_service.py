@@ -52,33 +52,21 @@ MAX_HOPS = 8
 PEER_TIMEOUT = 10.0
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class MirrorService:
     """Mirror actions, built from the broker's parts (see the module docstring)."""
 
-    def __init__(
-        self,
-        broker_id: str,
-        manager: ReplicaManager,
-        coordinator: Coordinator,
-        mirrors: Mirrors,
-        connector: Callable[[MirrorSource], Connect],
-        *,
-        create_stream: Callable[[StreamConfig], StreamInfo],
-        controller: Callable[[str, dict[str, Any]], object],
-        describe: Callable[[str], StreamInfo],
-        write_cursor_here: Callable[[str, str, int, int | None], None],
-        wait_for_sync: Callable[[], None],
-    ) -> None:
-        self._broker_id = broker_id
-        self._manager = manager
-        self._coordinator = coordinator
-        self._mirrors = mirrors
-        self._connector = connector
-        self._create_stream = create_stream
-        self._controller = controller
-        self._describe = describe
-        self._write_cursor_here = write_cursor_here
-        self._wait_for_sync = wait_for_sync
+    broker_id: str
+    manager: ReplicaManager
+    coordinator: Coordinator
+    mirrors: Mirrors
+    connector: Callable[[MirrorSource], Connect]
+    _: dataclasses.KW_ONLY
+    create_stream: Callable[[StreamConfig], StreamInfo]
+    controller: Callable[[str, dict[str, Any]], object]
+    describe: Callable[[str], StreamInfo]
+    write_cursor_here: Callable[[str, str, int, int | None], None]
+    wait_for_sync: Callable[[], None]
 
     # ---- create and promote -------------------------------------------------------------------
 
@@ -106,17 +94,17 @@ class MirrorService:
             mirror=source,
         )
         logger.info("creating stream %s as a mirror of %s", request.name, source.where())
-        return self._create_stream(mirror_config)
+        return self.create_stream(mirror_config)
 
     def _source_config(self, request: MirrorRequest) -> StreamConfig:
         """The source stream's config, once no mirror on the way back to it leads to ``request``'s
         stream in this cluster (a loop)."""
-        own = {b.flight_address for b in self._coordinator.brokers()}
+        own = {b.flight_address for b in self.coordinator.brokers()}
         servers, stream = request.source.servers, request.source.stream
         path = [f"{request.name!r} here"]
         first: StreamConfig | None = None
         for hop in range(MAX_HOPS):
-            cluster = SourceCluster(servers, self._connector(request.source))
+            cluster = SourceCluster(servers, self.connector(request.source))
             try:
                 metadata = cluster.metadata()
                 here = bool(own & set(brokers_of(metadata)))
@@ -143,40 +131,40 @@ class MirrorService:
 
     def promote(self, name: str) -> StreamInfo:
         """Promote mirror ``name``: it stops copying for good and takes publishes from its end offset."""
-        self._controller("promote_mirror", {"name": name})
-        refresh = getattr(self._coordinator, "refresh", None)
+        self.controller("promote_mirror", {"name": name})
+        refresh = getattr(self.coordinator, "refresh", None)
         if callable(refresh):
             refresh()  # the controller may be another broker: read what it wrote
-        self._wait_for_sync()
-        return self._describe(name)
+        self.wait_for_sync()
+        return self.describe(name)
 
     def follow_schema(self, name: str, source: StreamConfig) -> None:
         """Give mirror ``name`` the source's schema versions it lacks (a copier found values that its
         schema does not take)."""
         if source.schema is None:
             return
-        mine = self._coordinator.get_stream(name).config.schema
+        mine = self.coordinator.get_stream(name).config.schema
         have = mine.version if mine is not None else 0
         for version in source.schema.versions[have:]:
             document = {"format": source.schema.format, "fields": schema_to_json(version)}
-            self._controller("update_schema", {"name": name, "schema": document})
-        self._wait_for_sync()
+            self.controller("update_schema", {"name": name, "schema": document})
+        self.wait_for_sync()
 
     # ---- status -------------------------------------------------------------------------------
 
     def status(self, name: str, *, local: bool) -> list[dict[str, Any]]:
         """How each partition of mirror ``name`` stands (``local``: only those led here)."""
-        metadata = self._coordinator.get_stream(name)  # raises UnknownStreamError
+        metadata = self.coordinator.get_stream(name)  # raises UnknownStreamError
         mirror = metadata.config.mirror
         if mirror is None:
             raise InvalidArgumentError(f"stream {name!r} is not a mirror")
-        found = {s.partition: s for s in self._mirrors.statuses() if s.stream == name}
+        found = {s.partition: s for s in self.mirrors.statuses() if s.stream == name}
         if local:
             return [s.to_json() for _, s in sorted(found.items())]
         asked: set[str] = set()
         for state in metadata.partitions:
             leader = state.leader
-            if not leader or leader == self._broker_id or leader in asked:
+            if not leader or leader == self.broker_id or leader in asked:
                 continue
             asked.add(leader)
             for answer in self._ask_peer(leader, name):
@@ -193,24 +181,24 @@ class MirrorService:
 
     def local_statuses(self) -> list[dict[str, Any]]:
         """Every mirrored partition led here (for the broker's status and metrics)."""
-        return [s.to_json() for s in self._mirrors.statuses()]
+        return [s.to_json() for s in self.mirrors.statuses()]
 
     def problems(self) -> list[str]:
         """Copies stopped by a mismatch, one line each (a source out of reach is no problem of this
         broker's: its status shows it)."""
         return [
             f"{s.stream}/{s.partition}: mirror stopped: {s.last_error}"
-            for s in self._mirrors.statuses()
+            for s in self.mirrors.statuses()
             if s.state == "stopped"
         ]
 
     def _ask_peer(self, broker_id: str, name: str) -> list[MirrorStatus]:
-        address = self._manager.peer_address_of(broker_id)
+        address = self.manager.peer_address_of(broker_id)
         if address is None:
             return []
         try:
             answer = _peer_action(
-                self._manager.connect_peer(address), ActionType.MIRROR_STATUS, {"name": name, "local": True}
+                self.manager.connect_peer(address), ActionType.MIRROR_STATUS, {"name": name, "local": True}
             )
         except JetStreamError as exc:
             logger.info("no mirror status from %s: %s", broker_id, exc)
@@ -223,7 +211,7 @@ class MirrorService:
         """Store a cursor copied from a source (``None``: delete it), here or on the cursor
         stream's leader."""
         try:
-            self._write_cursor_here(consumer, stream, partition, offset)
+            self.write_cursor_here(consumer, stream, partition, offset)
             return
         except NotLeaderError as exc:
             address = exc.fields.get("leader_address")
@@ -231,10 +219,10 @@ class MirrorService:
                 raise
         body = {"consumer": consumer, "stream": stream, "partition": partition}
         if offset is None:
-            _peer_action(self._manager.connect_peer(address), ActionType.DELETE_CURSOR, body)
+            _peer_action(self.manager.connect_peer(address), ActionType.DELETE_CURSOR, body)
         else:
             _peer_action(
-                self._manager.connect_peer(address), ActionType.SET_CURSOR, {**body, "offset": offset}
+                self.manager.connect_peer(address), ActionType.SET_CURSOR, {**body, "offset": offset}
             )
 
 
