@@ -176,10 +176,12 @@ def test_a_slow_consumer_misses_deliveries_and_reads_them_over_flight(broker, ca
 
     asyncio.run(seeded())
     got, tail = asyncio.run(main())
-    assert got == list(range(total))
+    missing = sorted(set(range(total)) - set(got))[:10]
+    assert got == list(range(total)), f"{len(got)} offsets for {total}; missing {missing}; {tail.stats}"
     assert tail.stats.gaps > 0, tail.stats  # NATS really dropped deliveries
     # One drop is one NATS error: they are summed up in a line every ten seconds, not a line each.
-    assert 1 <= sum("slow subscription" in r.getMessage() for r in caplog.records) <= 2
+    lines = [r.getMessage() for r in caplog.records if "slow subscription" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines
     assert tail.stats.live_batches > 0, tail.stats
 
 
