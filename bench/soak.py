@@ -3,13 +3,16 @@
 Starts ZooKeeper, one nats-server and three brokers (``LocalCluster``), then:
 
 1. measures the RF=3 pipelined publish rate of the producer the load uses
-   (an idempotent producer id, ``ALL`` acks, at most 4,000 acks pending) on a
-   stream of its own.  Not ``bench/cluster_bench.py``'s first row (no
-   producer id): the broker batches plain messages per loop turn but stores
-   an idempotent producer's one by one, so that rate is many times this one,
-   and a load at 70% of it is an overload that only shows the machine
-   falling behind;
-2. publishes into an RF=3 stream (min ISR 2, 256 MiB retention in 16 MiB
+   (an idempotent producer id, ``ALL`` acks, at most 4,000 acks pending) twice:
+   alone, on a stream of its own (recorded), then on the soak stream itself with
+   the live tail and the Spark query below reading it, the first
+   ``--peak-messages`` of the run.  The load is a share of the second: on two
+   cores the readers take a third of the machine, and 70% of a peak measured
+   without them is a load the cluster serves only with seconds of queueing.
+   Not ``bench/cluster_bench.py``'s first row (no producer id): the broker
+   batches plain messages per loop turn but stores an idempotent producer's one
+   by one, so that rate is many times this one;
+2. then publishes into that RF=3 stream (min ISR 2, 256 MiB retention in 16 MiB
    segments, so its log stops growing within the warm-up) at ``--load`` of
    that rate (:data:`LOAD`),
    each value unique, with an idempotent producer id and retries, every ack
@@ -98,7 +101,12 @@ class Run:
     """What a soak run saw."""
 
     peak_rate: float
+    """Measured on the soak stream with its readers reading (the load is a share of it)."""
+    peak_rate_alone: float
+    """Measured on a stream of its own, nothing reading."""
     target_rate: float
+    acked_before: int = 0
+    """Acknowledged before the first sample (the peak's measurement on the soak stream)."""
     samples: list[Sample] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     """Publish failures by kind ("first ...": a pipelined publish's; the others: its retries')."""
@@ -124,11 +132,16 @@ class Load:
     At tens of thousands of messages a second an hour holds tens of millions: what is kept per
     message is one byte (acknowledged or not), not the value (the fault matrix's ``History``)."""
 
-    def __init__(self, cluster: LocalCluster, rate: float) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
-        self.rate = rate
+        self.rate: float | None = None
+        """Messages a second once :meth:`pace` is called; until then as fast as 4,000 acks
+        pending allow (the peak)."""
+        self._paced_from = (0.0, 0)
         self.acked = bytearray()
         """1 at each sequence whose publish was acknowledged."""
+        self.acked_count = 0
+        self.started = 0.0
         self.sent = 0
         self.errors: dict[str, int] = {}
         self.latencies: list[float] = []
@@ -151,6 +164,14 @@ class Load:
             nats_urls=cluster.nats_url, broker=",".join(cluster.flights), timeout=10, max_pending=4000
         )
         self._tasks = [asyncio.ensure_future(self._produce()), asyncio.ensure_future(self._tail())]
+
+    def pace(self, rate: float) -> None:
+        """Publish at ``rate`` from now on (called from another thread)."""
+
+        def paced() -> None:
+            self.rate, self._paced_from = rate, (time.perf_counter(), self.sent)
+
+        self._loop.call_soon_threadsafe(paced)
 
     def window(self) -> list[float]:
         """The tail's latencies (ms) since the last call."""
@@ -181,11 +202,15 @@ class Load:
         """Values stamped with their send time, at :attr:`rate`, ``ALL`` acks, pipelined (at most
         4,000 acks pending, as ``cluster_bench``'s peak); one that fails is published again, awaited."""
         assert self.client is not None
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         pending: dict[asyncio.Future[Ack], int] = {}
         retries: set[asyncio.Future[None]] = set()
         while not self._stop.is_set() or pending:
-            due = int((time.perf_counter() - started) * self.rate)
+            if self.rate is None:
+                due = self.sent + 4000
+            else:
+                since, sent = self._paced_from
+                due = sent + int((time.perf_counter() - since) * self.rate)
             while not self._stop.is_set() and self.sent < due and len(pending) < 4000:
                 self.acked.append(0)
                 future = await self.client.publish_async(
@@ -202,7 +227,7 @@ class Load:
                 sequence = pending.pop(future)
                 error = future.exception()
                 if error is None:
-                    self.acked[sequence] = 1
+                    self._ack(sequence)
                 else:
                     name = f"first {type(error).__name__}"
                     self.errors[name] = self.errors.get(name, 0) + 1
@@ -229,8 +254,22 @@ class Load:
                     return
                 await asyncio.sleep(0.1)
                 continue
-            self.acked[sequence] = 1
+            self._ack(sequence)
             return
+
+    def _ack(self, sequence: int) -> None:
+        self.acked[sequence] = 1
+        self.acked_count += 1
+
+    def measure_peak(self, messages: int, timeout: float = 600) -> float:
+        """The acknowledged rate (messages/s) over the first ``messages``, unpaced (called from
+        another thread while the load runs unpaced)."""
+        deadline = time.monotonic() + timeout
+        while self.acked_count < messages:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.acked_count} of {messages} acknowledged in {timeout:g} s")
+            time.sleep(0.01)
+        return self.acked_count / (time.perf_counter() - self.started)
 
     async def _tail(self) -> None:
         assert self.client is not None
@@ -344,8 +383,8 @@ def peak_rate(cluster: LocalCluster, messages: int) -> float:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for each in done:
                         each.result()  # a failure here is a failed measurement
-            for each in await asyncio.gather(*pending):
-                assert each.ok, each
+            for ack in await asyncio.gather(*pending):
+                assert ack.ok, ack
             return messages / (time.perf_counter() - start)
         finally:
             await client.close()
@@ -424,11 +463,10 @@ def soak(
     from pyspark_jetstream.spark.delta import delta_session
 
     with LocalCluster(3, base_dir=base / "cluster") as cluster:
-        peak = peak_rate(cluster, peak_messages)
-        run = Run(peak, load_share * peak)
-        print(f"soak: peak {peak:.0f} msg/s (RF=3, pipelined); load {run.target_rate:.0f} msg/s", flush=True)
+        alone = peak_rate(cluster, peak_messages)
+        print(f"soak: peak alone {alone:.0f} msg/s (RF=3, pipelined, nothing reading)", flush=True)
         admin = asyncio.run(_create(cluster))
-        load = Load(cluster, run.target_rate)
+        load = Load(cluster)
         spark = delta_session("pyspark-jetstream-soak", **{"spark.sql.shuffle.partitions": "2"})
         query = (
             spark.readStream.format("jetstream")
@@ -442,6 +480,16 @@ def soak(
             .start()
         )
         load.start()  # once Spark's JVM is up: its start would weigh on the first samples
+        peak = load.measure_peak(peak_messages)
+        run = Run(peak, alone, load_share * peak)
+        load.pace(run.target_rate)
+        print(
+            f"soak: peak {peak:.0f} msg/s with the tail and the query reading; "
+            f"load {run.target_rate:.0f} msg/s",
+            flush=True,
+        )
+        load.window()  # the peak's latencies are not the load's
+        run.acked_before = load.acked_count
         started = time.monotonic()
         try:
             for k in range(1, int(hours * 3600 / every) + 1):
@@ -463,7 +511,7 @@ def soak(
             spark.stop()
             load.close()
     if run.samples:
-        reached = run.samples[-1].acked / run.samples[-1].at
+        reached = (run.samples[-1].acked - run.acked_before) / run.samples[-1].at
         print(
             f"soak: acknowledged {reached:.0f} msg/s on average of the {run.target_rate:.0f} asked",
             flush=True,
@@ -510,7 +558,7 @@ def _sample(cluster: LocalCluster, load: Load, query: object, at: float, admin: 
     latencies = load.window()
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 100 else None
     brokers = {b.broker_id: proc_figures(b.process.pid) for b in cluster.brokers if b.process is not None}
-    return Sample(at, brokers, p99, query_lag(query, _high_watermark(admin)), sum(load.acked))
+    return Sample(at, brokers, p99, query_lag(query, _high_watermark(admin)), load.acked_count)
 
 
 def _drain(load: Load, query: object, admin: dict[str, str], timeout: float = 120) -> list[str]:
