@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Protocol
 
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.errors import ErrorCode, JetStreamError
@@ -45,10 +45,8 @@ class IngestPartition(Protocol):
     def max_batch_bytes(self) -> int: ...
     @property
     def appends_sync(self) -> bool: ...
-    @overload
-    def append(self, records: Any, *, wait: Literal[True] = True, message_ids: MessageIds = ()) -> range: ...
-    @overload
-    def append(self, records: Any, *, wait: bool, message_ids: MessageIds = ()) -> range | None: ...
+    def append(self, records: Any, *, message_ids: MessageIds = ()) -> range: ...
+    def try_append(self, records: Any, *, message_ids: MessageIds = ()) -> range | None: ...
     def append_idempotent(
         self,
         records: Any,

@@ -171,7 +171,7 @@ class PartitionStore:
         holds it) is never waited for on the loop.
         """
         if size <= INLINE_BYTES and not self.partition.appends_sync:
-            offsets = self.partition.append(records, wait=False, message_ids=message_ids)
+            offsets = self.partition.try_append(records, message_ids=message_ids)
             if offsets is not None:
                 return offsets
         return await asyncio.to_thread(self.partition.append, records, message_ids=message_ids)

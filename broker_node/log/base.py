@@ -19,7 +19,7 @@ import abc
 import dataclasses
 from array import array
 from collections.abc import Callable, Iterable
-from typing import Literal, Protocol, Self, overload
+from typing import Protocol, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -229,16 +229,7 @@ class LogBase(LogReads):
 
     # ---- appending -------------------------------------------------------------
 
-    @overload
-    def append(
-        self, records: Records, *, wait: Literal[True] = True, typed: TypedValues | None = None
-    ) -> range: ...
-    @overload
-    def append(self, records: Records, *, wait: bool, typed: TypedValues | None = None) -> range | None: ...
-
-    def append(
-        self, records: Records, *, wait: bool = True, typed: TypedValues | None = None
-    ) -> range | None:
+    def append(self, records: Records, *, typed: TypedValues | None = None) -> range:
         """Append messages and return the offsets they were given.
 
         ``records`` is an Arrow ``RecordBatch`` or ``Table`` with a ``value``
@@ -252,14 +243,20 @@ class LogBase(LogReads):
         ``RecordTooLargeError`` for a message over ``max_message_bytes`` or a
         batch over ``max_batch_bytes``; the log is unchanged then.
 
-        With ``wait=False`` the call returns ``None`` at once, appending
-        nothing, if another call holds the log (a compaction, say): a caller
-        on an event loop can then append from a worker thread instead.
-
         ``typed``: a typed stream's values parsed, one row per message, stored
         in the same frame (see :mod:`.typed_frames`); they count against
         ``max_batch_bytes`` with the rest of the frame.
         """
+        offsets = self._append(records, typed, wait=True)
+        assert offsets is not None  # a waiting append stores or raises
+        return offsets
+
+    def try_append(self, records: Records, *, typed: TypedValues | None = None) -> range | None:
+        """:meth:`append`, or ``None`` at once, appending nothing, if another call holds the log
+        (a compaction, say): a caller on an event loop then appends from a worker thread."""
+        return self._append(records, typed, wait=False)
+
+    def _append(self, records: Records, typed: TypedValues | None, *, wait: bool) -> range | None:
         if typed is None and (one := _one_plain(records)) is not None:
             return self._append_one(one, wait)
         inputs = to_input_columns(records, self.config.max_message_bytes)

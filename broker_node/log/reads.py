@@ -17,7 +17,7 @@ import bisect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Literal, NamedTuple, Protocol, overload
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -336,36 +336,29 @@ class LogReads(abc.ABC):
             partial=partial,
         )
 
-    @overload
     def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: Literal[True] = True,
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def read_frames(
-        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
-    ) -> list[ReplicaFrame] | None: ...
-
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: bool = True,
-    ) -> list[ReplicaFrame] | None:
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None
+    ) -> list[ReplicaFrame]:
         """Stored batches from ``start_offset`` on, byte for byte as stored, for a replica.
 
         Bounds and errors as :meth:`read` (a batch cut by the range is sliced
         and encoded afresh); ``max_bytes`` counts stored bytes.  Each frame's
-        bytes are what :meth:`append_replicated` takes.  With ``wait=False``,
-        ``None`` if another thread holds the log (an event loop's caller reads
-        in a thread then).
+        bytes are what :meth:`append_replicated` takes.
         """
+        frames = self._read_frames(start_offset, max_bytes, upper_bound, wait=True)
+        assert frames is not None  # a waiting read reads or raises
+        return frames
+
+    def try_read_frames(
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None
+    ) -> list[ReplicaFrame] | None:
+        """:meth:`read_frames`, or ``None`` at once if another thread holds the log (an event
+        loop's caller reads in a thread then)."""
+        return self._read_frames(start_offset, max_bytes, upper_bound, wait=False)
+
+    def _read_frames(
+        self, start_offset: int, max_bytes: int | None, upper_bound: int | None, *, wait: bool
+    ) -> list[ReplicaFrame] | None:
         check_offset("start_offset", start_offset)
         if not self._lock.acquire(blocking=wait):
             return None

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol, overload
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -98,18 +98,12 @@ class LogStore(Protocol):
 
     # ---- writing ---------------------------------------------------------------
 
-    @overload
-    def append(
-        self, records: Records, *, wait: Literal[True] = True, typed: TypedValues | None = None
-    ) -> range: ...
-    @overload
-    def append(self, records: Records, *, wait: bool, typed: TypedValues | None = None) -> range | None: ...
-    def append(
-        self, records: Records, *, wait: bool = True, typed: TypedValues | None = None
-    ) -> range | None:
-        """Append messages as one batch in the current epoch; the offsets they got (``None``:
-        ``wait=False`` and the log was busy, nothing appended).  ``typed``: the batch's values
-        parsed, stored in its frame (see :mod:`.typed_frames`)."""
+    def append(self, records: Records, *, typed: TypedValues | None = None) -> range:
+        """Append messages as one batch in the current epoch; the offsets they got.  ``typed``:
+        the batch's values parsed, stored in its frame (see :mod:`.typed_frames`)."""
+
+    def try_append(self, records: Records, *, typed: TypedValues | None = None) -> range | None:
+        """:meth:`append`, or ``None`` at once (nothing appended) if the log is busy."""
 
     def append_replicated(self, frames: Iterable[pa.Buffer | pa.RecordBatch]) -> range:
         """Append a leader's stored frames (or batches), keeping its offsets, timestamps and epochs."""
@@ -143,29 +137,16 @@ class LogStore(Protocol):
     ) -> list[TypedRead]:
         """:meth:`read`, each batch with the typed columns stored with its rows (or ``None``)."""
 
-    @overload
     def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: Literal[True] = True,
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def read_frames(
-        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None, wait: bool
-    ) -> list[ReplicaFrame] | None: ...
-    def read_frames(
-        self,
-        start_offset: int,
-        *,
-        max_bytes: int | None = None,
-        upper_bound: int | None = None,
-        wait: bool = True,
-    ) -> list[ReplicaFrame] | None:
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None
+    ) -> list[ReplicaFrame]:
         """Stored frames from ``start_offset`` on, byte for byte, for a replica's
         :meth:`append_replicated`; bounds as :meth:`read`."""
+
+    def try_read_frames(
+        self, start_offset: int, *, max_bytes: int | None = None, upper_bound: int | None = None
+    ) -> list[ReplicaFrame] | None:
+        """:meth:`read_frames`, or ``None`` at once if the log is busy."""
 
     def scan(
         self,

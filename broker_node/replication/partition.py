@@ -37,7 +37,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal, overload
 
 import pyarrow as pa
 
@@ -259,18 +258,10 @@ class Partition:
 
     # ---- leader: appends and commits ----------------------------------------------------
 
-    @overload
-    def append(
-        self, records: Records, *, wait: Literal[True] = True, message_ids: MessageIds = ()
-    ) -> range: ...
-    @overload
-    def append(self, records: Records, *, wait: bool, message_ids: MessageIds = ()) -> range | None: ...
-
-    def append(self, records: Records, *, wait: bool = True, message_ids: MessageIds = ()) -> range | None:
+    def append(self, records: Records, *, message_ids: MessageIds = ()) -> range:
         """Append as leader; return the offsets.  ``NotLeaderError`` if this broker may not lead.
 
-        With ``wait=False``, ``None`` (nothing appended) if the log is busy
-        (see :meth:`Log.append`).  ``message_ids``: the ids the records carry,
+        ``message_ids``: the ids the records carry,
         ``(id, index of the record)`` in record order, remembered with the
         append (see :mod:`.message_ids`).
 
@@ -282,6 +273,16 @@ class Partition:
         is checked instead of parsed, and its values are the JSON text of its
         rows; ``InvalidArgumentError`` names the field that does not match.
         """
+        offsets = self._append(records, message_ids, wait=True)
+        assert offsets is not None  # a waiting append stores or raises
+        return offsets
+
+    def try_append(self, records: Records, *, message_ids: MessageIds = ()) -> range | None:
+        """:meth:`append`, or ``None`` (nothing appended) at once if the log is busy (see
+        :meth:`Log.try_append`)."""
+        return self._append(records, message_ids, wait=False)
+
+    def _append(self, records: Records, message_ids: MessageIds, *, wait: bool) -> range | None:
         self._refuse_if_mirror()
         records, typed = typed_input(records, self.config.schema, stream=self.stream, partition=self.number)
         if not self._role_lock.acquire(blocking=wait):
@@ -289,7 +290,8 @@ class Partition:
         try:
             with self._lock:
                 self._check_leader()
-            offsets = self.log.append(records, wait=wait, typed=typed)
+            append = self.log.append if wait else self.log.try_append
+            offsets = append(records, typed=typed)
             if offsets is not None:
                 self.messages_in += len(offsets)
                 if message_ids:
@@ -328,7 +330,7 @@ class Partition:
         try:
             check = self.producers.check(producer_id, epoch, sequence, target=target)
             if check.verdict is Verdict.STORE:
-                offsets = self.append(records, wait=wait, message_ids=message_ids)
+                offsets = self._append(records, message_ids, wait=wait)
                 if offsets is None:
                     return None
                 self.producers.record(producer_id, epoch, sequence, offsets.start, offsets[-1])
@@ -465,19 +467,14 @@ class Partition:
         it); return what stops it."""
         return self._grew.add(listener)
 
-    @overload
-    def committed_frames(
-        self, offset: int, max_bytes: int, *, wait: Literal[True] = True
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def committed_frames(self, offset: int, max_bytes: int, *, wait: bool) -> list[ReplicaFrame] | None: ...
-
-    def committed_frames(
-        self, offset: int, max_bytes: int, *, wait: bool = True
-    ) -> list[ReplicaFrame] | None:
+    def committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame]:
         """Stored batches from ``offset`` up to the high watermark, byte for byte (see
-        ``Log.read_frames``); with ``wait=False``, ``None`` if the log is busy."""
-        return self.log.read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark, wait=wait)
+        ``Log.read_frames``)."""
+        return self.log.read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark)
+
+    def try_committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame] | None:
+        """:meth:`committed_frames`, or ``None`` at once if the log is busy."""
+        return self.log.try_read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark)
 
     def maintain(self) -> None:
         """Apply retention, key compaction if the stream has it, check some unread data, and

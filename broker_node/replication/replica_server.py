@@ -341,7 +341,7 @@ class _Session(asyncio.Protocol):
             partition = self._led()
             log = partition.log
             while not self._paused and self.sent < log.log_end_offset:
-                frames = log.read_frames(self.sent, max_bytes=self.max_bytes, wait=False)
+                frames = log.try_read_frames(self.sent, max_bytes=self.max_bytes)
                 if frames is None:  # the log is busy (a compaction, a roll): read in a thread
                     self._read_in_thread(partition)
                     return

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol, overload
+from typing import Protocol
 
 from nats.aio.client import Client as NatsClient
 
@@ -58,12 +58,8 @@ class TailPartition(Protocol):
     @property
     def leader_epoch(self) -> int: ...
     def on_commit(self, listener: Callable[[], None]) -> Callable[[], None]: ...
-    @overload
-    def committed_frames(
-        self, offset: int, max_bytes: int, *, wait: Literal[True] = True
-    ) -> list[ReplicaFrame]: ...
-    @overload
-    def committed_frames(self, offset: int, max_bytes: int, *, wait: bool) -> list[ReplicaFrame] | None: ...
+    def committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame]: ...
+    def try_committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame] | None: ...
 
 
 class TailPublisher:
@@ -117,7 +113,7 @@ class TailPublisher:
         budget = min(max(nc.max_payload - HEADER_BYTES, 1), MAX_DELIVERY_BYTES)
         while self.next_offset < (hw := partition.high_watermark):
             try:
-                frames = partition.committed_frames(self.next_offset, READ_BYTES, wait=False)
+                frames = partition.try_committed_frames(self.next_offset, READ_BYTES)
                 if frames is None:  # the log is busy (an append, a compaction): not on the loop
                     frames = await asyncio.to_thread(partition.committed_frames, self.next_offset, READ_BYTES)
             except OffsetOutOfRangeError as exc:

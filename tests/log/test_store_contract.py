@@ -241,6 +241,31 @@ def test_a_waiter_for_the_end_sees_an_append_and_a_close(new_log):
     assert log.wait_for_end(5, 30) is False  # at once: closed
 
 
+def test_a_busy_log_answers_a_try_at_once_appending_and_reading_nothing(new_log):
+    log = new_log()
+    log.append(values(1))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with log._lock:  # type: ignore[attr-defined]  # as a compaction holds it
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        assert log.try_append(values(1)) is None
+        assert log.try_append(values(3)) is None  # the batch path as well as the one-message one
+        assert log.try_read_frames(0) is None
+        assert log.log_end_offset == 1
+    finally:
+        release.set()
+        holder.join(10)
+    assert log.try_append(values(1)) == range(1, 2)
+    assert [f.base_offset for f in log.try_read_frames(0) or []] == [0, 1]
+
+
 def test_a_closed_log_refuses_work_and_closes_twice(new_log):
     log = new_log()
     log.append(values(1))

@@ -47,7 +47,7 @@ def test_two_damaged_batches_of_one_segment_are_repaired_together(tmp_path):
 
     def leader_answer(start: int) -> pa.Table:
         asked.append(start)
-        frames = leader.read_frames(start, max_bytes=8 * 1024 * 1024, wait=False)
+        frames = leader.try_read_frames(start, max_bytes=8 * 1024 * 1024)
         stored = [f.data.to_pybytes() for f in frames or []]
         return pa.table({"frame": pa.array(stored, pa.large_binary())})
 
