@@ -421,9 +421,7 @@ class Partition:
         this broker does not lead in that epoch any more."""
         with self._role_lock:
             with self._lock:
-                self._check_leader()
-                if self.state.leader_epoch != leader_epoch:
-                    raise self._not_leader()
+                self._check_leader(leader_epoch)
             offsets = self.log.append_replicated(frames)
             with self._lock:
                 self.tables.learn_batches(batches)
@@ -437,9 +435,7 @@ class Partition:
         """Start this mirror's log over empty at ``offset`` (the source deleted everything before
         it), as its leader in ``leader_epoch``; ``NotLeaderError`` as for :meth:`append_mirrored`."""
         with self._role_lock, self._lock:
-            self._check_leader()
-            if self.state.leader_epoch != leader_epoch:
-                raise self._not_leader()
+            self._check_leader(leader_epoch)
             self._log.warning("mirror starting over at offset %d (the source's log start)", offset)
             self.tables.forget_snapshot()
             self.log.reset_to(offset)
@@ -468,8 +464,7 @@ class Partition:
         return self._grew.add(listener)
 
     def committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame]:
-        """Stored batches from ``offset`` up to the high watermark, byte for byte (see
-        ``Log.read_frames``)."""
+        """Stored batches from ``offset`` to the high watermark, byte for byte (``Log.read_frames``)."""
         return self.log.read_frames(offset, max_bytes=max_bytes, upper_bound=self.high_watermark)
 
     def try_committed_frames(self, offset: int, max_bytes: int) -> list[ReplicaFrame] | None:
@@ -532,8 +527,9 @@ class Partition:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _check_leader(self) -> None:
-        if self.role is not Role.LEADER:
+    def _check_leader(self, leader_epoch: int | None = None) -> None:
+        """``NotLeaderError`` unless this broker leads (in ``leader_epoch``, if given)."""
+        if self.role is not Role.LEADER or leader_epoch not in (None, self.state.leader_epoch):
             raise self._not_leader()
         if self._fenced or not self._lease():
             raise NotLeaderError(

@@ -244,3 +244,20 @@ def test_an_idempotent_append_that_may_not_wait_stores_nothing_while_another_app
     assert ack is not None and ack.ok and (ack.first_offset, ack.last_offset) == (1, 1)
     again = leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False)
     assert again is not None and again.error is ErrorCode.DUPLICATE and again.last_offset == 1
+
+
+def test_a_mirror_leader_copies_only_in_the_epoch_it_was_asked_for(open_partition):
+    """The mirror copier appends as leader in an epoch it read when it started: after a newer epoch
+    (this broker led again, or another did in between) its copies and resets are refused."""
+    source = MemoryLog()
+    source.assign_leader_epoch(2)
+    source.append(values(2))
+    frames = [f.data for f in source.read_frames(0)]
+    batches = source.read(0)
+    leader = leading(open_partition, epoch=2)
+    with pytest.raises(NotLeaderError):
+        leader.append_mirrored(frames, batches, leader_epoch=1)
+    with pytest.raises(NotLeaderError):
+        leader.reset_mirror(5, leader_epoch=1)
+    assert leader.log.log_end_offset == 0
+    assert leader.append_mirrored(frames, batches, leader_epoch=2) == range(0, 2)
