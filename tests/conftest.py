@@ -31,19 +31,53 @@ settings.load_profile("suite")
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    """Tests marked ``slow`` (whole modules of a minute or more) run first: with ``make test``'s
-    workers (pytest-xdist) the long ones start at once instead of ending the run alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Tests marked ``slow`` run first, the longest (``slow(seconds=...)``, a minute if unsaid)
+    first of all: with ``make test``'s workers (pytest-xdist) the long ones start at once
+    instead of ending the run alone."""
+
+    def cost(item: pytest.Item) -> float:
+        slow = item.get_closest_marker("slow")
+        return 0.0 if slow is None else float(slow.kwargs.get("seconds", 60))
+
+    items.sort(key=lambda item: -cost(item))
+
+
+SPREAD = ("tests/test_benchmarks.py", "tests/test_notebooks.py", "tests/test_readme.py")
+"""Modules whose tests share nothing (each runs a script, notebook or document of its own): under
+``--dist loadscope`` each of their tests is a unit a worker takes alone, not one module of many
+minutes on one worker."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with :data:`SPREAD` split per test, and the units in the order the
+    collection sorted them (slow first), not xdist's default of the module with most tests first
+    (which started the longest modules last)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in SPREAD:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return SlowFirst(config, log)
 
 
 ROOM_SECONDS: defaultdict[str, float] = defaultdict(float)
 """Seconds of set-up, call and tear-down per room of tests/ (its first folder) in this run."""
+UNIT_SECONDS: defaultdict[str, float] = defaultdict(float)
+"""The same per unit a worker takes whole (a module, or a test of :data:`SPREAD`)."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Adds each phase's time to its room's total (under xdist the main process sees every report)."""
-    parts = report.nodeid.split("::", 1)[0].split("/")
+    path = report.nodeid.split("::", 1)[0]
+    parts = path.split("/")
     ROOM_SECONDS[parts[1] if len(parts) > 2 else "top"] += report.duration
+    UNIT_SECONDS[report.nodeid if path in SPREAD else path] += report.duration
 
 
 @pytest.hookimpl(trylast=True)
@@ -53,6 +87,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
         rooms = sorted(ROOM_SECONDS.items(), key=lambda room: -room[1])
         totals = ", ".join(f"{name} {seconds:.1f}" for name, seconds in rooms)
         terminalreporter.write_line(f"seconds per room (summed over workers): {totals}")
+        units = sorted(UNIT_SECONDS.items(), key=lambda unit: -unit[1])[:12]
+        longest = ", ".join(f"{name} {seconds:.0f}" for name, seconds in units)
+        terminalreporter.write_line(f"longest units a worker takes whole: {longest}")
 
 
 REMOTE = "JETSTREAM_TEST_SPARK_REMOTE"

@@ -25,7 +25,15 @@ def test_the_notebooks_exist():
     ]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+LONGER = {"05_delta_lake": 270, "01_quickstart": 70, "02_exactly_once_pipeline": 60}
+"""Seconds a notebook took in a clean-clone run, where it was a minute or more: the longest start first."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow(seconds=LONGER.get(p.stem, 50))) for p in NOTEBOOKS],
+    ids=lambda p: p.stem,
+)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.delenv("JETSTREAM_NATS", raising=False)  # each starts its own broker
     notebook = nbformat.read(path, as_version=4)

@@ -21,7 +21,7 @@ from ..broker.harness import wait_until
 from ..broker.mirror_harness import COPIED_COLUMNS, wait_caught_up
 from .conftest import FAST
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=120)
 _names = itertools.count()
 
 

@@ -38,7 +38,7 @@ from ..conftest import REGISTER, REMOTE
 from ..test_packaging import build_wheel
 from .connect_server import client_env, connect_server, failure_lines, pip_install, worker_env
 
-pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+pytestmark = pytest.mark.slow(seconds=210)  # the longest start first (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MARKED = ("tests/spark/test_source.py", "tests/spark/test_sink.py", "tests/spark/test_errors.py")

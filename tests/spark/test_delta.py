@@ -27,7 +27,7 @@ from . import delta_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # started first when the suite runs in parallel (tests/conftest.py)
+pytestmark = pytest.mark.slow(seconds=420)  # the longest start first (tests/conftest.py)
 
 
 def publish_orders(client, stream: str, first: int, count: int, partitions: int = 2) -> None:

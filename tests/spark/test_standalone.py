@@ -18,7 +18,7 @@ import pytest
 
 from .standalone import Standalone, run_driver
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=150)
 
 FIX = "is not installed on this Spark executor"
 """What the one line says (pyspark_jetstream.spark.unpickle.missing_message)."""
