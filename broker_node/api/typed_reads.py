@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from broker_node.log import LogStore, TypedRead
 from pyspark_jetstream.protocol.flight import ReadRequest
+from pyspark_jetstream.protocol.joined_batches import joined as join_small
 from pyspark_jetstream.protocol.read_shape import filter_mask, read_schema, typed_fields
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.typed_values import as_version
@@ -30,31 +31,10 @@ JOINED_ROWS = 65_536
 
 
 def joined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """``batches`` with each run of consecutive small ones (under :data:`SMALL_ROWS` rows) joined into
-    one batch of up to :data:`JOINED_ROWS` rows; large ones as they are (joining would copy them).
-
-    A partition written a message at a time is stored a message or a few per batch, and every
-    batch sent is an IPC message the reader decodes on its own: 4,000 of them made a read of
-    4,000 messages cost a Spark micro-batch ~300 ms, most of it in the reader.
-    """
-    out: list[pa.RecordBatch] = []
-    run: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        if batch.num_rows >= SMALL_ROWS or rows + batch.num_rows > JOINED_ROWS:
-            out.extend(_one(run))
-            run, rows = [], 0
-        if batch.num_rows >= SMALL_ROWS:
-            out.append(batch)
-            continue
-        run.append(batch)
-        rows += batch.num_rows
-    out.extend(_one(run))
-    return out
-
-
-def _one(run: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    return run if len(run) <= 1 else [pa.concat_batches(run)]
+    """``batches`` with each run of small ones joined (see
+    :mod:`pyspark_jetstream.protocol.joined_batches`): 4,000 one-message batches made a read of
+    4,000 messages cost a Spark micro-batch ~300 ms, most of it in the reader."""
+    return join_small(batches, small_rows=SMALL_ROWS, most_rows=JOINED_ROWS)
 
 
 @dataclass(frozen=True, slots=True)

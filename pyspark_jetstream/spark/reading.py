@@ -26,6 +26,7 @@ from pyspark_jetstream.client.hints import listed_streams, unknown_stream
 from pyspark_jetstream.protocol.array_builders import constant_ints, constant_strings
 from pyspark_jetstream.protocol.errors import InvalidArgumentError, OffsetOutOfRangeError, UnknownStreamError
 from pyspark_jetstream.protocol.flight import ReadRequest, StartPosition, StreamInfo
+from pyspark_jetstream.protocol.joined_batches import joined
 from pyspark_jetstream.protocol.read_shape import ColumnFilter
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
@@ -44,7 +45,7 @@ READ_BYTES = 16 * 1024 * 1024
 SMALL_BATCH = 4_096
 """Rows under which a stored batch is joined with its neighbours before Spark gets it."""
 GATHERED_ROWS = 65_536
-"""Rows a batch joined from small ones holds at most (give or take the last one joined)."""
+"""Rows a batch joined from small ones holds at most (``protocol.joined_batches``)."""
 EARLIEST, LATEST = -2, -1
 
 
@@ -342,7 +343,7 @@ def read_range(
                     replicas,
                     read_pool().submit(fetch, result.next_offset, replicas),
                 )
-            for batch in _gathered(result.batches):
+            for batch in joined(result.batches, small_rows=SMALL_BATCH, most_rows=GATHERED_ROWS):
                 # After compaction (or filters) a row count can reach past the range's end offset.
                 inside = (
                     batch.filter(pc.less(batch.column(0), spec.end))
@@ -365,40 +366,6 @@ def read_range(
     finally:
         if ahead is not None:  # the task ended early: a read not started yet is not needed
             ahead[2].cancel()
-
-
-def _gathered(batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``batches`` without empty ones, consecutive small ones (under :data:`SMALL_BATCH` rows) joined
-    into batches of up to :data:`GATHERED_ROWS` rows.
-
-    A stream published message by message is stored in batches of a few
-    messages each, and every batch handed to Spark costs a conversion, a
-    hand-over to the JVM and a frame of its own: hundreds of them made a
-    micro-batch's read slow whatever its rows.  Big batches are handed on as
-    they are (joining them would only copy them).
-    """
-    run: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        if batch.num_rows >= SMALL_BATCH:
-            yield from _joined(run)
-            run, rows = [], 0
-            yield batch
-            continue
-        run.append(batch)
-        rows += batch.num_rows
-        if rows >= GATHERED_ROWS:
-            yield from _joined(run)
-            run, rows = [], 0
-    yield from _joined(run)
-
-
-def _joined(run: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    if len(run) <= 1:
-        return run
-    return pa.Table.from_batches(run, schema=run[0].schema).combine_chunks().to_batches()
 
 
 def _after_data_loss(

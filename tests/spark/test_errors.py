@@ -19,7 +19,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.options import check_option_names
 from pyspark_jetstream.spark.source import JetStreamDataSource, RefusedStreamReader
 
-from .frames import analysed, read, read_stream
+from .frames import analysed, into_memory, read, read_stream
 
 ERROR = "pyspark_jetstream.protocol.errors.InvalidArgumentError: "
 UNKNOWN_STREAM = "pyspark_jetstream.protocol.errors.UnknownStreamError: "
@@ -34,14 +34,8 @@ def last_error_line(exc: BaseException) -> str:
 
 def run_stream(spark, deployment, tmp_path, **options) -> None:
     """A ``Trigger.AvailableNow`` query of the source into memory, to its end."""
-    query = (
-        read_stream(spark, deployment, **options)
-        .writeStream.format("memory")
-        .queryName(f"q{tmp_path.name.replace('-', '_')}")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    frame = read_stream(spark, deployment, **options)
+    query = into_memory(frame, f"q{tmp_path.name.replace('-', '_')}", tmp_path / "ck", available_now=True)
     try:
         query.awaitTermination()
     finally:

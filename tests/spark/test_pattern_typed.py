@@ -9,7 +9,7 @@ from pyspark.errors import PySparkException
 
 from pyspark_jetstream.spark.typed_source import unreadable
 
-from .frames import read, read_stream
+from .frames import into_memory, read, read_stream
 
 N = {"fields": [{"name": "n", "type": "int32", "nullable": False}]}
 
@@ -20,13 +20,8 @@ def test_streams_matching_later_are_read_by_their_common_fields_or_left_out(
     client.create_stream(f"{name}-a", f"{name}-a", schema=N)
     client.publish(f"{name}-a", b'{"n": 1}')
     table = f"typed_pattern_{name}"
-    query = (
-        read_stream(spark, deployment, streamPattern=f"{name}-.*", startingOffsets="earliest")
-        .writeStream.format("memory")
-        .queryName(table)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .start()
-    )
+    frame = read_stream(spark, deployment, streamPattern=f"{name}-.*", startingOffsets="earliest")
+    query = into_memory(frame, table, tmp_path / "ck")
     try:
         query.processAllAvailable()
         # Matching now: one with more fields (read: its n), one with others, one with none.

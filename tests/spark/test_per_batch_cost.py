@@ -19,11 +19,12 @@ import pytest
 from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.client.credentials import Credentials
 from pyspark_jetstream.local import FlightPlace, LocalBroker
+from pyspark_jetstream.protocol.joined_batches import joined
 from pyspark_jetstream.spark import connections
 from pyspark_jetstream.spark.connections import kept_keys, read_pool, shared_connection
 from pyspark_jetstream.spark.cursors import CursorWriter
 from pyspark_jetstream.spark.options import parse_source_options
-from pyspark_jetstream.spark.reading import GATHERED_ROWS, SMALL_BATCH, RangeSpec, _gathered
+from pyspark_jetstream.spark.reading import GATHERED_ROWS, SMALL_BATCH, RangeSpec
 from pyspark_jetstream.spark.tasks import SMALL_BATCH_ROWS, group_ranges
 
 from .frames import read
@@ -123,13 +124,14 @@ def batch(first: int, rows: int) -> pa.RecordBatch:
 
 def test_small_stored_batches_reach_spark_joined_and_big_ones_as_they_are():
     stored = [batch(0, 3), batch(3, 0), batch(3, 5), batch(8, SMALL_BATCH), batch(8 + SMALL_BATCH, 2)]
-    out = list(_gathered(stored))
+    out = joined(stored, small_rows=SMALL_BATCH, most_rows=GATHERED_ROWS)
     assert [b.num_rows for b in out] == [8, SMALL_BATCH, 2]
     assert out[1] is stored[3]
     offsets = [o for b in out for o in b.column(0).to_pylist()]
     assert offsets == list(range(10 + SMALL_BATCH))
     many = [batch(i * 1000, 1000) for i in range(2 * GATHERED_ROWS // 1000)]
-    assert [b.num_rows for b in _gathered(many)] == [66_000, 65_000]  # closed at GATHERED_ROWS or more
+    gathered = joined(many, small_rows=SMALL_BATCH, most_rows=GATHERED_ROWS)
+    assert [b.num_rows for b in gathered] == [65_000, 65_000, 1_000]  # at most GATHERED_ROWS each
 
 
 def test_a_small_batch_read_of_many_partitions_is_one_spark_task(spark, deployment, client, name):

@@ -19,7 +19,7 @@ from pyspark_jetstream.spark.reading import limit_rows
 from pyspark_jetstream.spark.source import JetStreamDataSource
 
 from ..broker.harness import wait_until
-from .frames import analysed, read, read_stream
+from .frames import analysed, into_memory, read, read_stream
 
 
 def fill(client, stream: str, partitions: int, rows: int) -> None:
@@ -97,21 +97,9 @@ def test_streams_and_pattern(spark, deployment, client, name):
 @pytest.mark.connect
 def test_available_now_respects_the_read_limit_and_commits_cursors(spark, deployment, client, name, tmp_path):
     fill(client, name, 2, 50)
-    query = (
-        read_stream(
-            spark,
-            deployment,
-            stream=name,
-            startingOffsets="earliest",
-            maxRecordsPerTrigger="30",
-            consumerId="limits",
-        )
-        .writeStream.format("memory")
-        .queryName(f"limits_{name.replace('-', '_')}")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    limits = {"maxRecordsPerTrigger": "30", "consumerId": "limits"}
+    frame = read_stream(spark, deployment, stream=name, startingOffsets="earliest", **limits)
+    query = into_memory(frame, f"limits_{name.replace('-', '_')}", tmp_path / "ck", available_now=True)
     query.awaitTermination()
     # (As attributes: over Spark Connect, p["numInputRows"] is None.)
     assert [p.numInputRows for p in query.recentProgress if p.numInputRows] == [30, 30, 30, 10]
@@ -132,13 +120,8 @@ def test_starting_from_the_cursor_resumes(spark, deployment, client, name, tmp_p
 def test_new_partitions_and_streams_are_picked_up(spark, deployment, client, name, tmp_path):
     fill(client, f"{name}-x", 1, 3)
     table = f"pattern_{name}"
-    query = (
-        read_stream(spark, deployment, streamPattern=f"{name}-.*", startingOffsets="earliest")
-        .writeStream.format("memory")
-        .queryName(table)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .start()
-    )
+    frame = read_stream(spark, deployment, streamPattern=f"{name}-.*", startingOffsets="earliest")
+    query = into_memory(frame, table, tmp_path / "ck")
     try:
         query.processAllAvailable()
         fill(client, f"{name}-y", 2, 4)
@@ -408,14 +391,8 @@ def test_a_typed_stream_reads_its_fields_as_columns_or_its_values_as_bytes(
     ]
     assert rows[3].at == datetime(2026, 1, 2, 3, 4, 5, 3000, tzinfo=UTC).astimezone().replace(tzinfo=None)
     table = f"typed_{name.replace('-', '_')}"
-    query = (
-        read_stream(spark, deployment, stream=name, startingOffsets="earliest")
-        .writeStream.format("memory")
-        .queryName(table)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    frame = read_stream(spark, deployment, stream=name, startingOffsets="earliest")
+    query = into_memory(frame, table, tmp_path / "ck", available_now=True)
     query.awaitTermination()
     streamed = spark.table(table).orderBy("offset").collect()
     assert [(r.n, r.label, r.price) for r in streamed] == [(r.n, r.label, r.price) for r in rows]
