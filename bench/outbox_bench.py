@@ -14,7 +14,7 @@ and keys from 1,000 distinct ones; each stream has one partition.
    messages, each row once.  Three rounds of this and of 2., taking turns at
    going first (the harvester stopped between them); the medians are reported.
 2. The peer, SQL only: the same N rows, then a loop of the store's own
-   ``mark`` and ``purge`` (:mod:`pyspark_jetstream.outbox.store`, batches of
+   ``mark`` and ``purge`` (:mod:`pyspark_jetstream.outbox.outbox_table`, batches of
    500, one connection, each mark above the last one's rows as the harvester
    marks) until the outbox is empty, publishing nothing: the
    database's ceiling for mark-purge.  The target ratio is harvest / SQL only.
@@ -67,7 +67,7 @@ from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.local_postgres import LocalPostgres
 from pyspark_jetstream.outbox import Harvester, HarvesterConfig, init_outbox, open_store
 from pyspark_jetstream.outbox.marks import next_mark_after
-from pyspark_jetstream.outbox.store import Store
+from pyspark_jetstream.outbox.outbox_table import Store
 
 VALUE = b"x" * 100
 KEYS = 1000

@@ -118,7 +118,7 @@ from pyspark_jetstream.client import SyncClient
 from pyspark_jetstream.local import LocalBroker
 from pyspark_jetstream.protocol.schema import COMPRESSIONS
 from pyspark_jetstream.spark.delta import delta_conf, delta_session
-from pyspark_jetstream.spark.reading import BASE_SCHEMA
+from pyspark_jetstream.spark.range_reads import BASE_SCHEMA
 
 RUNS = 3
 CHUNK = 10_000

@@ -105,7 +105,7 @@ class NoopStreamSource(DataSource):
         return "noopstream"
 
     def schema(self) -> str:
-        from pyspark_jetstream.spark.reading import BASE_SCHEMA
+        from pyspark_jetstream.spark.range_reads import BASE_SCHEMA
 
         return BASE_SCHEMA
 

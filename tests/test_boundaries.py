@@ -91,7 +91,7 @@ def test_checker_reads_the_documented_known_circles():
             "must not import broker_node.log",
         ),
         ("broker_node/ingest/x.py", "from broker_node.config import IngestConfig\n", "broker_node.config"),
-        ("broker_node/ingest/x.py", "from broker_node.tail.publisher import P\n", "broker_node.tail"),
+        ("broker_node/ingest/x.py", "from broker_node.tail.tail_publisher import P\n", "broker_node.tail"),
         ("broker_node/tail/x.py", "from broker_node.ingest.ingestor import Ingestor\n", "broker_node.ingest"),
         ("pyspark_jetstream/client/x.py", "def f():\n    import psycopg\n", "must not import psycopg"),
         ("pyspark_jetstream/client/x.py", "from py4j.protocol import Py4JError\n", "must not import py4j"),
@@ -119,7 +119,7 @@ def test_owners_may_import_their_library(tmp_path):
         ("broker_node/coordination/local.py", "from broker_node.durable import atomic_write\n"),
         ("broker_node/log/checkpoint.py", "from broker_node.durable import atomic_write\n"),
         ("broker_node/metrics.py", "from prometheus_client import CollectorRegistry\n"),
-        ("pyspark_jetstream/outbox/store.py", "import psycopg\n"),
+        ("pyspark_jetstream/outbox/outbox_table.py", "import psycopg\n"),
         ("pyspark_jetstream/local_postgres.py", "import psycopg\n"),
     ]:
         target = tmp_path / path

@@ -7,7 +7,7 @@ module only wires the rooms that do the work, in the order a message goes
 through them: :mod:`.decoding` says what the message asks (no I/O);
 :mod:`.batcher` coalesces single messages into one stored batch per flush
 (an envelope batch is stored on its own, after the pending ones);
-:mod:`.store` appends, one append at a time; :mod:`.acks` sends each
+:mod:`.partition_store` appends, one append at a time; :mod:`.acks` sends each
 message's ack, once stored or once committed.  A publish that is never acked
 times out at the producer; nothing is dropped silently.
 
@@ -46,9 +46,9 @@ from .batcher import Batch, Batcher
 from .dead_letter import DeadLetters
 from .decoding import Reader, Refused, Single, Whole, put_whole, read
 from .latency import LatencyHistogram
+from .partition_store import Invalid, Outcome, PartitionStore
 from .port import BatchLimits, IngestPartition, LogTerms, Refusal, StreamLookup, log_fields
 from .replies import AckTarget, failed
-from .store import Invalid, Outcome, PartitionStore
 
 logger = logging.getLogger(__name__)
 

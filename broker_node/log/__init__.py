@@ -18,10 +18,10 @@ from .errors import (
 )
 from .log import Log
 from .log_config import FsyncPolicy, LogConfig
+from .log_store import LogStore
 from .memory import MemoryLog
 from .reads import ReplicaFrame, TypedRead
 from .schema_versions import stored_versions
-from .store import LogStore
 from .typed_frames import typed_columns, typed_of
 
 __all__ = [

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import LogBase, retention_deletes
 from .compaction import SegmentCompaction
 from .damage import DamagedRange, damaged_ranges, repair_segments
 from .deferred_sync import DeferredSync
@@ -52,11 +51,12 @@ from .errors import (
 )
 from .hw_checkpoint import HighWatermarkCheckpoint
 from .index import MAX_RELATIVE_OFFSET
+from .log_base import LogBase, retention_deletes
 from .log_config import FsyncPolicy, LogConfig
+from .log_store import LogStore
 from .logging_labels import NO_LABELS, Labels
 from .manifest import MANIFEST, open_segments, record_segments, start_segment
 from .segment import SEGMENT_SUFFIX, TEMP_SUFFIX, Segment
-from .store import LogStore
 from .typed_frames import sliced_frame
 
 logger = logging.getLogger(__name__)

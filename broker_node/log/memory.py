@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import LogBase, retention_deletes
 from .compaction import compact_batches, latest_offsets
 from .damage import DamagedRange, place
 from .epochs import LeaderEpochCache
@@ -49,10 +48,11 @@ from .errors import (
 )
 from .frames import batch_bounds, decode
 from .index import BatchEntry, SegmentIndex, crc32
+from .log_base import LogBase, retention_deletes
 from .log_config import LogConfig
+from .log_store import LogStore
 from .logging_labels import NO_LABELS, Labels
 from .segment import encode_frame
-from .store import LogStore
 from .typed_frames import sliced_frame
 
 

@@ -12,7 +12,7 @@ import contextlib
 import pyarrow as pa
 
 from .errors import CorruptSegmentError
-from .store import LogStore
+from .log_store import LogStore
 from .typed_frames import version_of
 
 

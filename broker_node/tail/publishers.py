@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 from pyspark_jetstream.protocol.streams import INTERNAL_PREFIX
 from pyspark_jetstream.protocol.tail import HEARTBEAT_SECONDS
 
-from .publisher import TailPartition, TailPublisher
+from .tail_publisher import TailPartition, TailPublisher
 
 
 class LiveTails:

@@ -2,14 +2,14 @@
 
 See :mod:`.harvester` for the algorithm (mark-purge/reset) and a leader's term,
 :mod:`.marks` for how it takes rows, :mod:`.in_flight` for how it publishes
-and settles them, :mod:`.store` for the table (each connection on a thread of
+and settles them, :mod:`.outbox_table` for the table (each connection on a thread of
 its own, :mod:`.store_thread`), :mod:`.harvester_config` for its settings, and
 :mod:`.election` for how one harvester leads.
 """
 
 from .harvester import Harvester, init_outbox
 from .harvester_config import HarvesterConfig, HarvesterStatus
-from .store import DeadLetter, Record, open_store
+from .outbox_table import DeadLetter, Record, open_store
 
 __all__ = [
     "DeadLetter",

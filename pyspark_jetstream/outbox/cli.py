@@ -14,7 +14,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
 from .harvester import Harvester, init_outbox
 from .harvester_config import HarvesterConfig
-from .store import open_store
+from .outbox_table import open_store
 
 
 def add_commands(commands: Any) -> None:

@@ -23,7 +23,7 @@ One leader at a time (:mod:`.election`) runs a term:
 
 Per-key order holds across failures and failovers because the rows of a key
 in flight are always in one batch, in id order, and because a mark takes no
-row while a lower id may still be committed (:mod:`.store`: on PostgreSQL,
+row while a lower id may still be committed (:mod:`.outbox_table`: on PostgreSQL,
 transactions commit out of id order).  A row published twice (its
 ack lost, or a new leader salvaging it) is stored once, because the broker
 drops each row whose message id it stored within the stream's
@@ -62,7 +62,7 @@ from .election import (
 from .harvester_config import HarvesterConfig, HarvesterStatus
 from .in_flight import InFlight
 from .marks import Marks
-from .store import SQLiteStore, UnavailableDatabaseError, open_store, sqlite_path
+from .outbox_table import SQLiteStore, UnavailableDatabaseError, open_store, sqlite_path
 from .store_thread import StoreThread
 
 logger = logging.getLogger(__name__)

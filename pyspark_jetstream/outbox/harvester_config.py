@@ -16,7 +16,7 @@ from typing import Any
 from pyspark_jetstream.client import Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 
-from .store import checked_table
+from .outbox_table import checked_table
 
 
 @dataclass(frozen=True, slots=True)

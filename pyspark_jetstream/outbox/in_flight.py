@@ -33,7 +33,7 @@ from pyspark_jetstream.protocol.errors import JetStreamError, UnavailableError, 
 from pyspark_jetstream.protocol.schema import HEADER_TYPE
 
 from .harvester_config import HarvesterConfig, HarvesterStatus
-from .store import Record
+from .outbox_table import Record
 from .store_thread import StoreThread
 
 logger = logging.getLogger(__name__)

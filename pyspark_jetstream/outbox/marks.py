@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from .store import Record, Store
+from .outbox_table import Record, Store
 from .store_thread import StoreThread
 
 RESCAN_EVERY = 100

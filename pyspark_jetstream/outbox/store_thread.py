@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .harvester_config import HarvesterConfig
-from .store import Store, UnavailableDatabaseError, open_store
+from .outbox_table import Store, UnavailableDatabaseError, open_store
 
 
 class StoreThread:

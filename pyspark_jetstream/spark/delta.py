@@ -46,7 +46,7 @@ from pyspark_jetstream.protocol.errors import InvalidArgumentError, JetStreamErr
 
 from .options import SourceOptions, parse_source_options
 from .planning import plan_source
-from .reading import PartitionState, describe
+from .range_reads import PartitionState, describe
 from .session import jetstream_session
 
 logger = logging.getLogger(__name__)

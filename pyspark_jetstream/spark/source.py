@@ -52,7 +52,7 @@ from .options import (
     parse_source_options,
 )
 from .planning import SinkPlan, SourcePlan, plan_sink, plan_source
-from .reading import (
+from .range_reads import (
     PartitionState,
     RangeSpec,
     ReadSettings,

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark_jetstream.client.connection import FetchResult
 
 from .options import SourceOptions
-from .reading import RangeSpec, ReadSettings, read_range, start_read
+from .range_reads import RangeSpec, ReadSettings, read_range, start_read
 
 SMALL_BATCH_ROWS = 20_000
 """Offsets of a micro-batch read by one task (more: a task per range)."""

@@ -1,6 +1,6 @@
 """A typed stream read by the source: its fields as Spark columns, and filters pushed to the broker.
 
-The rows of ``format("jetstream")`` are Kafka's (see :mod:`.reading`).  For a
+The rows of ``format("jetstream")`` are Kafka's (see :mod:`.range_reads`).  For a
 typed stream (:mod:`pyspark_jetstream.protocol.value_schema`) the option
 ``valueFormat`` decides what stands for ``value``:
 
@@ -75,7 +75,7 @@ from pyspark_jetstream.protocol.read_shape import ColumnFilter, typed_fields
 from pyspark_jetstream.protocol.value_schema import StreamSchema
 
 from .options import SourceOptions
-from .reading import describe_configs
+from .range_reads import describe_configs
 
 SOURCE_COLUMNS = ("key", "value", "stream", "subject", "partition", "offset", "timestamp", "headers")
 """The source's own columns (``headers`` with ``includeHeaders``)."""

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from broker_node.ingest.decoding import Whole
-from broker_node.ingest.store import INLINE_BYTES, PartitionStore
+from broker_node.ingest.partition_store import INLINE_BYTES, PartitionStore
 from broker_node.log_terms import LOG_TERMS
 from pyspark_jetstream.protocol.ack import Ack
 from pyspark_jetstream.protocol.envelope import Envelope

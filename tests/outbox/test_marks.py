@@ -9,7 +9,7 @@ import threading
 from pyspark_jetstream.outbox import HarvesterConfig, init_outbox, open_store
 from pyspark_jetstream.outbox import marks as marks_module
 from pyspark_jetstream.outbox.marks import Marks
-from pyspark_jetstream.outbox.store import SQLiteStore, UnavailableDatabaseError
+from pyspark_jetstream.outbox.outbox_table import SQLiteStore, UnavailableDatabaseError
 from pyspark_jetstream.outbox.store_thread import StoreThread
 
 from .conftest import Running, config_for, read_all, wait_for_empty

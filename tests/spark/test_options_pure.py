@@ -19,7 +19,7 @@ from pyspark_jetstream.spark.options import (
     parse_source_options,
 )
 from pyspark_jetstream.spark.planning import plan_source, resolve_broker
-from pyspark_jetstream.spark.reading import PartitionState, RangeSpec, _after_data_loss, plan_ranges
+from pyspark_jetstream.spark.range_reads import PartitionState, RangeSpec, _after_data_loss, plan_ranges
 
 NATS = {"nats": "nats://127.0.0.1:1,nats://127.0.0.1:2"}
 """Nothing listens there; any attempt to ask would fail (and the guard fails it first)."""

@@ -24,7 +24,7 @@ from pyspark_jetstream.spark import connections
 from pyspark_jetstream.spark.connections import kept_keys, read_pool, shared_connection
 from pyspark_jetstream.spark.cursors import CursorWriter
 from pyspark_jetstream.spark.options import parse_source_options
-from pyspark_jetstream.spark.reading import GATHERED_ROWS, SMALL_BATCH, RangeSpec
+from pyspark_jetstream.spark.range_reads import GATHERED_ROWS, SMALL_BATCH, RangeSpec
 from pyspark_jetstream.spark.tasks import SMALL_BATCH_ROWS, group_ranges
 
 from .frames import read

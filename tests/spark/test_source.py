@@ -15,7 +15,7 @@ from pyspark.sql.utils import AnalysisException
 
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
 from pyspark_jetstream.spark.options import parse_sink_options, parse_source_options
-from pyspark_jetstream.spark.reading import limit_rows
+from pyspark_jetstream.spark.range_reads import limit_rows
 from pyspark_jetstream.spark.source import JetStreamDataSource
 
 from ..broker.harness import wait_until

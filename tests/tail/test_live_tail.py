@@ -26,7 +26,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from broker_node.log.reads import ReplicaFrame
 from broker_node.nats_server import NatsServer
-from broker_node.tail.publisher import TailPublisher
+from broker_node.tail.tail_publisher import TailPublisher
 from broker_node.zookeeper_server import free_port
 from pyspark_jetstream.client import AckPolicy, Client, live
 from pyspark_jetstream.client.live import LiveTail
