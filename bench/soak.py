@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -299,8 +300,8 @@ def check_files(cluster: LocalCluster, acked: bytearray) -> list[str]:
     seen = bytearray(len(acked))
     hashes: dict[str, str] = {}
     findings: list[str] = []
-    logs = [Log.open(partition_dirs(broker, STREAM)[0]) for broker in cluster.brokers]
-    try:
+    with contextlib.ExitStack() as opened:
+        logs = [opened.enter_context(Log.open(partition_dirs(b, STREAM)[0])) for b in cluster.brokers]
         common = max(log.log_start_offset for log in logs)
         end = min(log.log_end_offset for log in logs)
         for broker, log in zip(cluster.brokers, logs, strict=True):
@@ -335,9 +336,6 @@ def check_files(cluster: LocalCluster, acked: bytearray) -> list[str]:
                     if sequence < len(seen):
                         seen[sequence] = min(seen[sequence] + 1, 255)
             offset = expected
-    finally:
-        for log in logs:
-            log.close()
     retained = acked[start:]
     lost = sum(1 for a, s in zip(retained, seen[start:], strict=True) if a and not s)
     duplicates = sum(s - 1 for s in seen if s > 1)
