@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import io
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,27 @@ from hypothesis import HealthCheck, settings
 from broker_node.log import Log, Record
 from broker_node.log import segment as segment_module
 from pyspark_jetstream.protocol.schema import LOG_SCHEMA
+
+
+@contextlib.contextmanager
+def held_elsewhere(lock: Any) -> Iterator[None]:
+    """``lock`` held by another thread for the ``with`` block, as a compaction or a worker thread's
+    append holds it."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def machine_settings(variable: str, examples: int, steps: int) -> settings:

@@ -40,7 +40,7 @@ from broker_node.log import (
 )
 from broker_node.log.segment import header_bytes
 
-from .helpers import FakeClock, machine_settings, rows, values
+from .helpers import FakeClock, held_elsewhere, machine_settings, rows, values
 
 KINDS = ("file", "memory")
 ONE_BATCH_PER_SEGMENT = LogConfig(segment_bytes=1024, tombstone_retention=50.0)
@@ -244,24 +244,11 @@ def test_a_waiter_for_the_end_sees_an_append_and_a_close(new_log):
 def test_a_busy_log_answers_a_try_at_once_appending_and_reading_nothing(new_log):
     log = new_log()
     log.append(values(1))
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with log._lock:  # type: ignore[attr-defined]  # as a compaction holds it
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(log._lock):  # type: ignore[attr-defined]
         assert log.try_append(values(1)) is None
         assert log.try_append(values(3)) is None  # the batch path as well as the one-message one
         assert log.try_read_frames(0) is None
         assert log.log_end_offset == 1
-    finally:
-        release.set()
-        holder.join(10)
     assert log.try_append(values(1)) == range(1, 2)
     assert [f.base_offset for f in log.try_read_frames(0) or []] == [0, 1]
 

@@ -8,7 +8,6 @@ test of partitions the replica manager opens runs on file logs.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 
 import pytest
@@ -24,7 +23,7 @@ from pyspark_jetstream.protocol.ack import ErrorCode
 from pyspark_jetstream.protocol.errors import NotLeaderError
 from pyspark_jetstream.protocol.streams import StreamConfig
 
-from ..log.helpers import values
+from ..log.helpers import held_elsewhere, values
 
 CONFIG = StreamConfig(name="orders", subject="orders", replication_factor=3, min_insync_replicas=1)
 REPLICAS = ("a", "b", "c")
@@ -223,23 +222,9 @@ def test_an_in_sync_follower_that_fetches_below_the_high_watermark_leaves_the_is
 def test_an_idempotent_append_that_may_not_wait_stores_nothing_while_another_append_runs(open_partition):
     leader = leading(open_partition)
     leader.append_idempotent(values(1), "p", 0, 0)
-    held = threading.Event()
-    release = threading.Event()
-
-    def another_append() -> None:
-        with leader._append_lock:  # an append in a worker thread, taking its time
-            held.set()
-            release.wait(10)
-
-    worker = threading.Thread(target=another_append)
-    worker.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(leader._append_lock):  # an append in a worker thread, taking its time
         assert leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False) is None
         assert leader.log.log_end_offset == 1  # nothing stored, and the sequence still expected:
-    finally:
-        release.set()
-        worker.join(10)
     ack = leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False)
     assert ack is not None and ack.ok and (ack.first_offset, ack.last_offset) == (1, 1)
     again = leader.append_idempotent(values(1, start=1), "p", 0, 1, wait=False)
