@@ -537,14 +537,21 @@ class Broker:
         return flight.connect(address, **flight_arguments(self.credentials))
 
     async def _every(self, seconds: float, work: Callable[[Partition], object], what: str) -> None:
-        """Run ``work`` on every partition (in a worker thread) every ``seconds``."""
-        while True:
-            await asyncio.sleep(seconds)
-            for partition in self.manager.held():
-                try:
-                    await asyncio.to_thread(work, partition)
-                except Exception:
-                    logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
+        """Run ``work`` on every partition every ``seconds``, on a thread of its own: a long
+        compaction then holds no thread of the shared pool that appends wait on (which would
+        grow that pool for good)."""
+        loop = asyncio.get_running_loop()
+        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=what.replace(" ", "-"))
+        try:
+            while True:
+                await asyncio.sleep(seconds)
+                for partition in self.manager.held():
+                    try:
+                        await loop.run_in_executor(thread, work, partition)
+                    except Exception:
+                        logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
+        finally:
+            thread.shutdown(wait=False)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

@@ -48,6 +48,7 @@ SPREAD = ("tests/test_benchmarks.py", "tests/test_notebooks.py", "tests/test_rea
 minutes on one worker."""
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` with :data:`SPREAD` split per test, and the units in the order the
     collection sorted them (slow first), not xdist's default of the module with most tests first

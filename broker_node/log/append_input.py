@@ -157,7 +157,7 @@ def message_sizes(key: pa.Array, value: pa.Array, headers: pa.Array) -> pa.Array
         per_item = pc.add(_lengths(items.field("key")), _lengths(items.field("value")))
         per_row = (
             pa.table({"row": pc.list_parent_indices(headers), "bytes": per_item})
-            .group_by("row")
+            .group_by("row", use_threads=False)
             .aggregate([("bytes", "sum")])
         )
         extra = pc.take(

@@ -27,7 +27,8 @@ def latest_offsets(batches: Iterable[pa.RecordBatch]) -> pa.Array:
         return pa.array([], pa.int64())
     table = pa.concat_tables(tables)
     keyed = table.filter(pc.is_valid(table.column("key")))
-    newest = keyed.group_by("key").aggregate([("offset", "max")])
+    # One thread: Arrow's own pool would start threads the broker keeps for good.
+    newest = keyed.group_by("key", use_threads=False).aggregate([("offset", "max")])
     return newest.column("offset_max").combine_chunks()
 
 
