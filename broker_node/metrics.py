@@ -24,6 +24,7 @@ metric                                      labels, meaning
 ``flight_follow_readers``                   Flight follow reads open now
 ``flight_waiting_readers``                  follow and long-polling reads holding a thread now
 ``flight_open_puts``                        producers' puts open now
+``arrow_allocated_bytes``                   bytes Arrow's memory pool has handed out and not had back
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
 ``partition_messages_in_total``             stream, partition: messages appended here as leader
 ``producer_not_stored_total``               stream, partition, verdict: an idempotent producer's
@@ -60,6 +61,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import pyarrow as pa
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -191,6 +193,11 @@ class BrokerCollector(Collector):
             PREFIX + "flight_open_puts",
             "Producers' puts open now, each holding two threads ([flight] max_open_puts).",
             value=self.counts.open_puts(),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "arrow_allocated_bytes",
+            "Bytes Arrow's memory pool has handed out and not had back (batches held now).",
+            value=pa.total_allocated_bytes(),
         )
         yield _per_partition(
             "live_tail_batches", "Batches published on the live tail.", self.counts.live_tail_batches()

@@ -79,3 +79,22 @@ def test_kafka_peer_fetch_as_bootstrap_runs_it(tmp_path: Path) -> None:
     assert "error: mvn could not fetch org.apache.kafka:kafka_2.13" in done.stderr
     assert "no repository reachable" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_soak_fails_on_memory_that_stays_grown_not_on_one_sample():
+    """The soak judges a broker's growth from a minute's median at each end of the run."""
+    from bench.soak import Run, Sample, verdict
+
+    def run(anonymous: list[int]) -> Run:
+        figures = {"rss_bytes": 0, "threads": 20, "open_files": 40}
+        samples = [
+            Sample(600.0 + 10 * n, {"broker-1": figures | {"rss_anon_bytes": a}}, 5.0, 0, n)
+            for n, a in enumerate(anonymous)
+        ]
+        return Run(peak_rate=1.0, peak_rate_alone=1.0, target_rate=0.7, samples=samples)
+
+    flat = [100] * 40
+    assert verdict(run([*flat[:-1], 115]), warm_up=600) == [], "one high sample at the end"
+    assert verdict(run(flat[:20] + [112] * 20), warm_up=600) == [
+        "broker-1 rss_anon_bytes grew 12%: 100 -> 112"
+    ]

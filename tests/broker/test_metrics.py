@@ -67,6 +67,7 @@ def test_metrics_describe_partitions_cursors_requests_and_the_live_tail(measured
     assert samples[("jetstream_cursor_lag", cursor)] == 3
     assert samples[("jetstream_nats_connected", ())] == 1
     assert samples[("jetstream_healthy", ())] == 1
+    assert samples[("jetstream_arrow_allocated_bytes", ())] >= 0
     assert samples[("jetstream_flight_requests_total", (("code", "ok"), ("kind", "create_stream")))] == 1
     assert (
         samples[
