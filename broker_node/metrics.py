@@ -167,38 +167,33 @@ class BrokerCollector(Collector):
         yield lags
         yield from _mirrors(status.get("mirrors", []))
 
-        yield GaugeMetricFamily(
-            PREFIX + "nats_connected",
-            "1 while the NATS connection is up.",
-            value=int(self.counts.nats_connected()),
-        )
-        yield GaugeMetricFamily(PREFIX + "healthy", "1 when /healthz answers 200.", value=int(health["ok"]))
         requests = CounterMetricFamily(
             PREFIX + "flight_requests", "Flight calls served, by kind and outcome.", labels=["kind", "code"]
         )
         for (kind, code), count in sorted(self.counts.flight_requests().items()):
             requests.add_metric([kind, code], count)
         yield requests
-        yield GaugeMetricFamily(
-            PREFIX + "flight_follow_readers",
-            "Flight follow reads open now.",
-            value=self.counts.follow_readers(),
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "flight_waiting_readers",
-            "Follow and long-polling reads holding a Flight thread now ([flight] max_waiting_readers).",
-            value=self.counts.waiting_readers(),
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "flight_open_puts",
-            "Producers' puts open now, each holding two threads ([flight] max_open_puts).",
-            value=self.counts.open_puts(),
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "arrow_allocated_bytes",
-            "Bytes Arrow's memory pool has handed out and not had back (batches held now).",
-            value=pa.total_allocated_bytes(),
-        )
+        for name, text, value in (
+            ("nats_connected", "1 while the NATS connection is up.", int(self.counts.nats_connected())),
+            ("healthy", "1 when /healthz answers 200.", int(health["ok"])),
+            ("flight_follow_readers", "Flight follow reads open now.", self.counts.follow_readers()),
+            (
+                "flight_waiting_readers",
+                "Follow and long-polling reads holding a Flight thread now ([flight] max_waiting_readers).",
+                self.counts.waiting_readers(),
+            ),
+            (
+                "flight_open_puts",
+                "Producers' puts open now, each holding two threads ([flight] max_open_puts).",
+                self.counts.open_puts(),
+            ),
+            (
+                "arrow_allocated_bytes",
+                "Bytes Arrow's memory pool has handed out and not had back (batches held now).",
+                pa.total_allocated_bytes(),
+            ),
+        ):
+            yield GaugeMetricFamily(PREFIX + name, text, value=value)
         yield _per_partition(
             "live_tail_batches", "Batches published on the live tail.", self.counts.live_tail_batches()
         )

@@ -30,9 +30,10 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from pyspark_jetstream.client.credentials import CREDENTIALS_FILE_OPTION, OPTION_KEYS, Credentials
 from pyspark_jetstream.protocol.errors import InvalidArgumentError
@@ -638,35 +639,47 @@ def _positive_int(opts: Mapping[str, str], option: str) -> int | None:
     return _bounded_int(opts, option, 1, INT64_MAX)
 
 
+N = TypeVar("N", int, float)
+
+
 def _bounded_int(opts: Mapping[str, str], option: str, low: int, high: int) -> int | None:
-    raw = opts.get(option.lower())
-    if raw is None:
-        return None
-    try:
-        value = int(raw) if len(raw) <= 40 else None  # int() of thousands of digits raises, slowly
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        unit = "bytes" if option.endswith("Bytes") else ""
-        raise InvalidArgumentError(
-            f"option '{option}' must be {int_range(low, high, unit=unit)}, got {shown(raw)}"
-        )
-    return value
+    unit = "bytes" if option.endswith("Bytes") else ""
+    return _in_range(opts, option, _integer, low=low, high=high, expected=int_range(low, high, unit=unit))
 
 
 def _seconds(opts: Mapping[str, str], option: str, default: float) -> float:
+    expected = number_range(MIN_TIMEOUT, MAX_TIMEOUT)
+    value = _in_range(opts, option, _finite, low=MIN_TIMEOUT, high=MAX_TIMEOUT, expected=expected)
+    return default if value is None else value
+
+
+def _in_range(
+    opts: Mapping[str, str], option: str, parse: Callable[[str], N | None], *, low: N, high: N, expected: str
+) -> N | None:
+    """The option's value parsed, or ``None`` when it is not given; one line naming the option,
+    what it must be (``expected``) and what it got when it does not parse or lies outside."""
     raw = opts.get(option.lower())
     if raw is None:
-        return default
+        return None
+    value = parse(raw)
+    if value is None or not low <= value <= high:
+        raise InvalidArgumentError(f"option '{option}' must be {expected}, got {shown(raw)}")
+    return value
+
+
+def _integer(raw: str) -> int | None:
+    try:
+        return int(raw) if len(raw) <= 40 else None  # int() of thousands of digits raises, slowly
+    except ValueError:
+        return None
+
+
+def _finite(raw: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not MIN_TIMEOUT <= value <= MAX_TIMEOUT:
-        raise InvalidArgumentError(
-            f"option '{option}' must be {number_range(MIN_TIMEOUT, MAX_TIMEOUT)}, got {shown(raw)}"
-        )
-    return value
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _boolean(opts: Mapping[str, str], option: str, default: bool) -> bool:
