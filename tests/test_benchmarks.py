@@ -82,7 +82,8 @@ def test_kafka_peer_fetch_as_bootstrap_runs_it(tmp_path: Path) -> None:
 
 
 def test_the_soak_fails_on_memory_that_stays_grown_not_on_one_sample():
-    """The soak judges a broker's growth from a minute's median at each end of the run."""
+    """The soak judges a broker's memory from the medians of a tenth of the samples at each end of
+    the run (one high sample is not growth), and its threads from the first and last samples."""
     from bench.soak import Run, Sample, verdict
 
     def run(anonymous: list[int]) -> Run:
@@ -98,3 +99,6 @@ def test_the_soak_fails_on_memory_that_stays_grown_not_on_one_sample():
     assert verdict(run(flat[:20] + [112] * 20), warm_up=600) == [
         "broker-1 rss_anon_bytes grew 12%: 100 -> 112"
     ]
+    late_threads = run(flat)
+    late_threads.samples[-1].brokers["broker-1"]["threads"] = 23
+    assert verdict(late_threads, warm_up=600) == ["broker-1 threads grew 15%: 20 -> 23"]

@@ -639,7 +639,7 @@ def _positive_int(opts: Mapping[str, str], option: str) -> int | None:
     return _bounded_int(opts, option, 1, INT64_MAX)
 
 
-N = TypeVar("N", int, float)
+_N = TypeVar("_N", int, float)
 
 
 def _bounded_int(opts: Mapping[str, str], option: str, low: int, high: int) -> int | None:
@@ -654,8 +654,14 @@ def _seconds(opts: Mapping[str, str], option: str, default: float) -> float:
 
 
 def _in_range(
-    opts: Mapping[str, str], option: str, parse: Callable[[str], N | None], *, low: N, high: N, expected: str
-) -> N | None:
+    opts: Mapping[str, str],
+    option: str,
+    parse: Callable[[str], _N | None],
+    *,
+    low: _N,
+    high: _N,
+    expected: str,
+) -> _N | None:
     """The option's value parsed, or ``None`` when it is not given; one line naming the option,
     what it must be (``expected``) and what it got when it does not parse or lies outside."""
     raw = opts.get(option.lower())

@@ -21,16 +21,22 @@ CHECK = """
     import threading
     from pathlib import Path
 
+    import pyarrow as pa
+
     from broker_node.log import Log, LogConfig, Record
+    from pyspark_jetstream.protocol.schema import LOG_SCHEMA
 
     def native_threads():
         return len(os.listdir("/proc/self/task")) - threading.active_count()
 
-    with Log.open(Path({directory!r}), LogConfig(segment_bytes=4000)) as log:
+    # max_message_bytes below a batch's buffers: its messages are sized one by one (with headers).
+    with Log.open(Path({directory!r}), LogConfig(segment_bytes=4000, max_message_bytes=32)) as log:
         log.append([Record(b"first", key=b"k")])
         before = native_threads()
+        headers = pa.array([[{{"key": "h", "value": b"x"}}], None], LOG_SCHEMA.field("headers").type)
         for n in range(300):
-            log.append([Record(b"v%d" % n, key=b"k%d" % (n % 7), headers=[("h", b"x" * (n % 5))])])
+            log.append(pa.record_batch({{"value": [b"v%d" % n, None], "key": [b"k%d" % (n % 7)] * 2,
+                                         "headers": headers}}))
         log.high_watermark = log.log_end_offset
         removed = log.compact()
         print(before, native_threads(), removed)
