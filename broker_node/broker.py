@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import os
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +344,7 @@ class Broker:
         interval = self.config.maintenance_interval
         self._spawn(self._every(interval, Partition.maintain, "maintenance"))
         self._spawn(self._every(interval, self.manager.repair_leader, "leader repair"))
+        self._spawn(self._now_and_then(interval, self.runtime.free_memory.release, "memory release"))
         if self.reachability is not None:
             self._spawn(self.reachability.run())
         if self.config.log.fsync is FsyncPolicy.INTERVAL:
@@ -541,8 +542,7 @@ class Broker:
         compaction then holds no thread of the shared pool that appends wait on (which would
         grow that pool for good)."""
         loop = asyncio.get_running_loop()
-        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=what.replace(" ", "-"))
-        try:
+        with _own_thread(what) as thread:
             while True:
                 await asyncio.sleep(seconds)
                 for partition in self.manager.held():
@@ -550,8 +550,29 @@ class Broker:
                         await loop.run_in_executor(thread, work, partition)
                     except Exception:
                         logger.exception("%s of %s/%d failed", what, partition.stream, partition.number)
-        finally:
-            thread.shutdown(wait=False)
+
+    @staticmethod
+    async def _now_and_then(seconds: float, work: Callable[[], object], what: str) -> None:
+        """Run ``work`` every ``seconds`` on a thread of its own."""
+        loop = asyncio.get_running_loop()
+        with _own_thread(what) as thread:
+            while True:
+                await asyncio.sleep(seconds)
+                try:
+                    await loop.run_in_executor(thread, work)
+                except Exception:
+                    logger.exception("%s failed", what)
+
+
+@contextlib.contextmanager
+def _own_thread(what: str) -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    """One thread for a background task's work, let go when the task ends (a pass in flight
+    finishes on it: what it touches is guarded by the partitions' own locks)."""
+    thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=what.replace(" ", "-"))
+    try:
+        yield thread
+    finally:
+        thread.shutdown(wait=False)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

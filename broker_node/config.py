@@ -214,7 +214,8 @@ class BrokerConfig:
     """Where streams, cursors and metadata are stored (a relative path is taken from the directory
     the broker runs in).  One broker at a time: a second one on it is refused (``broker.lock``)."""
     maintenance_interval: float = 30.0
-    """Seconds between retention and compaction passes (0.01 to 86400)."""
+    """Seconds between retention and compaction passes, leader repairs and handing freed memory back
+    to the system (0.01 to 86400)."""
     nats: NatsConfig = field(default_factory=NatsConfig)
     flight: FlightConfig = field(default_factory=FlightConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)

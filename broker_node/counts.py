@@ -40,6 +40,11 @@ class BrokerCounts:
         flight = self._runtime.flight
         return flight.open_puts.taken if flight is not None else 0
 
+    def memory_released(self) -> tuple[int, int]:
+        """Times free memory was handed back to the system, and the bytes it took away."""
+        free = self._runtime.free_memory
+        return free.releases, free.released_bytes
+
     def live_tail_batches(self) -> dict[tuple[str, int], int]:
         """Batches each partition led here has published on its live tail."""
         tails = self._runtime.tails

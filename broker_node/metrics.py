@@ -25,6 +25,9 @@ metric                                      labels, meaning
 ``flight_waiting_readers``                  follow and long-polling reads holding a thread now
 ``flight_open_puts``                        producers' puts open now
 ``arrow_allocated_bytes``                   bytes Arrow's memory pool has handed out and not had back
+``memory_releases_total``                   times freed memory was handed back to the system (glibc's
+                                            ``malloc_trim``, every ``maintenance_interval``)
+``memory_released_bytes_total``             anonymous resident memory those times took away
 ``live_tail_batches_total``                 stream, partition: batches published on the live tail
 ``partition_messages_in_total``             stream, partition: messages appended here as leader
 ``producer_not_stored_total``               stream, partition, verdict: an idempotent producer's
@@ -94,6 +97,7 @@ class Counts(Protocol):
     def follow_readers(self) -> int: ...
     def waiting_readers(self) -> int: ...
     def open_puts(self) -> int: ...
+    def memory_released(self) -> tuple[int, int]: ...
     def live_tail_batches(self) -> Mapping[tuple[str, int], int]: ...
     def nats_connected(self) -> bool: ...
     def partition_files(self) -> Mapping[tuple[str, int], PartitionFiles]: ...
@@ -194,6 +198,15 @@ class BrokerCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(PREFIX + name, text, value=value)
+        releases, released = self.counts.memory_released()
+        yield CounterMetricFamily(
+            PREFIX + "memory_releases", "Times freed memory was handed back to the system.", value=releases
+        )
+        yield CounterMetricFamily(
+            PREFIX + "memory_released_bytes",
+            "Anonymous resident memory those times took away (memory the allocator had kept).",
+            value=released,
+        )
         yield _per_partition(
             "live_tail_batches", "Batches published on the live tail.", self.counts.live_tail_batches()
         )

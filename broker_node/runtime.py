@@ -13,6 +13,7 @@ import dataclasses
 
 from broker_node.api.server import FlightApi
 from broker_node.embedded_nats import EmbeddedNats
+from broker_node.free_memory import FreeMemory
 from broker_node.ingest.ingestor import Ingestor
 from broker_node.replication.replica_server import ReplicaServer
 from broker_node.tail.publishers import LiveTails
@@ -38,6 +39,8 @@ class Runtime:
     """The live tail's publishers (``None`` with ``[ingest] live_tail`` off)."""
     flight: FlightApi | None = None
     replication: ReplicaServer | None = None
+    free_memory: FreeMemory = dataclasses.field(default_factory=FreeMemory)
+    """Free memory handed back to the system now and then (a background task of the broker's)."""
     """The replication listener its followers connect to."""
 
     def ingest_failures(self) -> dict[tuple[str, int], str]:

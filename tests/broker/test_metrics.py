@@ -78,6 +78,15 @@ def test_metrics_describe_partitions_cursors_requests_and_the_live_tail(measured
     assert healthz(measured) == (200, {"ok": True, "problems": []})
 
 
+def test_the_broker_hands_freed_memory_back_every_maintenance_interval(measured):
+    """The harness's brokers run their maintenance every 0.2 s; each pass hands memory back."""
+    wait_until(
+        lambda: scrape(measured).get(("jetstream_memory_releases_total", ()), 0) >= 3,
+        message="three memory releases counted",
+    )
+    assert scrape(measured)[("jetstream_memory_released_bytes_total", ())] >= 0
+
+
 def test_ack_latency_counts_every_ack_and_messages_in_every_append(measured):
     with SyncClient(nats_urls=measured.nats_url, broker=measured.flight) as client:
         client.create_stream("timed", "timed", partitions=2)
