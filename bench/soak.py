@@ -58,7 +58,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,12 +65,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
 from broker_node.log import Log  # noqa: E402
 from pyspark_jetstream.client import Ack, AckPolicy, Client  # noqa: E402
-from pyspark_jetstream.local import LocalCluster  # noqa: E402
+from pyspark_jetstream.local import LocalBroker, LocalCluster  # noqa: E402
 from pyspark_jetstream.protocol.errors import JetStreamError  # noqa: E402
+from tests.broker.harness import scrape  # noqa: E402
 from tests.faults.cluster import partition_dirs  # noqa: E402
 
 STREAM = "soak"
@@ -568,28 +566,22 @@ def _high_watermark(admin: dict[str, str]) -> int:
     return asyncio.run(look())
 
 
-def arrow_bytes(metrics: str | None) -> int:
+def arrow_bytes(broker: LocalBroker) -> int:
     """What a broker's Arrow memory pool holds now (``jetstream_arrow_allocated_bytes``); -1 when
     its /metrics did not answer (a slow scrape must not end an hour's run)."""
-    if metrics is None:
-        raise RuntimeError("a soak broker serves no metrics: the cluster is started with [metrics] port")
     try:
-        with urllib.request.urlopen(metrics + "/metrics", timeout=10) as response:
-            text = response.read().decode()
+        samples = scrape(broker)
     except OSError as exc:
-        print(f"soak: {metrics}/metrics did not answer: {exc}", flush=True)
+        print(f"soak: {broker.metrics}/metrics did not answer: {exc}", flush=True)
         return -1
-    for family in text_string_to_metric_families(text):
-        if family.name == "jetstream_arrow_allocated_bytes":
-            return int(family.samples[0].value)
-    raise LookupError(f"{metrics}/metrics has no jetstream_arrow_allocated_bytes")
+    return int(samples[("jetstream_arrow_allocated_bytes", ())])
 
 
 def _sample(cluster: LocalCluster, load: Load, query: object, at: float, admin: dict[str, str]) -> Sample:
     latencies = load.window()
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 100 else None
     brokers = {
-        b.broker_id: proc_figures(b.process.pid) | {"arrow_allocated_bytes": arrow_bytes(b.metrics)}
+        b.broker_id: proc_figures(b.process.pid) | {"arrow_allocated_bytes": arrow_bytes(b)}
         for b in cluster.brokers
         if b.process is not None
     }

@@ -39,9 +39,9 @@ class Runtime:
     """The live tail's publishers (``None`` with ``[ingest] live_tail`` off)."""
     flight: FlightApi | None = None
     replication: ReplicaServer | None = None
+    """The replication listener its followers connect to."""
     free_memory: FreeMemory = dataclasses.field(default_factory=FreeMemory)
     """Free memory handed back to the system now and then (a background task of the broker's)."""
-    """The replication listener its followers connect to."""
 
     def ingest_failures(self) -> dict[tuple[str, int], str]:
         """Partitions led here whose ingest failed (a subscription NATS refused), with why."""
